@@ -1,0 +1,5 @@
+"""Allows ``python -m agent``."""
+
+from agent.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""GPUs: Jetson iGPU and Mali through devfreq, discrete GPUs through PCI and NVML (§2.3, §4.2).
+
+devfreq nodes are recognised by their device-tree node name, never by the devfreq name, which
+changes between releases (gv11b -> ga10b -> gpu); the memory controller (``dmc``) is skipped.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from agent.discovery.model import Gpu, PciDevice
+from agent.discovery.nvml import NvmlSource, sysfs_bdf
+from agent.discovery.reader import SysReader
+
+DEVFREQ = "/sys/class/devfreq"
+GPU_NODE_NAMES = {"gp10b", "gv11b", "ga10b", "gb10b", "gpu"}
+PCI_GPU_VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
+
+
+def is_gpu_node(of_name: str | None) -> bool:
+    return of_name is not None and (of_name in GPU_NODE_NAMES or "gpu" in of_name)
+
+
+class Devfreq(NamedTuple):
+    min_hz: int | None
+    max_hz: int | None
+    available_hz: list[int] | None
+    governor: str | None
+
+
+def read_devfreq(reader: SysReader, path: str) -> Devfreq:
+    """Common devfreq fields; min/max are the offered range, falling back to the limits."""
+    available = reader.integers(f"{path}/available_frequencies")
+    available = sorted(available) if available else None
+    return Devfreq(
+        min_hz=available[0] if available else reader.integer(f"{path}/min_freq"),
+        max_hz=available[-1] if available else reader.integer(f"{path}/max_freq"),
+        available_hz=available, governor=reader.text(f"{path}/governor"))
+
+
+def _devfreq_gpus(reader: SysReader) -> list[Gpu]:
+    gpus = []
+    for node in reader.listdir(DEVFREQ):
+        device = f"{DEVFREQ}/{node}/device"
+        of_name = reader.of_node_name(device)
+        if not is_gpu_node(of_name):
+            continue
+        compatible = reader.dt_strings(f"{device}/of_node/compatible") or []
+        vendor = "arm" if any("mali" in entry for entry in compatible) else (
+            compatible[0].split(",")[0] if compatible else "unknown")
+        name = compatible[-1].split(",")[-1] if compatible else (of_name or node)
+        freq = read_devfreq(reader, f"{DEVFREQ}/{node}")
+        gpus.append(Gpu(
+            name=name, vendor=vendor, kind="integrated", devfreq=node, min_hz=freq.min_hz,
+            max_hz=freq.max_hz, available_hz=freq.available_hz, governor=freq.governor,
+            available_governors=reader.words(f"{DEVFREQ}/{node}/available_governors"),
+            driver=reader.driver(device), source="devfreq"))
+    return gpus
+
+
+def _pci_gpus(pci: list[PciDevice]) -> list[Gpu]:
+    gpus = []
+    for device in pci:
+        vendor = PCI_GPU_VENDORS.get(device.vendor_id or "")
+        if vendor is None or not (device.class_ or "").startswith("0x03"):
+            continue  # emulated VGA (bochs, virtio, qxl) is no compute GPU
+        gpus.append(Gpu(name=f"{vendor.upper() if vendor != 'intel' else 'Intel'} GPU "
+                        f"{device.device_id}", vendor=vendor,
+                        kind="integrated" if vendor == "intel" else "discrete",
+                        pci_bdf=device.bdf, numa_node=device.numa_node, driver=device.driver,
+                        source="pci"))
+    return gpus
+
+
+def _merge_nvml(reader: SysReader, gpus: list[Gpu], nvml: NvmlSource) -> None:
+    try:
+        found = nvml.gpus()
+    except Exception as error:  # any NVML failure degrades to PCI-only facts
+        reader.warn(f"NVML unavailable ({type(error).__name__}: {error}); "
+                    "NVIDIA GPU details come from PCI sysfs only")
+        return
+    by_bdf = {gpu.pci_bdf: gpu for gpu in gpus if gpu.vendor == "nvidia"}
+    for entry in found:
+        bdf = sysfs_bdf(entry.pci_bus_id)
+        gpu = by_bdf.get(bdf)
+        if gpu is None:
+            gpu = Gpu(name=entry.name, vendor="nvidia", kind="discrete", pci_bdf=bdf)
+            gpus.append(gpu)
+        gpu.name = entry.name
+        gpu.memory_bytes = entry.memory_total_bytes
+        gpu.uuid = entry.uuid
+        gpu.source = "nvml"
+        if entry.max_graphics_clock_mhz:
+            gpu.max_hz = entry.max_graphics_clock_mhz * 1_000_000
+
+
+def discover_gpus(reader: SysReader, pci: list[PciDevice], nvml: NvmlSource | None) -> list[Gpu]:
+    gpus = _devfreq_gpus(reader) + _pci_gpus(pci)
+    if any(gpu.vendor == "nvidia" and gpu.kind == "discrete" for gpu in gpus):
+        if nvml is None:
+            reader.warn("NVML not queried (fixture root); NVIDIA GPU details from PCI sysfs only")
+        else:
+            _merge_nvml(reader, gpus, nvml)
+    return gpus

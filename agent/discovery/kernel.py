@@ -1,0 +1,94 @@
+"""Kernel features: release, PREEMPT_RT, cgroup mode, THP, PSI, io_uring (reference §6)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import gzip
+import os
+import re
+import zlib
+
+from agent.discovery import parsers
+from agent.discovery.model import Kernel, Thp
+from agent.discovery.reader import SysReader
+
+THP = "/sys/kernel/mm/transparent_hugepage"
+CGROUP = "/sys/fs/cgroup"
+IO_URING_SETUP = 425  # the same syscall number on x86_64 and arm64
+
+
+def probe_io_uring() -> bool:
+    """Ask the running kernel whether io_uring_setup exists and is allowed.
+
+    Called with a NULL params pointer so nothing is created: EFAULT/EINVAL mean the syscall
+    is there; ENOSYS means not built, EPERM disabled by sysctl or seccomp.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    result = libc.syscall(IO_URING_SETUP, 0, None)
+    if result >= 0:
+        os.close(result)
+        return True
+    return ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM)
+
+
+def _rt_from_config(reader: SysReader, release: str | None) -> bool:
+    if release and reader.exists(f"/boot/config-{release}"):
+        config = reader.text(f"/boot/config-{release}") or ""
+        return parsers.kernel_config_enabled(config, "PREEMPT_RT")
+    if reader.exists("/proc/config.gz"):
+        data = reader.raw("/proc/config.gz")
+        try:
+            config = gzip.decompress(data or b"").decode(errors="replace")
+        except (OSError, EOFError, zlib.error):
+            reader.warn("/proc/config.gz: not a gzip file")
+            return False
+        return parsers.kernel_config_enabled(config, "PREEMPT_RT")
+    return False
+
+
+def _cgroup_mode(reader: SysReader) -> tuple[str | None, str]:
+    """(mode, path of the v2 hierarchy) from the fstype mounted on /sys/fs/cgroup."""
+    mounts = reader.parsed("/proc/mounts", parsers.parse_mounts) or []
+    types = {point: fstype for _, point, fstype in mounts}  # later mounts win
+    if types.get(CGROUP) == "cgroup2":
+        return "v2", CGROUP
+    if types.get(f"{CGROUP}/unified") == "cgroup2":
+        return "hybrid", f"{CGROUP}/unified"
+    if any(fstype == "cgroup" for fstype in types.values()):
+        return "v1", ""
+    if reader.exists(f"{CGROUP}/cgroup.controllers"):
+        return "v2", CGROUP
+    return None, ""
+
+
+def _thp(reader: SysReader, cmdline: str) -> Thp:
+    enabled = reader.parsed(f"{THP}/enabled", parsers.parse_selection)
+    defrag = reader.parsed(f"{THP}/defrag", parsers.parse_selection)
+    admin = re.search(r"(?:^|\s)transparent_hugepage=(\S+)", cmdline)
+    return Thp(enabled=enabled[0] if enabled else None, defrag=defrag[0] if defrag else None,
+               khugepaged_defrag=reader.integer(f"{THP}/khugepaged/defrag"),
+               cmdline=admin.group(1) if admin else None)
+
+
+def discover_kernel(reader: SysReader) -> Kernel:
+    release = reader.text("/proc/sys/kernel/osrelease")
+    version = reader.text("/proc/sys/kernel/version")
+    model = parsers.preempt_model(version) if version else None
+    preempt_rt = (model == "PREEMPT_RT" or reader.integer("/sys/kernel/realtime") == 1
+                  or _rt_from_config(reader, release))
+    mode, v2_path = _cgroup_mode(reader)
+    controllers = (reader.words(f"{v2_path}/cgroup.controllers") or []) if v2_path else []
+    cmdline = reader.text("/proc/cmdline") or ""
+    uring_sysctl = reader.integer("/proc/sys/kernel/io_uring_disabled")
+    if uring_sysctl is not None:
+        io_uring: bool | None = uring_sysctl != 2  # 1 still admits CAP_SYS_ADMIN
+    else:  # absent on 5.10-6.1 kernels, which still have io_uring: ask the kernel itself
+        io_uring = probe_io_uring() if reader.root.is_host else None
+    return Kernel(release=release, version=version, preempt_rt=preempt_rt, preempt_model=model,
+                  cgroup_v2=mode == "v2", cgroup_mode=mode, cgroup_controllers=controllers,
+                  thp=_thp(reader, cmdline), io_uring=io_uring,
+                  io_uring_disabled=uring_sysctl,
+                  psi=reader.text("/proc/pressure/cpu") is not None,
+                  cmdline=cmdline or None,
+                  sched_rt_runtime_us=reader.integer("/proc/sys/kernel/sched_rt_runtime_us"))

@@ -1,0 +1,238 @@
+"""The topology contract (``schema: topology/1``) as dataclasses.
+
+Field names are the JSON keys; units are in the names.  Keys beyond the contract in
+shared/DESIGN.md are additions, never renames.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = "topology/1"
+
+
+@dataclass
+class Board:
+    family: str  # jetson | rockchip | x86 | generic
+    model: str | None = None
+    soc: str | None = None
+    compatible: list[str] = field(default_factory=list)
+    arch: str | None = None
+    vendor: str | None = None
+    module: str | None = None  # Jetson module part, e.g. p3701-0005
+    module_name: str | None = None
+    l4t: str | None = None
+    jetpack: str | None = None
+
+
+@dataclass
+class IdleState:
+    name: str
+    latency_us: int | None
+    residency_us: int | None
+    disabled: bool | None
+    state: str = ""  # sysfs directory, e.g. state1
+    disabled_cpus: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Cluster:
+    id: int
+    cpus: list[int]
+    policy: str | None
+    core_type: str | None  # big | mid | little | uniform
+    min_khz: int | None  # hardware range (cpuinfo_*), not the current limits
+    max_khz: int | None
+    available_khz: list[int] | None
+    governor: str | None
+    available_governors: list[str] | None
+    core_name: str | None = None
+    capacity: int | None = None
+    online_cpus: list[int] = field(default_factory=list)
+    scaling_min_khz: int | None = None
+    scaling_max_khz: int | None = None
+    cur_khz: int | None = None
+    scaling_driver: str | None = None
+    idle_states: list[IdleState] = field(default_factory=list)
+
+
+@dataclass
+class Cpu:
+    count: int
+    online: list[int]
+    offline: list[int] = field(default_factory=list)
+    isolated: list[int] = field(default_factory=list)
+    clusters: list[Cluster] = field(default_factory=list)
+    idle_states: list[IdleState] = field(default_factory=list)
+    idle_driver: str | None = None
+
+
+@dataclass
+class NumaNode:
+    id: int
+    cpus: list[int]
+    total_bytes: int | None
+
+
+@dataclass
+class Memory:
+    total_bytes: int | None
+    swap_total_bytes: int | None = None
+    numa_nodes: list[NumaNode] = field(default_factory=list)
+
+
+@dataclass
+class Gpu:
+    name: str
+    vendor: str
+    kind: str  # integrated | discrete
+    devfreq: str | None = None
+    min_hz: int | None = None
+    max_hz: int | None = None
+    available_hz: list[int] | None = None
+    governor: str | None = None
+    available_governors: list[str] | None = None
+    pci_bdf: str | None = None
+    numa_node: int | None = None
+    memory_bytes: int | None = None
+    driver: str | None = None
+    source: str = "sysfs"  # devfreq | pci | nvml
+    uuid: str | None = None
+
+
+@dataclass
+class Npu:
+    name: str
+    driver: str | None
+    cores: int | None
+    devfreq: str | None = None
+    device: str | None = None  # /dev node
+    min_hz: int | None = None
+    max_hz: int | None = None
+    vendor: str | None = None
+    available_hz: list[int] | None = None
+    governor: str | None = None
+    load_pct: list[int] | None = None
+    sysfs: str | None = None
+    version: str | None = None
+
+
+@dataclass
+class ThermalZone:
+    zone: str
+    type: str
+    name: str  # normalised type: -therm/-thermal/_tegra dropped, lower case
+    temp_c: float | None
+
+
+@dataclass
+class PowerRail:
+    name: str
+    voltage_mv: float | None
+    current_ma: float | None
+    power_mw: float | None
+    source: str  # chip driver: ina3221, ina238, regulator, ...
+    sensor: str | None = None  # hwmon or regulator directory
+
+
+@dataclass
+class Fan:
+    name: str
+    sensor: str
+    pwm: int | None = None
+    pwm_enable: int | None = None
+    rpm: int | None = None
+
+
+@dataclass
+class BlockDevice:
+    name: str
+    model: str | None
+    rotational: bool | None
+    scheduler: str | None
+    available_schedulers: list[str] | None
+    nr_requests: int | None
+    read_ahead_kb: int | None
+    io_poll: int | None
+    io_poll_delay: int | None
+    size_bytes: int | None = None
+
+
+@dataclass
+class PciDevice:
+    bdf: str
+    vendor_id: str | None
+    device_id: str | None
+    class_: str | None
+    driver: str | None
+    numa_node: int | None
+    link_speed: str | None
+    link_width: int | None
+    link_speed_gts: float | None = None
+
+
+@dataclass
+class Thp:
+    enabled: str | None
+    defrag: str | None
+    khugepaged_defrag: int | None = None
+    cmdline: str | None = None  # transparent_hugepage= set by the admin: do not override
+
+
+@dataclass
+class Kernel:
+    release: str | None
+    version: str | None
+    preempt_rt: bool
+    preempt_model: str | None
+    cgroup_v2: bool
+    cgroup_mode: str | None  # v2 | hybrid | v1
+    cgroup_controllers: list[str]
+    thp: Thp
+    io_uring: bool | None
+    io_uring_disabled: int | None
+    psi: bool
+    cmdline: str | None = None
+    sched_rt_runtime_us: int | None = None
+
+
+@dataclass
+class UdevDeviceInfo:
+    subsystem: str
+    sys_name: str
+    devnode: str | None
+    driver: str | None
+
+
+@dataclass
+class Udev:
+    used: bool
+    devices: list[UdevDeviceInfo] = field(default_factory=list)
+
+
+@dataclass
+class Topology:
+    board: Board
+    cpu: Cpu
+    memory: Memory
+    gpus: list[Gpu]
+    npus: list[Npu]
+    thermal: list[ThermalZone]
+    power_rails: list[PowerRail]
+    fans: list[Fan]
+    block: list[BlockDevice]
+    pci: list[PciDevice]
+    kernel: Kernel
+    udev: Udev
+    root: str
+    warnings: list[str]
+    schema: str = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON contract: ``schema`` first, ``class_`` spelled ``class``."""
+        body = dataclasses.asdict(self)
+        for device in body["pci"]:
+            device["class"] = device.pop("class_")
+        return {"schema": body.pop("schema"), **body}

@@ -1,0 +1,254 @@
+"""One root-relative filesystem layer for every hardware read and write.
+
+Production passes ``/``; tests and ``--root DIR`` pass a fixture tree.  Paths given to a
+:class:`Root` are always absolute *logical* paths (``/sys/class/thermal``); symlinks are
+resolved inside the root, so an absolute link target such as ``/proc/device-tree ->
+/sys/firmware/devicetree/base`` lands in the fixture, never on the host.  Writes are refused
+unless the logical path matches an allowlisted pattern and its resolved target stays in a
+writable kernel tree.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import glob as host_glob
+import os
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+
+# Tuning knobs the agent may change; everything else is read-only to it.  ``*`` matches
+# within one path component, ``**`` matches any number of components.
+WRITABLE_PATTERNS: tuple[str, ...] = (
+    "/sys/devices/system/cpu/cpufreq/policy*/scaling_governor",
+    "/sys/devices/system/cpu/cpufreq/policy*/scaling_min_freq",
+    "/sys/devices/system/cpu/cpufreq/policy*/scaling_max_freq",
+    "/sys/devices/system/cpu/cpufreq/policy*/energy_performance_preference",
+    "/sys/devices/system/cpu/cpufreq/boost",
+    "/sys/devices/system/cpu/intel_pstate/no_turbo",
+    "/sys/devices/system/cpu/cpu*/cpuidle/state*/disable",
+    "/sys/class/devfreq/*/governor",
+    "/sys/class/devfreq/*/min_freq",
+    "/sys/class/devfreq/*/max_freq",
+    "/sys/kernel/mm/transparent_hugepage/enabled",
+    "/sys/kernel/mm/transparent_hugepage/defrag",
+    "/sys/kernel/mm/transparent_hugepage/khugepaged/defrag",
+    "/sys/block/*/queue/scheduler",
+    "/sys/block/*/queue/nr_requests",
+    "/sys/block/*/queue/read_ahead_kb",
+    "/sys/block/*/queue/io_poll",
+    "/sys/block/*/queue/io_poll_delay",
+    "/sys/module/nvme/parameters/poll_queues",
+    "/sys/fs/cgroup/**/cgroup.subtree_control",
+    "/sys/fs/cgroup/**/cgroup.procs",
+    "/sys/fs/cgroup/**/cgroup.threads",
+    "/sys/fs/cgroup/**/cgroup.type",
+    "/sys/fs/cgroup/**/memory.max",
+    "/sys/fs/cgroup/**/memory.high",
+    "/sys/fs/cgroup/**/cpu.max",
+    "/sys/fs/cgroup/**/cpu.weight",
+    "/sys/fs/cgroup/**/cpuset.cpus",
+    "/sys/fs/cgroup/**/cpuset.mems",
+    "/sys/fs/cgroup/**/cpuset.cpus.partition",
+    "/proc/irq/*/smp_affinity",
+    "/proc/irq/*/smp_affinity_list",
+    "/proc/sys/kernel/sched_rt_runtime_us",
+    "/proc/sys/vm/*",
+)
+
+# A symlink may redirect an allowlisted name, but never out of these kernel trees.
+WRITABLE_TREES: tuple[str, ...] = ("/sys", "/proc/sys", "/proc/irq")
+
+_MAX_SYMLINK_HOPS = 40
+
+
+class RootError(OSError):
+    """A path was refused by the filesystem layer (escape, write not allowed, link loop)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class PathEscapesRoot(RootError):
+    """A ``..`` component or a symlink would leave the root directory."""
+
+
+class WriteRefused(RootError):
+    """A write outside the allowlist of tuning knobs."""
+
+
+def _components(path: str) -> list[str]:
+    if not path.startswith("/"):
+        raise RootError(errno.EINVAL, f"{path}: paths inside the root must be absolute")
+    return [part for part in path.split("/") if part not in ("", ".")]
+
+
+def _pattern_matches(pattern: list[str], parts: list[str]) -> bool:
+    """Match path components against pattern components; ``**`` spans any number of them."""
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_pattern_matches(rest, parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], head) and _pattern_matches(rest, parts[1:])
+
+
+def _within(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree + "/")
+
+
+class Root:
+    """Reads and writes kernel interfaces relative to a root directory."""
+
+    def __init__(self, base: str | os.PathLike[str] = "/",
+                 writable: Iterable[str] = WRITABLE_PATTERNS) -> None:
+        resolved = Path(base).resolve()
+        if not resolved.is_dir():
+            raise FileNotFoundError(errno.ENOENT, "root directory does not exist", str(base))
+        self.base = resolved
+        self.is_host = resolved == Path("/")
+        self.writable = tuple(writable)
+        self._writable_parts = [_components(p) for p in self.writable]
+
+    def __repr__(self) -> str:
+        return f"Root({str(self.base)!r})"
+
+    # -- path resolution -------------------------------------------------------------
+
+    def _host(self, logical: str) -> str:
+        return logical if self.is_host else str(self.base) + logical
+
+    def resolve(self, path: str, follow_last: bool = True) -> str:
+        """Return the logical path with every symlink resolved inside the root.
+
+        Absolute link targets restart from the root; ``..`` above the root is refused.
+        Missing components are kept as they are, so opening the result fails naturally.
+        """
+        if self.is_host:
+            parts = _components(path)  # validates; the host root cannot be escaped
+            if follow_last:
+                return os.path.realpath("/" + "/".join(parts))
+            parent = os.path.realpath("/" + "/".join(parts[:-1]))
+            return os.path.join(parent, parts[-1]) if parts else "/"
+        pending = deque(_components(path))
+        resolved: list[str] = []
+        hops = 0
+        while pending:
+            name = pending.popleft()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if not resolved:
+                    raise PathEscapesRoot(errno.EACCES, f"{path}: leaves the root {self.base}")
+                resolved.pop()
+                continue
+            resolved.append(name)
+            if not pending and not follow_last:
+                break
+            try:
+                target = os.readlink(self._host("/" + "/".join(resolved)))
+            except OSError:
+                continue  # not a symlink, or missing: keep the name as it is
+            hops += 1
+            if hops > _MAX_SYMLINK_HOPS:
+                raise RootError(errno.ELOOP, f"{path}: too many levels of symbolic links")
+            resolved.pop()
+            if target.startswith("/"):
+                resolved = []
+            pending.extendleft(reversed(target.split("/")))
+        return "/" + "/".join(resolved)
+
+    def host_path(self, path: str) -> str:
+        """The host path of a logical path after resolving it inside the root."""
+        return self._host(self.resolve(path))
+
+    # -- reads -----------------------------------------------------------------------
+
+    def read_bytes(self, path: str) -> bytes:
+        with open(self.host_path(path), "rb") as handle:
+            return handle.read()
+
+    def read_text(self, path: str) -> str:
+        return self.read_bytes(path).decode("utf-8", errors="replace")
+
+    def exists(self, path: str) -> bool:
+        try:
+            return os.path.exists(self.host_path(path))
+        except RootError:
+            return False
+
+    def is_dir(self, path: str) -> bool:
+        try:
+            return os.path.isdir(self.host_path(path))
+        except RootError:
+            return False
+
+    def listdir(self, path: str) -> list[str]:
+        """Sorted entry names of a directory; raises OSError like ``os.listdir``."""
+        return sorted(os.listdir(self.host_path(path)))
+
+    def readlink(self, path: str) -> str:
+        """The raw target of a symlink, as the kernel wrote it."""
+        return os.readlink(self._host(self.resolve(path, follow_last=False)))
+
+    def realpath(self, path: str) -> str:
+        """The logical path with all symlinks resolved (``realpath`` inside the root)."""
+        return self.resolve(path)
+
+    def glob(self, pattern: str) -> list[str]:
+        """Sorted logical paths matching a pattern whose components may contain wildcards."""
+        if self.is_host:
+            return sorted(host_glob.glob(pattern))
+        matches = [""]
+        for part in _components(pattern):
+            expanded: list[str] = []
+            for prefix in matches:
+                if not _has_wildcard(part):
+                    expanded.append(f"{prefix}/{part}")
+                    continue
+                try:
+                    names = self.listdir(prefix or "/")
+                except OSError:
+                    continue
+                expanded.extend(f"{prefix}/{n}" for n in names if fnmatch.fnmatchcase(n, part))
+            matches = expanded
+        return sorted(m for m in matches if self.exists(m))
+
+    # -- writes ----------------------------------------------------------------------
+
+    def check_writable(self, path: str) -> str:
+        """Return the resolved logical path if writing ``path`` is allowed, else raise."""
+        if ".." in path.split("/"):
+            raise WriteRefused(errno.EPERM, f"{path}: '..' is not allowed in a write path")
+        parts = _components(path)
+        if not any(_pattern_matches(pattern, parts) for pattern in self._writable_parts):
+            raise WriteRefused(errno.EPERM, self._refusal(path, parts))
+        target = self.resolve(path)
+        if not any(_within(target, tree) for tree in WRITABLE_TREES):
+            raise WriteRefused(
+                errno.EPERM, f"{path}: resolves to {target}, outside the writable kernel trees "
+                f"{', '.join(WRITABLE_TREES)}")
+        return target
+
+    def _refusal(self, path: str, parts: list[str]) -> str:
+        near = [p for p, pp in zip(self.writable, self._writable_parts, strict=True)
+                if pp[:2] == parts[:2]]
+        allowed = near or sorted({"/" + "/".join(pp[:2]) + "/…" for pp in self._writable_parts})
+        return f"{path}: not a writable tuning path (allowed: {', '.join(allowed)})"
+
+    def write_text(self, path: str, value: str) -> None:
+        """Write ``value`` in a single write(2), as sysfs, cgroup.procs and procfs expect."""
+        target = self._host(self.check_writable(path))
+        data = value.encode()
+        fd = os.open(target, os.O_WRONLY | os.O_TRUNC)
+        try:
+            written = os.write(fd, data)
+        finally:
+            os.close(fd)
+        if written != len(data):
+            raise OSError(errno.EIO, f"{path}: short write ({written} of {len(data)} bytes)")
+
+
+def _has_wildcard(part: str) -> bool:
+    return any(ch in part for ch in "*?[")

@@ -1,0 +1,66 @@
+"""The edge-agent command line as a person and a script use it, in a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=60, check=False)
+
+
+def test_discover_json_is_the_contract() -> None:
+    result = run_cli("discover", "--json")
+    assert result.returncode == 0, result.stderr
+    topology = json.loads(result.stdout)
+    assert topology["schema"] == "topology/1"
+    for key in ("board", "cpu", "memory", "gpus", "npus", "thermal", "power_rails", "block",
+                "pci", "kernel", "warnings"):
+        assert key in topology
+    assert topology["cpu"]["count"] == len(topology["cpu"]["online"]) + len(
+        topology["cpu"]["offline"])
+    assert topology["kernel"]["release"] == os.uname().release
+
+
+def test_discover_summary_is_readable() -> None:
+    result = run_cli("discover")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Board")
+    assert any(line.startswith("CPU") and f"{os.cpu_count()} CPUs" in line for line in lines)
+    assert any(line.startswith("Kernel") and os.uname().release in line for line in lines)
+
+
+def test_missing_root_is_a_one_line_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    result = run_cli("discover", "--root", str(missing))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"edge-agent discover: --root {missing}: no such directory"]
+
+
+def test_discover_does_not_import_inference_or_mqtt() -> None:
+    code = ("import sys; from agent.cli import main; main(['discover', '--json']); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('onnxruntime', 'paho', 'numpy')), file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=REPO, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "[]"
+
+
+@pytest.mark.parametrize("args", [["--version"], ["discover", "--help"]])
+def test_help_and_version(args: list[str]) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 0
+    assert "edge-agent" in result.stdout or "--root" in result.stdout
