@@ -160,7 +160,13 @@ class Root:
         return "/" + "/".join(resolved)
 
     def host_path(self, path: str) -> str:
-        """The host path of a logical path after resolving it inside the root."""
+        """The host path of a logical path after resolving it inside the root.
+
+        On the host root the kernel resolves links itself, so the path is used as it is.
+        """
+        if self.is_host:
+            _components(path)  # validates
+            return path
         return self._host(self.resolve(path))
 
     # -- reads -----------------------------------------------------------------------
