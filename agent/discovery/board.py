@@ -8,7 +8,8 @@ from agent.discovery import parsers
 from agent.discovery.model import Board
 from agent.discovery.reader import SysReader
 
-DT_BASE = "/proc/device-tree"
+# /proc/device-tree links to the sysfs copy; containers may have only one of them.
+DT_BASES = ("/proc/device-tree", "/sys/firmware/devicetree/base")
 DMI = "/sys/class/dmi/id"
 
 JETSON_SOCS = {"tegra210": "Jetson Nano", "tegra194": "Jetson Xavier",
@@ -56,8 +57,9 @@ def _arch(cpuinfo: list[dict[str, str]], has_dt: bool) -> str | None:
 
 def discover_board(reader: SysReader, cpuinfo: list[dict[str, str]]) -> Board:
     """Identify family, model and SoC; match on ``compatible``, never on ``model``."""
-    compatible = reader.dt_strings(f"{DT_BASE}/compatible") or []
-    model_strings = reader.dt_strings(f"{DT_BASE}/model")
+    dt_base = next((base for base in DT_BASES if reader.exists(base)), DT_BASES[0])
+    compatible = reader.dt_strings(f"{dt_base}/compatible") or []
+    model_strings = reader.dt_strings(f"{dt_base}/model")
     model = model_strings[0] if model_strings else None
     arch = _arch(cpuinfo, bool(compatible))
 
