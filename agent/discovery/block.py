@@ -21,6 +21,14 @@ def parse_scheduler(text: str) -> tuple[str, list[str]]:
     return parsers.parse_selection(text)
 
 
+def _model(reader: SysReader, path: str) -> str | None:
+    """NVMe/SCSI devices have ``model``; MMC cards (eMMC, SD) call it ``name``."""
+    for attribute in ("model", "name"):
+        if reader.exists(f"{path}/device/{attribute}"):
+            return reader.text(f"{path}/device/{attribute}") or None
+    return None
+
+
 def discover_block(reader: SysReader) -> list[BlockDevice]:
     devices = []
     for name in reader.listdir(BLOCK):
@@ -32,7 +40,7 @@ def discover_block(reader: SysReader) -> list[BlockDevice]:
         rotational = reader.integer(f"{queue}/rotational")
         sectors = reader.integer(f"{path}/size")
         devices.append(BlockDevice(
-            name=name, model=reader.text(f"{path}/device/model") or None,
+            name=name, model=_model(reader, path),
             rotational=None if rotational is None else rotational == 1,
             scheduler=scheduler[0] if scheduler else None,
             available_schedulers=scheduler[1] if scheduler else None,

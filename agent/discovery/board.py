@@ -98,9 +98,10 @@ def _x86_board(reader: SysReader, cpuinfo: list[dict[str, str]], arch: str) -> B
     parts = [p for p in (vendor, product) if p and p.lower() not in _DMI_PLACEHOLDERS]
     if board_name and board_name.lower() not in _DMI_PLACEHOLDERS and board_name != product:
         parts.append(f"({board_name})")
-    cpu_model = cpuinfo[0].get("model name") if cpuinfo else None
-    return Board(family="x86", model=" ".join(parts) or None, soc=cpu_model, arch=arch,
-                 vendor=vendor)
+    first = cpuinfo[0] if cpuinfo else {}
+    return Board(family="x86", model=" ".join(parts) or None, soc=first.get("model name"),
+                 arch=arch, vendor=vendor,
+                 virtual="hypervisor" in first.get("flags", "").split() if first else None)
 
 
 # Firmware fills unset DMI fields with these.

@@ -61,24 +61,32 @@ def _policy_members(reader: SysReader, policy: str, present: list[int]) -> list[
     return [cpu for cpu in present if reader.realpath(f"{CPU}/cpu{cpu}/cpufreq") == policy]
 
 
+def _first_known(reader: SysReader, paths: list[str]) -> int | None:
+    """The first value that parses; every path is read so one CPU's garbage is warned
+    about without losing the cluster's value."""
+    values = [reader.integer(path) for path in paths]
+    return next((value for value in values if value is not None), None)
+
+
 def _read_idle_states(reader: SysReader, cpus: list[int]) -> list[IdleState]:
-    """Idle states of the first CPU; ``disabled_cpus`` lists every CPU that disabled one."""
+    """Idle states of a cluster's online CPUs; ``disabled_cpus`` lists every CPU that
+    disabled one, since ``disable`` is per CPU."""
     if not cpus:
         return []
-    first = cpus[0]
-    state_dirs = sorted(reader.glob(f"{CPU}/cpu{first}/cpuidle/state*"),
+    state_dirs = sorted(reader.glob(f"{CPU}/cpu{cpus[0]}/cpuidle/state*"),
                         key=lambda p: int(p.rsplit("state", 1)[1]))
     states: list[IdleState] = []
     for path in state_dirs:
         state = path.rsplit("/", 1)[1]
-        disabled_cpus = [cpu for cpu in cpus
-                         if reader.integer(f"{CPU}/cpu{cpu}/cpuidle/{state}/disable") == 1]
-        first_disable = reader.integer(f"{path}/disable")
+        per_cpu = [f"{CPU}/cpu{cpu}/cpuidle/{state}" for cpu in cpus]
+        disable = {cpu: reader.integer(f"{d}/disable") for cpu, d in zip(cpus, per_cpu,
+                                                                          strict=True)}
+        disabled_cpus = [cpu for cpu, value in disable.items() if value == 1]
         states.append(IdleState(
             name=reader.text(f"{path}/name") or state,
-            latency_us=reader.integer(f"{path}/latency"),
-            residency_us=reader.integer(f"{path}/residency"),
-            disabled=bool(disabled_cpus) if first_disable is not None else None,
+            latency_us=_first_known(reader, [f"{d}/latency" for d in per_cpu]),
+            residency_us=_first_known(reader, [f"{d}/residency" for d in per_cpu]),
+            disabled=None if all(v is None for v in disable.values()) else bool(disabled_cpus),
             state=state, disabled_cpus=disabled_cpus))
     return states
 
@@ -124,7 +132,14 @@ def _assign_core_types(clusters: list[Cluster], names: dict[int, str]) -> None:
     hybrid = {"P-core": "big", "E-core": "little"}
     capacities = sorted({c.capacity for c in clusters if c.capacity is not None})
     for cluster in clusters:
-        cluster.core_name = names.get(cluster.cpus[0]) if cluster.cpus else None
+        cluster.core_name = next((names[c] for c in cluster.cpus if c in names), None)
+    # /proc/cpuinfo omits offline CPUs: name them after a cluster of the same capacity.
+    for cluster in clusters:
+        if cluster.core_name is None:
+            twins = {c.core_name for c in clusters
+                     if c.core_name and c.capacity == cluster.capacity}
+            cluster.core_name = twins.pop() if len(twins) == 1 else None
+    for cluster in clusters:
         if cluster.core_name in hybrid:
             cluster.core_type = hybrid[cluster.core_name]
         elif cluster.capacity is not None and len(capacities) in _CAPACITY_TYPES:

@@ -26,16 +26,23 @@ class Devfreq(NamedTuple):
     max_hz: int | None
     available_hz: list[int] | None
     governor: str | None
+    limit_min_hz: int | None
+    limit_max_hz: int | None
+    cur_hz: int | None
 
 
 def read_devfreq(reader: SysReader, path: str) -> Devfreq:
-    """Common devfreq fields; min/max are the offered range, falling back to the limits."""
+    """Common devfreq fields.  min/max are the offered range (falling back to the limits
+    when there is no frequency table); ``limit_*`` are what nvpmodel or a tuner set."""
     available = reader.integers(f"{path}/available_frequencies")
     available = sorted(available) if available else None
+    limit_min, limit_max = reader.integer(f"{path}/min_freq"), reader.integer(f"{path}/max_freq")
     return Devfreq(
-        min_hz=available[0] if available else reader.integer(f"{path}/min_freq"),
-        max_hz=available[-1] if available else reader.integer(f"{path}/max_freq"),
-        available_hz=available, governor=reader.text(f"{path}/governor"))
+        min_hz=available[0] if available else limit_min,
+        max_hz=available[-1] if available else limit_max,
+        available_hz=available, governor=reader.text(f"{path}/governor"),
+        limit_min_hz=limit_min, limit_max_hz=limit_max,
+        cur_hz=reader.integer(f"{path}/cur_freq"))
 
 
 def _devfreq_gpus(reader: SysReader) -> list[Gpu]:
@@ -53,6 +60,7 @@ def _devfreq_gpus(reader: SysReader) -> list[Gpu]:
         gpus.append(Gpu(
             name=name, vendor=vendor, kind="integrated", devfreq=node, min_hz=freq.min_hz,
             max_hz=freq.max_hz, available_hz=freq.available_hz, governor=freq.governor,
+            limit_min_hz=freq.limit_min_hz, limit_max_hz=freq.limit_max_hz, cur_hz=freq.cur_hz,
             available_governors=reader.words(f"{DEVFREQ}/{node}/available_governors"),
             driver=reader.driver(device), source="devfreq"))
     return gpus

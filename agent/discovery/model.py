@@ -20,6 +20,7 @@ class Board:
     soc: str | None = None
     compatible: list[str] = field(default_factory=list)
     arch: str | None = None
+    virtual: bool | None = None  # a hypervisor was detected (x86 cpuinfo flag)
     vendor: str | None = None
     module: str | None = None  # Jetson module part, e.g. p3701-0005
     module_name: str | None = None
@@ -100,6 +101,9 @@ class Gpu:
     driver: str | None = None
     source: str = "sysfs"  # devfreq | pci | nvml
     uuid: str | None = None
+    limit_min_hz: int | None = None  # current devfreq limits (nvpmodel caps, tuning)
+    limit_max_hz: int | None = None
+    cur_hz: int | None = None
 
 
 @dataclass
@@ -117,6 +121,9 @@ class Npu:
     load_pct: list[int] | None = None
     sysfs: str | None = None
     version: str | None = None
+    limit_min_hz: int | None = None
+    limit_max_hz: int | None = None
+    cur_hz: int | None = None
 
 
 @dataclass

@@ -46,7 +46,8 @@ def _rknpu(reader: SysReader, soc: str | None) -> list[Npu]:
                   cores=RKNPU_CORES_BY_SOC.get(soc or ""), devfreq=node,
                   device=_drm_render_node(reader, device), min_hz=freq.min_hz,
                   max_hz=freq.max_hz, vendor="rockchip", available_hz=freq.available_hz,
-                  governor=freq.governor, sysfs=device)
+                  governor=freq.governor, limit_min_hz=freq.limit_min_hz,
+                  limit_max_hz=freq.limit_max_hz, cur_hz=freq.cur_hz, sysfs=device)
         _read_rknpu_status(reader, npu)
         npus.append(npu)
     return npus
@@ -121,7 +122,7 @@ def _hailo(reader: SysReader, pci: list[PciDevice]) -> list[Npu]:
         if device:
             seen.add(os.path.basename(device))
         kind = reader.text(f"{base}/accelerator_type")
-        npus.append(Npu(name=f"hailo-{kind.lower()}" if kind else "hailo",
+        npus.append(Npu(name=kind.lower() if kind else "hailo",
                         driver=reader.driver(f"{base}/device") or "hailo_pci", cores=None,
                         vendor="hailo", device=f"/dev/{name}", sysfs=device))
     for dev in pci:  # Hailo-10H/15 (hailo1x_pci) and unbound Hailo-8 cards

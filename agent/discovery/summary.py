@@ -11,13 +11,15 @@ from agent.discovery.parsers import format_cpulist
 def _mhz(low: int | None, high: int | None, per_mhz: int) -> str:
     if low is None and high is None:
         return "freq n/a"
+    if low is None and high is not None:
+        return f"up to {high // per_mhz} MHz"
     fmt = [f"{v // per_mhz}" if v is not None else "?" for v in (low, high)]
     return f"{fmt[0]}-{fmt[1]} MHz"
 
 
 def _cluster_key(cluster: Cluster) -> tuple[object, ...]:
     return (cluster.core_type, cluster.core_name, cluster.min_khz, cluster.max_khz,
-            cluster.governor, cluster.scaling_driver)
+            cluster.governor, cluster.scaling_driver, bool(cluster.online_cpus))
 
 
 def _cpu_lines(topology: Topology) -> list[str]:
@@ -39,8 +41,9 @@ def _cpu_lines(topology: Topology) -> list[str]:
         limit = ""
         if first.scaling_max_khz and first.max_khz and first.scaling_max_khz < first.max_khz:
             limit = f" (capped at {first.scaling_max_khz // 1000} MHz)"
+        state = "" if first.online_cpus else " (offline)"
         lines.append(f"  cpu {cpus:<8} {kind:<22} {_mhz(first.min_khz, first.max_khz, 1000)}"
-                     f"{limit}  {first.governor or ''}  [{policies}]")
+                     f"{limit}  {first.governor or ''}  [{policies}]{state}")
     if cpu.idle_states:
         states = ", ".join(f"{s.name} ({s.latency_us} µs)" + (" disabled" if s.disabled else "")
                            for s in cpu.idle_states)
@@ -60,7 +63,8 @@ def _rail(rail: PowerRail) -> str:
 def render_summary(topology: Topology) -> str:
     board, kernel, memory = topology.board, topology.kernel, topology.memory
     rows: list[tuple[str, list[str]]] = []
-    title = board.model or board.module_name or "unknown board"
+    title = board.model or board.module_name or (
+        "virtual machine" if board.virtual else "unknown board")
     detail = " ".join(p for p in (board.family, board.soc, f"({board.arch})" if board.arch
                                   else None) if p)
     if board.l4t:
@@ -72,7 +76,7 @@ def render_summary(topology: Topology) -> str:
     uring = {True: "yes", False: "no", None: "unknown"}[kernel.io_uring]
     realtime = " (real-time)" if kernel.preempt_rt else ""
     rows.append(("Kernel", [
-        f"{kernel.release} {kernel.preempt_model or ''}{realtime}"
+        f"{kernel.release} preempt {kernel.preempt_model or 'unknown'}{realtime}"
         f" · cgroup {kernel.cgroup_mode or 'n/a'} · THP {thp}"
         f" · PSI {'yes' if kernel.psi else 'no'} · io_uring {uring}"]))
     rows.append(("CPU", _cpu_lines(topology)))
@@ -84,9 +88,12 @@ def render_summary(topology: Topology) -> str:
                                                   if g.numa_node is not None else "")
         + (f" {_mhz(g.min_hz, g.max_hz, 1_000_000)}" if g.max_hz else "")
         + (f" {g.memory_bytes / 2**30:.0f} GiB" if g.memory_bytes else "")
+        + (f" (limit {_mhz(g.limit_min_hz, g.limit_max_hz, 1_000_000)})"
+           if g.limit_max_hz and g.limit_max_hz != g.max_hz else "")
         + (f" {g.governor}" if g.governor else "") for g in topology.gpus] or ["none"]))
     rows.append(("NPU", [
-        f"{n.name} ({n.vendor or n.driver})" + (f" {n.cores} cores" if n.cores else "")
+        f"{n.name} ({n.vendor or n.driver})"
+        + (f" {n.cores} core{'s' if n.cores > 1 else ''}" if n.cores else "")
         + (f" {n.device}" if n.device else "")
         + (f" {_mhz(n.min_hz, n.max_hz, 1_000_000)}" if n.max_hz else "")
         + (f" load {'/'.join(map(str, n.load_pct))} %" if n.load_pct else "")
@@ -95,7 +102,8 @@ def render_summary(topology: Topology) -> str:
         f"{z.name} {z.temp_c:.1f} °C" if z.temp_c is not None else f"{z.name} off"
         for z in topology.thermal) or "none"]))
     rows.append(("Power", [_rail(r) for r in topology.power_rails] or ["none"]))
-    rows.append(("Fans", [f"{f.name} pwm {f.pwm}/255" + (f" {f.rpm} rpm" if f.rpm else "")
+    rows.append(("Fans", [f.name + (f" pwm {f.pwm}/255" if f.pwm is not None else "")
+                          + (f" {f.rpm} rpm" if f.rpm is not None else "")
                           for f in topology.fans] or ["none"]))
     rows.append(("Block", [
         f"{b.name} {b.model or ''} [{b.scheduler}] nr_requests {b.nr_requests}"
