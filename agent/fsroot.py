@@ -14,6 +14,7 @@ import errno
 import fnmatch
 import glob as host_glob
 import os
+import re
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
@@ -39,7 +40,9 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/sys/block/*/queue/read_ahead_kb",
     "/sys/block/*/queue/io_poll",
     "/sys/block/*/queue/io_poll_delay",
+    "/sys/block/*/queue/rq_affinity",
     "/sys/module/nvme/parameters/poll_queues",
+    "/sys/module/nvme_core/parameters/default_ps_max_latency_us",
     "/sys/fs/cgroup/**/cgroup.subtree_control",
     "/sys/fs/cgroup/**/cgroup.procs",
     "/sys/fs/cgroup/**/cgroup.threads",
@@ -244,9 +247,16 @@ class Root:
         return f"{path}: not a writable tuning path (allowed: {', '.join(allowed)})"
 
     def write_text(self, path: str, value: str) -> None:
-        """Write ``value`` in a single write(2), as sysfs, cgroup.procs and procfs expect."""
+        """Write ``value`` in a single write(2), as sysfs, cgroup.procs and procfs expect.
+
+        Below a fixture root the write behaves like a kernel attribute (see
+        :func:`emulate_attribute_write`), so a rollback restores the file byte for byte.
+        """
         target = self._host(self.check_writable(path))
         data = value.encode()
+        if not self.is_host:
+            with open(target, "rb") as handle:
+                data = emulate_attribute_write(handle.read(), value, path)
         fd = os.open(target, os.O_WRONLY | os.O_TRUNC)
         try:
             written = os.write(fd, data)
@@ -258,3 +268,33 @@ class Root:
 
 def _has_wildcard(part: str) -> bool:
     return any(ch in part for ch in "*?[")
+
+
+_SELECTION = re.compile(r"\[([^\]\s]+)\]")
+
+
+def emulate_attribute_write(current: bytes, value: str, path: str) -> bytes:
+    """What a sysfs/procfs attribute reads after ``value`` is written to it.
+
+    A selection file (``always [madvise] never``) moves its brackets to the written word and
+    refuses words it does not offer (EINVAL, as the kernel does); ``cgroup.subtree_control``
+    takes ``+name``/``-name`` edits; any other attribute reads back the value and a newline.
+    """
+    text = current.decode(errors="replace")
+    if path.endswith("/cgroup.subtree_control"):  # "+cpu -io" edits the enabled set
+        enabled = text.split()
+        for token in value.split():
+            name = token[1:]
+            if token[0] == "+" and name not in enabled:
+                enabled.append(name)
+            elif token[0] == "-" and name in enabled:
+                enabled.remove(name)
+        return (" ".join(enabled) + "\n").encode()
+    if _SELECTION.search(text) is None:
+        return (value.strip() + "\n").encode()
+    word = value.strip()
+    options = [w.strip("[]") for w in text.split()]
+    if word not in options:
+        raise OSError(errno.EINVAL, f"{path}: {word!r} is not one of {options}")
+    unbracketed = _SELECTION.sub(lambda m: m.group(1), text)
+    return re.sub(rf"(?<!\S){re.escape(word)}(?!\S)", f"[{word}]", unbracketed, count=1).encode()

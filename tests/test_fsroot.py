@@ -99,7 +99,7 @@ def test_allowlisted_write_goes_through_symlinks_in_one_write(tree: Path) -> Non
     root = Root(tree)
     root.write_text("/sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq", "1416000")
     assert (tree / "sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq").read_text() == \
-        "1416000"
+        "1416000\n"  # a fixture attribute reads back like the kernel's: value and newline
 
 
 def test_write_outside_allowlist_names_path_and_allowed(tree: Path) -> None:
@@ -144,7 +144,7 @@ def test_cgroup_patterns_span_nested_directories(tree: Path) -> None:
     (slice_dir / "memory.max").write_text("max\n")
     root = Root(tree)
     root.write_text("/sys/fs/cgroup/edge-agent.slice/inference/memory.max", "3221225472")
-    assert (slice_dir / "memory.max").read_text() == "3221225472"
+    assert (slice_dir / "memory.max").read_text() == "3221225472\n"
     with pytest.raises(WriteRefused):
         root.write_text("/sys/fs/cgroup/edge-agent.slice/inference/memory.stat", "0")
 
@@ -167,3 +167,17 @@ def test_host_root_reads_real_files() -> None:
     root = Root("/")
     assert root.is_host
     assert root.read_text("/proc/sys/kernel/osrelease").strip() == os.uname().release
+
+
+def test_fixture_selection_attribute_moves_brackets_and_restores_bytes(tree: Path) -> None:
+    thp = tree / "sys/kernel/mm/transparent_hugepage"
+    thp.mkdir(parents=True)
+    (thp / "enabled").write_text("always [madvise] never\n")
+    root = Root(tree)
+    root.write_text("/sys/kernel/mm/transparent_hugepage/enabled", "never")
+    assert (thp / "enabled").read_text() == "always madvise [never]\n"
+    root.write_text("/sys/kernel/mm/transparent_hugepage/enabled", "madvise")
+    assert (thp / "enabled").read_text() == "always [madvise] never\n"
+    with pytest.raises(OSError, match="'sometimes' is not one of"):
+        root.write_text("/sys/kernel/mm/transparent_hugepage/enabled", "sometimes")
+    assert (thp / "enabled").read_text() == "always [madvise] never\n"
