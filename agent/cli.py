@@ -44,7 +44,42 @@ def build_parser() -> argparse.ArgumentParser:
     discover.add_argument("--json", action="store_true",
                           help="print the topology/1 JSON contract instead of a summary")
     discover.set_defaults(handler=_discover)
+    _add_profile_commands(commands)
     return parser
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from agent import profile_cli
+
+    return profile_cli.run(args)
+
+
+def _add_profile_commands(
+        commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The profile subcommands; agent.profile_cli (tuning engine, YAML) loads only when used."""
+    profile = commands.add_parser("profile", help="list, plan, apply, verify and roll back "
+                                  "tuning profiles")
+    actions = profile.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (("list", "profiles, marking those that match this device"),
+                         ("show", "a profile's merged settings"),
+                         ("plan", "what applying a profile would change (nothing is written)"),
+                         ("apply", "apply a profile through the crash-safe journal"),
+                         ("verify", "check every applied setting still holds (exit 0 if so)"),
+                         ("rollback", "restore every original value and clear the journal"),
+                         ("status", "what is applied, from the journal")):
+        sub = actions.add_parser(action, help=text)
+        if action in ("show", "plan", "apply"):
+            sub.add_argument("name", help="profile name, or auto for the best match")
+        if action in ("plan", "apply"):
+            sub.add_argument("--force", action="store_true",
+                             help="apply even if the profile's match excludes this device")
+        sub.add_argument("--root", default="/", metavar="DIR",
+                         help="operate on sysfs/procfs below DIR instead of /")
+        sub.add_argument("--state-dir", metavar="DIR",
+                         help="journal location (default /var/lib/edge-agent, below --root "
+                         "when one is given)")
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
+        sub.set_defaults(handler=_profile)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

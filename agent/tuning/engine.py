@@ -1,0 +1,179 @@
+"""Plan, apply, verify, rollback (shared/DESIGN.md "Plan, apply, verify, rollback").
+
+Switching profiles is transactional: the new profile is loaded, validated and planned
+against the original values before anything is written, and the new journal (holding every
+original, old and new) is durable before the first write.  A write that fails midway undoes
+what was written, so no half-applied state remains.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.discovery.model import Topology
+from agent.fsroot import Root
+from agent.tuning.errors import ProfileError
+from agent.tuning.journal import Journal, JournalState, current_boot_id
+from agent.tuning.plan import Change, Plan, PlanContext, matches, read_normalised
+from agent.tuning.profiles import ProfileStore
+from agent.tuning.tuners import block, cgroup, cpuidle, dvfs, rt, sysctl, thp
+
+Planner = Callable[[dict[str, Any], PlanContext], None]
+# Order of application; rollback runs in reverse.
+TUNERS: tuple[tuple[str, Planner], ...] = (
+    ("cgroup", cgroup.plan), ("thp", thp.plan), ("sysctl", sysctl.plan), ("rt", rt.plan),
+    ("block", block.plan), ("nvme", block.plan_nvme), ("cpuidle", cpuidle.plan),
+    ("dvfs", dvfs.plan))
+
+
+class TuningError(RuntimeError):
+    """Apply or rollback could not complete; the message says what is left and why."""
+
+
+@dataclass
+class ApplyResult:
+    plan: Plan
+    written: list[Change] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "path: reason"
+    notes: list[str] = field(default_factory=list)
+
+
+def _managed_irq(change: Change, error: OSError) -> bool:
+    """Managed (multi-queue) IRQs refuse affinity writes with EIO: reported, not fatal."""
+    return error.errno == errno.EIO and change.path.startswith("/proc/irq/")
+
+
+def _stale_journal(root: Root, journal: Journal, notes: list[str]) -> JournalState | None:
+    """The live journal, or None; one from another boot is discarded, never replayed."""
+    state = journal.load()
+    if state is not None and state.boot_id != current_boot_id(root):
+        notes.append(f"{journal.path}: journal of profile {state.profile!r} is from another "
+                     "boot; sysfs was reset by the reboot, so it is discarded, not replayed")
+        journal.clear()
+        return None
+    return state
+
+
+class Engine:
+    def __init__(self, root: Root, topology: Topology, journal: Journal,
+                 store: ProfileStore | None = None) -> None:
+        self.root = root
+        self.topology = topology
+        self.journal = journal
+        self.store = store or ProfileStore(root)
+
+    def plan(self, name: str, force: bool = False,
+             baseline: dict[str, str | None] | None = None) -> Plan:
+        """Pure: load, validate, resolve against the hardware; nothing is written."""
+        profile = self.store.auto(self.topology.board) if name == "auto" else \
+            self.store.load(name)
+        if profile.match and not force and not profile.matches(self.topology.board):
+            board = self.topology.board
+            raise ProfileError(profile.file, "match", f"{profile.match} does not match this "
+                               f"device (family {board.family}, soc {board.soc}, model "
+                               f"{board.model}); use --force to apply it anyway")
+        ctx = PlanContext(self.root, self.topology, profile, baseline)
+        for section, planner in TUNERS:
+            if section in profile.settings:
+                planner(profile.settings[section], ctx)
+        if "overlay" in profile.settings:
+            ctx.warnings.append(f"overlay.dvfs: {profile.settings['overlay']['dvfs']} is a "
+                                "device-tree overlay, installed only on request")
+        seen: set[str] = set()
+        for change in ctx.changes:
+            if change.path in seen:
+                raise ProfileError(profile.file, change.key, f"{change.path} is set twice")
+            seen.add(change.path)
+        return Plan(profile=profile.name, changes=ctx.changes, warnings=ctx.warnings,
+                    runtime=ctx.runtime)
+
+    def apply(self, name: str, force: bool = False) -> ApplyResult:
+        notes: list[str] = []
+        old = _stale_journal(self.root, self.journal, notes)
+        originals = {c.path: c for c in old.changes} if old else {}
+        plan = self.plan(name, force, {p: c.current for p, c in originals.items()})
+        entries = self._journal_entries(plan, originals)
+        result = ApplyResult(plan=plan, notes=notes)
+        state = JournalState(profile=plan.profile, boot_id=current_boot_id(self.root),
+                             root=str(self.root.base), changes=entries, runtime=plan.runtime)
+        self.journal.save(state)  # every original is durable before the first write
+        for index, change in enumerate(entries):
+            try:
+                self.root.write_text(change.path, change.write_value)
+            except OSError as error:
+                if _managed_irq(change, error):
+                    result.skipped.append(f"{change.path}: managed IRQ, the kernel refuses "
+                                          "affinity changes (EIO)")
+                    continue
+                self._undo(entries[:index])
+                raise TuningError(f"applying {plan.profile} failed at {change.path} "
+                                  f"({change.key}): {error}; every earlier write was rolled "
+                                  "back") from None
+            result.written.append(change)
+        state.status = "applied"
+        state.runtime = {**plan.runtime, "skipped": [s.split(":")[0] for s in result.skipped]}
+        self.journal.save(state)
+        return result
+
+    @staticmethod
+    def _journal_entries(plan: Plan, originals: dict[str, Change]) -> list[Change]:
+        """New changes carry the true originals; paths only the old profile touched are
+        restored as part of the switch (first, in reverse of their old order)."""
+        planned = {c.path for c in plan.changes}
+        entries = [Change(tuner=c.tuner, path=c.path, current=c.current, desired=c.current or "",
+                          key=c.key, compare=c.compare, write=c.restore, restore=c.restore,
+                          note="restored: the new profile leaves it alone")
+                   for c in reversed(list(originals.values())) if c.path not in planned]
+        for change in plan.changes:
+            old = originals.get(change.path)
+            if old is not None:
+                change.current, change.restore = old.current, old.restore
+                if change.compare == "controllers":  # undo exactly what was added originally
+                    change.restore = old.restore
+            entries.append(change)
+        return entries
+
+    def _undo(self, written: list[Change]) -> list[str]:
+        failures = []
+        for change in reversed(written):
+            try:
+                self.root.write_text(change.path, change.restore_value)
+            except OSError as error:
+                failures.append(f"{change.path}: {error}")
+        if not failures:
+            self.journal.clear()
+        return failures
+
+    def verify(self) -> list[tuple[Change, str | None]]:
+        """Every journaled path that no longer holds its desired value, with what it holds."""
+        state = self.journal.load()
+        if state is None:
+            return []
+        skipped = set(state.runtime.get("skipped", []))
+        drift = []
+        for change in state.changes:
+            if change.path in skipped:
+                continue
+            try:
+                actual = read_normalised(self.root, change.path, change.compare)
+            except (OSError, ValueError) as error:
+                actual = f"unreadable: {error}"
+            if not matches(change, actual):
+                drift.append((change, actual))
+        return drift
+
+    def rollback(self) -> tuple[str | None, list[str]]:
+        """Restore every original in reverse order; returns (profile, notes)."""
+        notes: list[str] = []
+        state = _stale_journal(self.root, self.journal, notes)
+        if state is None:
+            return None, notes or ["nothing to roll back"]
+        skipped = set(state.runtime.get("skipped", []))
+        failures = self._undo([c for c in state.changes if c.path not in skipped])
+        if failures:
+            raise TuningError("rollback left these paths unrestored (journal kept, run "
+                              "rollback again): " + "; ".join(failures))
+        return state.profile, notes

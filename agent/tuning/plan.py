@@ -1,0 +1,117 @@
+"""Planning: a pure diff ``{tuner, path, current, desired}`` of what a profile would change.
+
+Each tuner module turns one profile section into changes from the topology and the current
+values read through the root.  Nothing is written here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agent.discovery import parsers
+from agent.discovery.model import Topology
+from agent.fsroot import Root
+from agent.tuning.errors import ProfileError
+from agent.tuning.profiles import Profile
+
+COMPARISONS = ("value", "selection", "cpulist", "controllers")
+
+
+@dataclass
+class Change:
+    tuner: str
+    path: str
+    current: str | None  # normalised current value (None: file absent)
+    desired: str
+    key: str = ""  # profile key that asked for it, for messages
+    compare: str = "value"  # how verify reads the file back: one of COMPARISONS
+    write: str | None = None  # what to write when it differs from ``desired``
+    restore: str | None = None  # what rollback writes when it differs from ``current``
+    note: str | None = None
+
+    @property
+    def write_value(self) -> str:
+        return self.desired if self.write is None else self.write
+
+    @property
+    def restore_value(self) -> str:
+        return (self.current or "") if self.restore is None else self.restore
+
+
+@dataclass
+class Plan:
+    profile: str
+    changes: list[Change] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    runtime: dict[str, Any] = field(default_factory=dict)  # for the service: RT loop, THP
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"profile": self.profile, "changes": [
+            {k: v for k, v in asdict(c).items() if k in ("tuner", "path", "current", "desired",
+                                                         "key", "note")}
+            for c in self.changes], "warnings": self.warnings, "runtime": self.runtime}
+
+
+def read_normalised(root: Root, path: str, compare: str) -> str | None:
+    """The value of a kernel file in the form verify compares; None when it is absent."""
+    try:
+        text = root.read_text(path).strip()
+    except FileNotFoundError:
+        return None
+    if compare == "selection":
+        return parsers.parse_selection(text)[0] if "[" in text else text
+    if compare == "cpulist":
+        return parsers.format_cpulist(parsers.parse_cpulist(text))
+    return " ".join(text.split())
+
+
+def matches(change: Change, actual: str | None) -> bool:
+    if actual is None:
+        return False
+    if change.compare == "controllers":
+        return set(change.desired.split()) <= set(actual.split())
+    return actual == change.desired
+
+
+class PlanContext:
+    """What a tuner needs: the root, the topology, the profile (for error messages)."""
+
+    def __init__(self, root: Root, topology: Topology, profile: Profile,
+                 baseline: dict[str, str | None] | None = None) -> None:
+        self.root = root
+        self.topology = topology
+        self.profile = profile
+        # When switching profiles, the originals in the journal stand in for what the files
+        # hold now, so the new plan is a diff against the device as it was before tuning.
+        self.baseline = baseline or {}
+        self.changes: list[Change] = []
+        self.warnings: list[str] = []
+        self.runtime: dict[str, Any] = {}
+
+    def error(self, key: str, message: str) -> ProfileError:
+        return ProfileError(self.profile.file, key, message)
+
+    def current(self, path: str, key: str, compare: str = "value") -> str:
+        original = self.baseline.get(path)
+        if original is not None:
+            return original
+        try:
+            value = read_normalised(self.root, path, compare)
+        except (OSError, ValueError) as error:
+            raise self.error(key, f"cannot read {path}: {error}") from None
+        if value is None:
+            raise self.error(key, f"{path} does not exist on this device")
+        return value
+
+    def want(self, tuner: str, path: str, desired: str, key: str, compare: str = "value",
+             **extra: Any) -> None:
+        """Record a change unless the file already holds the desired value."""
+        self.root.check_writable(path)
+        current = self.current(path, key, compare)
+        if compare == "cpulist":
+            desired = parsers.format_cpulist(parsers.parse_cpulist(desired))
+        change = Change(tuner=tuner, path=path, current=current, desired=desired, key=key,
+                        compare=compare, **extra)
+        if not matches(change, current):
+            self.changes.append(change)

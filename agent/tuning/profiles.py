@@ -1,0 +1,145 @@
+"""Profiles: YAML files with ``include`` (merged in order, later wins) and ``match``.
+
+Site profiles in ``/etc/edge-agent/profiles`` (read through the root, so ``--root`` works)
+override the built-in ones of the same name.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.discovery.model import Board
+from agent.fsroot import Root
+from agent.tuning.errors import ProfileError
+from agent.tuning.schema import validate_profile
+
+SITE_DIR = "/etc/edge-agent/profiles"
+MATCH_WEIGHTS = {"family": 1, "soc": 2, "model": 4}
+
+
+def builtin_dirs() -> list[Path]:
+    """Shipped profiles: $EDGE_AGENT_PROFILES, the checkout's profiles/, the venv's copy."""
+    dirs = [Path(p) for p in os.environ.get("EDGE_AGENT_PROFILES", "").split(":") if p]
+    dirs += [Path(__file__).resolve().parents[2] / "profiles", Path(sys.prefix) / "profiles"]
+    return [d for d in dirs if d.is_dir()]
+
+
+@dataclass
+class Profile:
+    name: str
+    file: str
+    settings: dict[str, Any]  # merged sections, without name/include/description
+    match: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    chain: list[str] = field(default_factory=list)  # include order, this profile last
+
+    def matches(self, board: Board) -> bool:
+        return match_score(self.match, board) is not None
+
+
+def match_score(match: dict[str, Any], board: Board) -> int | None:
+    """None when the board is excluded; otherwise how specific the match is."""
+    score = 0
+    for key, wanted in match.items():
+        actual = getattr(board, key, None) or ""
+        options = wanted if isinstance(wanted, list) else [wanted]
+        if key == "model":
+            ok = any(fnmatch.fnmatch(actual.lower(), f"*{o.lower()}*") for o in options)
+        else:
+            ok = actual.lower() in (o.lower() for o in options)
+        if not ok:
+            return None
+        score += MATCH_WEIGHTS[key]
+    return score
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+class ProfileStore:
+    """Finds, reads, validates and merges profiles."""
+
+    def __init__(self, root: Root, dirs: list[Path] | None = None) -> None:
+        self.root = root
+        self.dirs = builtin_dirs() if dirs is None else dirs
+
+    def _site_files(self) -> dict[str, tuple[str, str]]:
+        found = {}
+        for path in self.root.glob(f"{SITE_DIR}/*.yaml"):
+            found[Path(path).stem] = (path, self.root.read_text(path))
+        return found
+
+    def sources(self) -> dict[str, tuple[str, str]]:
+        """name -> (file shown in errors, YAML text); site profiles win."""
+        found: dict[str, tuple[str, str]] = {}
+        for directory in reversed(self.dirs):
+            for path in sorted(directory.glob("*.yaml")):
+                found[path.stem] = (str(path), path.read_text())
+        found.update(self._site_files())
+        return found
+
+    def names(self) -> list[str]:
+        return sorted(self.sources())
+
+    def load(self, name: str) -> Profile:
+        return self._load(name, self.sources(), [])
+
+    def _load(self, name: str, sources: dict[str, tuple[str, str]],
+              stack: list[str]) -> Profile:
+        if name in stack:
+            cycle = " -> ".join([*stack[stack.index(name):], name])
+            raise ProfileError(sources[name][0], "include", f"include cycle: {cycle}")
+        if name not in sources:
+            where = sources[stack[-1]][0] if stack else "profile"
+            raise ProfileError(where, "include" if stack else "",
+                               f"no profile named {name!r} (available: "
+                               f"{', '.join(sorted(sources)) or 'none'})")
+        file, text = sources[name]
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark else "YAML"
+            raise ProfileError(file, where, f"not valid YAML: {error}") from None
+        data = validate_profile({} if data is None else data, file)
+        if "name" in data and data["name"] != name:
+            raise ProfileError(file, "name", f"{data['name']!r} differs from the file name "
+                               f"{name!r}")
+        merged: dict[str, Any] = {}
+        chain: list[str] = []
+        for included in data.get("include", []):
+            parent = self._load(included, sources, [*stack, name])
+            merged = deep_merge(merged, {**parent.settings, "match": parent.match}
+                                if parent.match else parent.settings)
+            chain += [c for c in parent.chain if c not in chain]
+        own = {k: v for k, v in data.items() if k not in ("name", "include", "description")}
+        merged = deep_merge(merged, own)
+        match = merged.pop("match", {})
+        return Profile(name=name, file=file, settings=merged, match=match,
+                       description=data.get("description", ""), chain=[*chain, name])
+
+    def auto(self, board: Board) -> Profile:
+        """The most specific profile whose ``match`` fits the board; ``balanced`` otherwise."""
+        candidates = []
+        for name in self.names():
+            profile = self.load(name)
+            score = match_score(profile.match, board) if profile.match else None
+            if score is not None:
+                # most specific first; among equals the base board profile (shortest name)
+                candidates.append((-score, len(name), name))
+        return self.load(min(candidates)[2] if candidates else "balanced")

@@ -1,0 +1,154 @@
+"""Profile schema: every key, its type and allowed values, checked before planning.
+
+Validation only looks at the YAML; values the hardware does not offer are checked at plan
+time (see ``values``).  Errors name the file, the key path and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from agent.tuning.errors import ProfileError
+from agent.tuning.values import is_cpu_selector, is_size
+
+Check = Callable[[Any], str | None]  # None when fine, else what is allowed
+
+THP_ENABLED = ("always", "madvise", "never")
+THP_DEFRAG = ("always", "defer", "defer+madvise", "madvise", "never")
+RT_POLICIES = ("other", "fifo", "rr", "batch", "idle")
+SYSCTL_KEY = re.compile(r"^vm\.[a-z_]+$")  # vm.* only: one file below /proc/sys/vm
+BLOCK_PATTERN = re.compile(r"^[A-Za-z0-9*?\[\]_-]+$")  # a device-name glob, never a path
+IRQ_PATTERN = re.compile(r"^[A-Za-z0-9*?\[\]_.:-]+$")
+CGROUP_PATH = re.compile(r"^[A-Za-z0-9_.@-]+(/[A-Za-z0-9_.@-]+)*$")
+PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+
+
+def _choice(*allowed: object) -> Check:
+    return lambda v: None if v in allowed else "one of " + ", ".join(map(str, allowed))
+
+
+def _int(low: int, high: int | None = None) -> Check:
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (
+            high is None or value <= high)
+        return None if ok else f"an integer {low}..{high if high is not None else ''}".rstrip(".")
+    return check
+
+
+def _number(low: float, high: float) -> Check:
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
+        return None if ok else f"a number {low}..{high}"
+    return check
+
+
+def _text(pattern: re.Pattern[str] | None = None, what: str = "a string") -> Check:
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, str) and bool(value) and (pattern is None or pattern.match(value))
+        return None if ok else what
+    return check
+
+
+def _frequency(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return None
+    if value in ("min", "max") or (isinstance(value, str) and re.fullmatch(r"~\d+", value)):
+        return None
+    return "a frequency (integer), min, max, or ~N for the nearest offered step"
+
+
+def _cpus(value: Any) -> str | None:
+    return None if is_cpu_selector(value) else (
+        "cluster:big, cluster:mid, cluster:little, all, or a CPU list such as cpus:4-7")
+
+
+def _size(value: Any) -> str | None:
+    return None if is_size(value) else "bytes, a size with K/M/G, a percentage such as 90%, or max"
+
+
+def _cpu_max(value: Any) -> str | None:
+    ok = value == "max" or (isinstance(value, str) and re.fullmatch(r"(max|\d+) \d+", value))
+    return None if ok else "max, or '<quota_us> <period_us>' such as '50000 100000'"
+
+
+def _string_list(value: Any) -> str | None:
+    ok = isinstance(value, str) or (isinstance(value, list) and value and all(
+        isinstance(v, str) for v in value))
+    return None if ok else "a string or a list of strings"
+
+
+DEVFREQ = {"governor": _text(), "min_hz": _frequency, "max_hz": _frequency}
+RT_THREAD = {"policy": _choice(*RT_POLICIES), "priority": _int(0, 99), "cpus": _cpus}
+
+# key -> Check, or a nested dict for a mapping with fixed keys, or ("map", key_check, value)
+SCHEMA: dict[str, Any] = {
+    "name": _text(PROFILE_NAME, "a lower-case name: letters, digits, - and _"),
+    "description": _text(),
+    "include": ("list", _text(PROFILE_NAME, "a profile name")),
+    "match": {"family": _string_list, "soc": _string_list, "model": _text()},
+    "cgroup": {"path": _text(CGROUP_PATH, "a relative cgroup path without '..', e.g. "
+                             "edge-agent.slice/inference"),
+               "memory_max": _size, "memory_high": _size, "cpu_max": _cpu_max,
+               "cpus": _cpus, "mems": _text(re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$"),
+                                            "a NUMA node list such as 0 or 0-1")},
+    "thp": {"enabled": _choice(*THP_ENABLED), "defrag": _choice(*THP_DEFRAG),
+            "khugepaged_defrag": _choice(0, 1, True, False),
+            "dynamic": {"disable_above_psi_some_avg10": _number(0, 100),
+                        "restore_below_psi_some_avg10": _number(0, 100),
+                        "hold_s": _number(0, 86400)}},
+    "rt": {"inference": RT_THREAD, "sched_rt_runtime_us": _int(-1, 1_000_000),
+           "irq_affinity": ("map", _text(IRQ_PATTERN, "an IRQ action-name pattern such as "
+                                         "nvme*"), _cpus)},
+    "block": ("map", _text(BLOCK_PATTERN, "a device-name pattern such as nvme*"),
+              {"scheduler": _text(), "nr_requests": _int(1), "read_ahead_kb": _int(0),
+               "io_poll": _choice(0, 1), "io_poll_delay": _int(-1),
+               "rq_affinity": _choice(0, 1, 2)}),
+    "nvme": {"default_ps_max_latency_us": _int(0)},
+    "dvfs": {"cpu": ("map", _cpus, {"governor": _text(), "min_khz": _frequency,
+                                    "max_khz": _frequency}),
+             "gpu": DEVFREQ, "npu": DEVFREQ, "dmc": DEVFREQ},
+    "cpuidle": {"disable_deeper_than_us": _int(0)},
+    "sysctl": ("map", _text(SYSCTL_KEY, "a vm.* sysctl name such as vm.swappiness"),
+               lambda v: None if isinstance(v, int) and not isinstance(v, bool)
+               else "an integer"),
+    "overlay": {"dvfs": _text(PROFILE_NAME, "a dts-overlays/ entry name")},
+}
+
+
+def _validate(value: Any, rule: Any, key: str, file: str) -> None:
+    if isinstance(rule, dict):
+        if not isinstance(value, dict):
+            raise ProfileError(file, key, f"expected a mapping with keys {', '.join(rule)}")
+        for name, item in value.items():
+            path = f"{key}.{name}" if key else str(name)
+            if name not in rule:
+                raise ProfileError(file, path, f"unknown key (allowed: {', '.join(rule)})")
+            _validate(item, rule[name], path, file)
+    elif isinstance(rule, tuple) and rule[0] == "list":
+        if not isinstance(value, list):
+            raise ProfileError(file, key, "expected a list")
+        for index, item in enumerate(value):
+            _validate(item, rule[1], f"{key}[{index}]", file)
+    elif isinstance(rule, tuple) and rule[0] == "map":
+        if not isinstance(value, dict) or not value:
+            raise ProfileError(file, key, "expected a non-empty mapping")
+        for name, item in value.items():
+            allowed = rule[1](name)
+            if allowed is not None:
+                raise ProfileError(file, f"{key}.{name}", f"bad key {name!r}: expected {allowed}")
+            _validate(item, rule[2], f"{key}.{name}", file)
+    else:
+        allowed = rule(value)
+        if allowed is not None:
+            raise ProfileError(file, key, f"{value!r} is not allowed: expected {allowed}")
+
+
+def validate_profile(data: Any, file: str) -> dict[str, Any]:
+    """Check a parsed profile document against the schema; returns it unchanged."""
+    if not isinstance(data, dict):
+        raise ProfileError(file, "", "a profile is a YAML mapping of sections "
+                           f"({', '.join(SCHEMA)})")
+    _validate(data, SCHEMA, "", file)
+    return data

@@ -1,0 +1,1 @@
+"""One module per tuning domain; each exposes ``plan(section, ctx)``."""

@@ -1,0 +1,117 @@
+"""DVFS: cpufreq governor/min/max per cluster, devfreq for GPU, NPU and memory controller.
+
+Limits are ordered so min <= max holds after every single write (raise max first when the
+new min is above the current max), and rollback in reverse order keeps it too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.discovery.model import Cluster
+from agent.discovery.reader import SysReader
+from agent.tuning.plan import PlanContext
+from agent.tuning.values import resolve_cpus, resolve_frequency
+
+POLICIES = "/sys/devices/system/cpu/cpufreq"
+DEVFREQ = "/sys/class/devfreq"
+
+
+def _limits(ctx: PlanContext, key: str, directory: str, names: tuple[str, str],
+            wanted: dict[str, Any], offered: tuple[list[int] | None, int | None, int | None],
+            unit: str, tuner: str) -> None:
+    """Plan min/max writes in an order that never crosses the current limits."""
+    resolved = {}
+    for field, name in zip((f"min_{unit}", f"max_{unit}"), names, strict=True):
+        if field in wanted:
+            try:
+                resolved[name] = resolve_frequency(wanted[field], *offered, unit=unit)
+            except ValueError as error:
+                raise ctx.error(f"{key}.{field}", f"{error} ({directory})") from None
+    low, high = (resolved.get(n) for n in names)
+    if low is not None and high is not None and low > high:
+        raise ctx.error(key, f"min {low} is above max {high}")
+    current_max = int(ctx.current(f"{directory}/{names[1]}", key))
+    order = list(names) if low is None or low <= current_max else list(reversed(names))
+    for name in order:
+        if name in resolved:
+            ctx.want(tuner, f"{directory}/{name}", str(resolved[name]), key)
+
+
+def _governor(ctx: PlanContext, key: str, directory: str, governor: str,
+              available: list[str] | None, tuner: str) -> None:
+    if available is not None and governor not in available:
+        raise ctx.error(f"{key}.governor", f"{governor!r} is not available in {directory} "
+                        f"(available: {', '.join(available)})")
+    ctx.want(tuner, f"{directory}/{'scaling_governor' if tuner == 'cpufreq' else 'governor'}",
+             governor, key)
+
+
+def _policies_for(ctx: PlanContext, selector: str, key: str) -> list[Cluster]:
+    try:
+        cpus = set(resolve_cpus(selector, ctx.topology))
+    except ValueError as error:
+        raise ctx.error(key, str(error)) from None
+    chosen = [c for c in ctx.topology.cpu.clusters if c.policy and cpus & set(c.cpus)]
+    for cluster in chosen:
+        if not set(cluster.cpus) <= cpus:
+            ctx.warnings.append(f"{key}: {cluster.policy} also governs CPUs outside {selector} "
+                                f"({cluster.cpus}); cpufreq limits are per policy")
+    if not chosen:
+        raise ctx.error(key, f"{selector} has no cpufreq policy on this device")
+    return chosen
+
+
+def _cpu(ctx: PlanContext, section: dict[str, Any]) -> None:
+    if not any(c.policy for c in ctx.topology.cpu.clusters):
+        ctx.warnings.append("dvfs.cpu: this device exposes no cpufreq (a VM, or no driver); "
+                            "CPU frequency settings skipped")
+        return
+    for selector, wanted in section.items():
+        key = f"dvfs.cpu.{selector}"
+        for cluster in _policies_for(ctx, selector, key):
+            if not cluster.online_cpus:
+                ctx.warnings.append(f"{key}: {cluster.policy} skipped, its CPUs are offline")
+                continue
+            directory = f"{POLICIES}/{cluster.policy}"
+            if "governor" in wanted:
+                _governor(ctx, key, directory, wanted["governor"], cluster.available_governors,
+                          "cpufreq")
+            _limits(ctx, key, directory, ("scaling_min_freq", "scaling_max_freq"), wanted,
+                    (cluster.available_khz, cluster.min_khz, cluster.max_khz), "khz", "cpufreq")
+
+
+def _devfreq_nodes(ctx: PlanContext, kind: str) -> list[str]:
+    if kind == "gpu":
+        return [g.devfreq for g in ctx.topology.gpus if g.devfreq]
+    if kind == "npu":
+        return [n.devfreq for n in ctx.topology.npus if n.devfreq]
+    reader = SysReader(ctx.root)
+    return [n for n in reader.listdir(DEVFREQ)
+            if reader.of_node_name(f"{DEVFREQ}/{n}/device") == "dmc"]
+
+
+def _devfreq(ctx: PlanContext, kind: str, wanted: dict[str, Any]) -> None:
+    key = f"dvfs.{kind}"
+    nodes = _devfreq_nodes(ctx, kind)
+    if not nodes:
+        raise ctx.error(key, f"this device has no {kind} devfreq node")
+    reader = SysReader(ctx.root)
+    for node in nodes:
+        directory = f"{DEVFREQ}/{node}"
+        if "governor" in wanted:
+            _governor(ctx, key, directory, wanted["governor"],
+                      reader.words(f"{directory}/available_governors"), "devfreq")
+        # Without a frequency table the current limits are the only known range.
+        offered = (reader.integers(f"{directory}/available_frequencies") or None,
+                   reader.integer(f"{directory}/min_freq"),
+                   reader.integer(f"{directory}/max_freq"))
+        _limits(ctx, key, directory, ("min_freq", "max_freq"), wanted, offered, "hz", "devfreq")
+
+
+def plan(section: dict[str, Any], ctx: PlanContext) -> None:
+    if "cpu" in section:
+        _cpu(ctx, section["cpu"])
+    for kind in ("gpu", "npu", "dmc"):
+        if kind in section:
+            _devfreq(ctx, kind, section[kind])
