@@ -87,14 +87,19 @@ def _components(path: str) -> list[str]:
     return [part for part in path.split("/") if part not in ("", ".")]
 
 
-def _pattern_matches(pattern: list[str], parts: list[str]) -> bool:
-    """Match path components against pattern components; ``**`` spans any number of them."""
-    if not pattern:
-        return not parts
-    head, rest = pattern[0], pattern[1:]
-    if head == "**":
-        return any(_pattern_matches(rest, parts[i:]) for i in range(len(parts) + 1))
-    return bool(parts) and fnmatch.fnmatchcase(parts[0], head) and _pattern_matches(rest, parts[1:])
+def _pattern_regex(patterns: Iterable[str]) -> re.Pattern[str]:
+    """One regex for all patterns: ``*`` stays within a component, ``**/`` spans any number."""
+    alternatives = []
+    for pattern in patterns:
+        parts = []
+        for part in _components(pattern):
+            if part == "**":
+                parts.append("(?:[^/]+/)*")
+            else:
+                parts.append(fnmatch.translate(part).removeprefix("(?s:").removesuffix(
+                    ")\\Z").replace(".*", "[^/]*") + "/")
+        alternatives.append("/" + "".join(parts)[:-1])
+    return re.compile("(?:" + "|".join(alternatives) + ")\\Z" if alternatives else "(?!)")
 
 
 def _within(path: str, tree: str) -> bool:
@@ -113,6 +118,7 @@ class Root:
         self.is_host = resolved == Path("/")
         self.writable = tuple(writable)
         self._writable_parts = [_components(p) for p in self.writable]
+        self._writable_regex = _pattern_regex(self.writable)
 
     def __repr__(self) -> str:
         return f"Root({str(self.base)!r})"
@@ -231,7 +237,7 @@ class Root:
         if ".." in path.split("/"):
             raise WriteRefused(errno.EPERM, f"{path}: '..' is not allowed in a write path")
         parts = _components(path)
-        if not any(_pattern_matches(pattern, parts) for pattern in self._writable_parts):
+        if not self._writable_regex.match("/" + "/".join(parts)):
             raise WriteRefused(errno.EPERM, self._refusal(path, parts))
         target = self.resolve(path)
         if not any(_within(target, tree) for tree in WRITABLE_TREES):
@@ -253,15 +259,21 @@ class Root:
         :func:`emulate_attribute_write`), so a rollback restores the file byte for byte.
         """
         target = self._host(self.check_writable(path))
-        data = value.encode()
-        if not self.is_host:
-            with open(target, "rb") as handle:
-                data = emulate_attribute_write(handle.read(), value, path)
-        fd = os.open(target, os.O_WRONLY | os.O_TRUNC)
-        try:
-            written = os.write(fd, data)
-        finally:
-            os.close(fd)
+        if self.is_host:
+            data = value.encode()
+            fd = os.open(target, os.O_WRONLY)
+            try:
+                written = os.write(fd, data)
+            finally:
+                os.close(fd)
+        else:
+            with open(target, "r+b") as handle:
+                old = handle.read()
+                data = emulate_attribute_write(old, value, path)
+                handle.seek(0)
+                written = handle.write(data)
+                if len(data) < len(old):
+                    handle.truncate()
         if written != len(data):
             raise OSError(errno.EIO, f"{path}: short write ({written} of {len(data)} bytes)")
 

@@ -115,7 +115,7 @@ class Engine:
             result.written.append(change)
         state.status = "applied"
         state.runtime = {**plan.runtime, "skipped": [s.split(":")[0] for s in result.skipped]}
-        self.journal.save(state)
+        self.journal.save(state, durable=False)  # "applying" would roll back just as well
         return result
 
     @staticmethod

@@ -22,6 +22,8 @@ from agent.tuning.errors import ProfileError
 from agent.tuning.schema import validate_profile
 
 SITE_DIR = "/etc/edge-agent/profiles"
+# libyaml's safe loader when PyYAML was built with it: several times faster than pure Python
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MATCH_WEIGHTS = {"family": 1, "soc": 2, "model": 4}
 
 
@@ -111,7 +113,7 @@ class ProfileStore:
                                f"{', '.join(sorted(sources)) or 'none'})")
         file, text = sources[name]
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=SAFE_LOADER)
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f"line {mark.line + 1}" if mark else "YAML"

@@ -1,0 +1,76 @@
+"""The tuning engine on this machine's real / where that is safe: planning writes nothing,
+and a real cgroup is created, used and removed under a writable cgroup2 mount."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tuning_helpers import REPO_PROFILES
+
+from agent.discovery import discover
+from agent.fsroot import Root
+from agent.tuning.engine import Engine
+from agent.tuning.journal import Journal
+from agent.tuning.profiles import ProfileStore
+from agent.tuning.tuners.cgroup import create_cgroup, move_into, remove_cgroup
+
+
+def cgroup2_mount() -> str | None:
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[2] == "cgroup2" and os.access(fields[1], os.W_OK):
+            return fields[1]
+    return None
+
+
+def cgroup_of(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    raise AssertionError(f"/proc/{pid}/cgroup has no cgroup v2 line")
+
+
+@pytest.mark.parametrize("profile", ["balanced", "latency", "realtime", "powersave", "auto"])
+def test_planning_on_the_real_root_writes_nothing(profile: str, tmp_path: Path) -> None:
+    root = Root("/")
+    engine = Engine(root, discover(root), Journal(tmp_path), ProfileStore(root,
+                                                                          dirs=[REPO_PROFILES]))
+    plan = engine.plan(profile, force=True)
+    for change in plan.changes:  # every planned path is an allowlisted knob that exists
+        root.check_writable(change.path)
+        assert Path(change.path).exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture()
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    child = subprocess.Popen(["sleep", "60"])
+    yield child
+    child.kill()
+    child.wait()
+
+
+def test_real_cgroup_created_used_and_removed(sleeper: subprocess.Popen[bytes]) -> None:
+    mount = cgroup2_mount()
+    if mount is None or os.geteuid() != 0:
+        pytest.skip("no writable cgroup2 mount here (needs root and cgroup v2)")
+    root = Root("/")
+    directory = f"{mount}/edge-agent-test-{uuid.uuid4().hex[:8]}"
+    original = cgroup_of(sleeper.pid)
+    assert create_cgroup(root, directory)
+    assert not create_cgroup(root, directory)  # already there: reported, not an error
+    try:
+        assert Path(directory, "cgroup.procs").exists()  # the kernel filled it in
+        move_into(root, directory, sleeper.pid)
+        assert cgroup_of(sleeper.pid) == "/" + directory.removeprefix(mount).lstrip("/")
+        assert Path(directory, "cgroup.procs").read_text().split() == [str(sleeper.pid)]
+    finally:
+        move_into(root, f"{mount}{original}".rstrip("/") or mount, sleeper.pid)
+        remove_cgroup(root, directory)
+    assert cgroup_of(sleeper.pid) == original
+    assert not Path(directory).exists()

@@ -1,0 +1,36 @@
+"""Shared helpers for the tuning tests: fixture copies, snapshots, an engine on a copy."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from agent.discovery import discover
+from agent.fsroot import Root
+from agent.tuning.engine import Engine
+from agent.tuning.journal import Journal
+from agent.tuning.profiles import ProfileStore
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REPO_PROFILES = Path(__file__).resolve().parents[1] / "profiles"
+BOARDS = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name[0] not in "_.")
+sys.path.insert(0, str(FIXTURES))
+from make_fixtures import tree_listing  # noqa: E402
+
+
+def copy_board(name: str, dest: Path) -> Path:
+    target = dest / name
+    shutil.copytree(FIXTURES / name, target, symlinks=True)
+    return target
+
+
+def snapshot(tree: Path) -> dict[str, tuple[str, bytes]]:
+    return tree_listing(tree)
+
+
+def engine_for(tree: Path, state: Path, profile_dirs: list[Path] | None = None,
+               root: Root | None = None) -> Engine:
+    root = root or Root(tree)
+    return Engine(root, discover(root), Journal(state),
+                  ProfileStore(root, dirs=profile_dirs or [REPO_PROFILES]))
