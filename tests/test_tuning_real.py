@@ -14,7 +14,7 @@ from tuning_helpers import REPO_PROFILES
 
 from agent.discovery import discover
 from agent.fsroot import Root
-from agent.tuning.engine import Engine
+from agent.tuning.engine import Engine, TuningError
 from agent.tuning.journal import Journal
 from agent.tuning.profiles import ProfileStore
 from agent.tuning.tuners.cgroup import create_cgroup, move_into, remove_cgroup
@@ -74,3 +74,47 @@ def test_real_cgroup_created_used_and_removed(sleeper: subprocess.Popen[bytes]) 
         remove_cgroup(root, directory)
     assert cgroup_of(sleeper.pid) == original
     assert not Path(directory).exists()
+
+
+def test_profile_sets_and_restores_a_real_threads_scheduling(tmp_path: Path) -> None:
+    """rt.threads on the real root: only a thread this test starts and names is touched."""
+    import threading
+
+    from agent.tuning import rt
+
+    name = f"eatest-{uuid.uuid4().hex[:6]}"
+    ready, release = threading.Event(), threading.Event()
+    tids: list[int] = []
+
+    def worker() -> None:
+        tids.append(threading.get_native_id())
+        Path(f"/proc/self/task/{tids[0]}/comm").write_text(name)
+        ready.set()
+        release.wait(30)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    ready.wait(10)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "threads.yaml").write_text(
+        f"rt: {{threads: [{{comm: '{name}', policy: fifo, priority: 10, cpus: 'cpus:0'}}]}}\n")
+    root = Root("/")
+    engine = Engine(root, discover(root), Journal(tmp_path / "state"),
+                    ProfileStore(root, dirs=[profiles]))
+    original = rt.read_thread_sched(tids[0])
+    try:
+        try:
+            result = engine.apply("threads")
+        except TuningError as error:  # only to skip where RT is not allowed here
+            if "CAP_SYS_NICE" in str(error):
+                pytest.skip(f"SCHED_FIFO not allowed here: {error}")
+            raise
+        assert [c.path for c in result.written] == [f"/proc/{os.getpid()}/task/{tids[0]}"]
+        assert rt.read_thread_sched(tids[0]) == rt.ThreadSched("fifo", 10, [0])
+        assert engine.verify() == []
+        engine.rollback()
+        assert rt.read_thread_sched(tids[0]) == original
+    finally:
+        release.set()
+        thread.join()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+MAX_CPU_ID = 65535  # far above any kernel's NR_CPUS; bounds what a list may expand to
 
 
 def parse_cpulist(text: str) -> list[int]:
@@ -23,6 +24,8 @@ def parse_cpulist(text: str) -> list[int]:
         last = int(match.group(2) or first)
         if last < first:
             raise ValueError(f"descending CPU range: {chunk!r}")
+        if last > MAX_CPU_ID:
+            raise ValueError(f"CPU id {last} is above {MAX_CPU_ID}")
         cpus.extend(range(first, last + 1))
     return cpus
 

@@ -15,16 +15,18 @@ from typing import Any
 
 from agent.discovery.model import Topology
 from agent.fsroot import Root
+from agent.tuning import rt
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal, JournalState, current_boot_id
 from agent.tuning.plan import Change, Plan, PlanContext, matches, read_normalised
 from agent.tuning.profiles import ProfileStore
-from agent.tuning.tuners import block, cgroup, cpuidle, dvfs, rt, sysctl, thp
+from agent.tuning.tuners import block, cgroup, cpuidle, dvfs, sysctl, thp
+from agent.tuning.tuners import rt as rt_tuner
 
 Planner = Callable[[dict[str, Any], PlanContext], None]
 # Order of application; rollback runs in reverse.
 TUNERS: tuple[tuple[str, Planner], ...] = (
-    ("cgroup", cgroup.plan), ("thp", thp.plan), ("sysctl", sysctl.plan), ("rt", rt.plan),
+    ("cgroup", cgroup.plan), ("thp", thp.plan), ("sysctl", sysctl.plan), ("rt", rt_tuner.plan),
     ("block", block.plan), ("nvme", block.plan_nvme), ("cpuidle", cpuidle.plan),
     ("dvfs", dvfs.plan))
 
@@ -79,7 +81,7 @@ class Engine:
         for section, planner in TUNERS:
             if section in profile.settings:
                 planner(profile.settings[section], ctx)
-        if "overlay" in profile.settings:
+        if "dvfs" in profile.settings.get("overlay", {}):
             ctx.warnings.append(f"overlay.dvfs: {profile.settings['overlay']['dvfs']} is a "
                                 "device-tree overlay, installed only on request")
         seen: set[str] = set()
@@ -102,9 +104,9 @@ class Engine:
         self.journal.save(state)  # every original is durable before the first write
         for index, change in enumerate(entries):
             try:
-                self.root.write_text(change.path, change.write_value)
-            except OSError as error:
-                if _managed_irq(change, error):
+                self._write(change, change.write_value)
+            except (OSError, rt.RtError) as error:
+                if isinstance(error, OSError) and _managed_irq(change, error):
                     result.skipped.append(f"{change.path}: managed IRQ, the kernel refuses "
                                           "affinity changes (EIO)")
                     continue
@@ -136,12 +138,21 @@ class Engine:
             entries.append(change)
         return entries
 
+    def _write(self, change: Change, value: str) -> None:
+        """A kernel file write, or a thread's scheduling for ``sched`` changes."""
+        if change.compare == "sched":
+            rt.apply_thread_sched(rt.tid_of(change.path), rt.parse_sched(value))
+        else:
+            self.root.write_text(change.path, value)
+
     def _undo(self, written: list[Change]) -> list[str]:
         failures = []
         for change in reversed(written):
             try:
-                self.root.write_text(change.path, change.restore_value)
-            except OSError as error:
+                self._write(change, change.restore_value)
+            except ProcessLookupError:
+                continue  # the thread is gone: nothing is left to restore
+            except (OSError, rt.RtError) as error:
                 failures.append(f"{change.path}: {error}")
         if not failures:
             self.journal.clear()

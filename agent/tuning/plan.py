@@ -12,10 +12,11 @@ from typing import Any
 from agent.discovery import parsers
 from agent.discovery.model import Topology
 from agent.fsroot import Root
+from agent.tuning import rt
 from agent.tuning.errors import ProfileError
 from agent.tuning.profiles import Profile
 
-COMPARISONS = ("value", "selection", "cpulist", "controllers")
+COMPARISONS = ("value", "selection", "cpulist", "controllers", "sched")
 
 
 @dataclass
@@ -54,7 +55,14 @@ class Plan:
 
 
 def read_normalised(root: Root, path: str, compare: str) -> str | None:
-    """The value of a kernel file in the form verify compares; None when it is absent."""
+    """The value of a kernel file in the form verify compares; None when it is absent.
+
+    ``sched`` changes name a thread (/proc/PID/task/TID): its scheduling is the value."""
+    if compare == "sched":
+        try:
+            return rt.format_sched(rt.read_thread_sched(rt.tid_of(path)))
+        except ProcessLookupError:
+            return None
     try:
         text = root.read_text(path).strip()
     except FileNotFoundError:

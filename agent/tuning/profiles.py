@@ -91,7 +91,8 @@ class ProfileStore:
         found: dict[str, tuple[str, str]] = {}
         for directory in reversed(self.dirs):
             for path in sorted(directory.glob("*.yaml")):
-                found[path.stem] = (str(path), path.read_text())
+                # undecodable bytes are kept visible, so the YAML error points at them
+                found[path.stem] = (str(path), path.read_bytes().decode("utf-8", "replace"))
         found.update(self._site_files())
         return found
 
@@ -112,12 +113,20 @@ class ProfileStore:
                                f"no profile named {name!r} (available: "
                                f"{', '.join(sorted(sources)) or 'none'})")
         file, text = sources[name]
+        if "\ufffd" in text:
+            line = text[:text.index("\ufffd")].count("\n") + 1
+            raise ProfileError(file, f"line {line}", "not UTF-8 text")
         try:
             data = yaml.load(text, Loader=SAFE_LOADER)
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f"line {mark.line + 1}" if mark else "YAML"
             raise ProfileError(file, where, f"not valid YAML: {error}") from None
+        except Exception as error:
+            # PyYAML's constructors also raise ValueError, KeyError, IndexError, ... on tags
+            # and values such as 2001-13-45 or a bare !!int: untrusted input, any failure
+            raise ProfileError(file, "YAML", f"not valid YAML: {type(error).__name__}: "
+                               f"{str(error)[:200]}") from None
         data = validate_profile({} if data is None else data, file)
         if "name" in data and data["name"] != name:
             raise ProfileError(file, "name", f"{data['name']!r} differs from the file name "

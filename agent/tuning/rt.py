@@ -15,6 +15,7 @@ import resource
 import threading
 from dataclasses import dataclass
 
+from agent.discovery.parsers import format_cpulist, parse_cpulist
 from agent.fsroot import Root
 
 SCHED_POLICIES: dict[str, int] = {
@@ -230,3 +231,21 @@ def rt_kernel_warning(preempt_rt: bool) -> str | None:
         return None
     return ("kernel is not PREEMPT_RT: real-time priorities and affinities are applied, "
             "but worst-case latency is not bounded")
+
+
+def format_sched(sched: ThreadSched) -> str:
+    """``fifo:80:4-7``: how a thread's scheduling is journaled and compared."""
+    return f"{sched.policy}:{sched.priority}:{format_cpulist(sched.cpus)}"
+
+
+def parse_sched(text: str) -> ThreadSched:
+    policy, priority, cpus = text.split(":")
+    return ThreadSched(policy, int(priority), parse_cpulist(cpus))
+
+
+def thread_path(pid: int, tid: int) -> str:
+    return f"/proc/{pid}/task/{tid}"
+
+
+def tid_of(path: str) -> int:
+    return int(path.rstrip("/").rsplit("/", 1)[1])

@@ -21,12 +21,16 @@ RT_POLICIES = ("other", "fifo", "rr", "batch", "idle")
 SYSCTL_KEY = re.compile(r"^vm\.[a-z_]+$")  # vm.* only: one file below /proc/sys/vm
 BLOCK_PATTERN = re.compile(r"^[A-Za-z0-9*?\[\]_-]+$")  # a device-name glob, never a path
 IRQ_PATTERN = re.compile(r"^[A-Za-z0-9*?\[\]_.:-]+$")
-CGROUP_PATH = re.compile(r"^[A-Za-z0-9_.@-]+(/[A-Za-z0-9_.@-]+)*$")
+CGROUP_PATH = re.compile(r"^(?!(.*/)?\.\.?(/|$))[A-Za-z0-9_.@-]+(/[A-Za-z0-9_.@-]+)*$")
 PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
 def _choice(*allowed: object) -> Check:
-    return lambda v: None if v in allowed else "one of " + ", ".join(map(str, allowed))
+    """Equal and of the same type: YAML's true is not the kernel's 1, nor 2.0 its 2."""
+    def check(value: Any) -> str | None:
+        ok = any(value == a and type(value) is type(a) for a in allowed)
+        return None if ok else "one of " + ", ".join(map(str, allowed))
+    return check
 
 
 def _int(low: int, high: int | None = None) -> Check:
@@ -81,6 +85,8 @@ def _string_list(value: Any) -> str | None:
 
 DEVFREQ = {"governor": _text(), "min_hz": _frequency, "max_hz": _frequency}
 RT_THREAD = {"policy": _choice(*RT_POLICIES), "priority": _int(0, 99), "cpus": _cpus}
+THREAD_SELECTOR = {"comm": _text(re.compile(r"^[^/]{1,64}$"), "a thread-name pattern such as "
+                                 "irq/*-nvme*"), "pid": _int(1), **RT_THREAD}
 
 # key -> Check, or a nested dict for a mapping with fixed keys, or ("map", key_check, value)
 SCHEMA: dict[str, Any] = {
@@ -98,7 +104,8 @@ SCHEMA: dict[str, Any] = {
             "dynamic": {"disable_above_psi_some_avg10": _number(0, 100),
                         "restore_below_psi_some_avg10": _number(0, 100),
                         "hold_s": _number(0, 86400)}},
-    "rt": {"inference": RT_THREAD, "sched_rt_runtime_us": _int(-1, 1_000_000),
+    "rt": {"inference": RT_THREAD, "threads": ("list", THREAD_SELECTOR),
+           "sched_rt_runtime_us": _int(-1, 1_000_000),
            "irq_affinity": ("map", _text(IRQ_PATTERN, "an IRQ action-name pattern such as "
                                          "nvme*"), _cpus)},
     "block": ("map", _text(BLOCK_PATTERN, "a device-name pattern such as nvme*"),
@@ -113,7 +120,7 @@ SCHEMA: dict[str, Any] = {
     "sysctl": ("map", _text(SYSCTL_KEY, "a vm.* sysctl name such as vm.swappiness"),
                lambda v: None if isinstance(v, int) and not isinstance(v, bool)
                else "an integer"),
-    "overlay": {"dvfs": _text(PROFILE_NAME, "a dts-overlays/ entry name")},
+    "overlay": {"dvfs": _text(PROFILE_NAME, "a dts-overlays/ entry name")},  # key required
 }
 
 
@@ -122,7 +129,8 @@ def _validate(value: Any, rule: Any, key: str, file: str) -> None:
         if not isinstance(value, dict):
             raise ProfileError(file, key, f"expected a mapping with keys {', '.join(rule)}")
         for name, item in value.items():
-            path = f"{key}.{name}" if key else str(name)
+            label = str(name) or repr(name)  # an empty key must still be named
+            path = f"{key}.{label}" if key else label
             if name not in rule:
                 raise ProfileError(file, path, f"unknown key (allowed: {', '.join(rule)})")
             _validate(item, rule[name], path, file)
@@ -135,10 +143,11 @@ def _validate(value: Any, rule: Any, key: str, file: str) -> None:
         if not isinstance(value, dict) or not value:
             raise ProfileError(file, key, "expected a non-empty mapping")
         for name, item in value.items():
+            path = f"{key}.{str(name) or repr(name)}"
             allowed = rule[1](name)
             if allowed is not None:
-                raise ProfileError(file, f"{key}.{name}", f"bad key {name!r}: expected {allowed}")
-            _validate(item, rule[2], f"{key}.{name}", file)
+                raise ProfileError(file, path, f"bad key {name!r}: expected {allowed}")
+            _validate(item, rule[2], path, file)
     else:
         allowed = rule(value)
         if allowed is not None:
@@ -151,4 +160,6 @@ def validate_profile(data: Any, file: str) -> dict[str, Any]:
         raise ProfileError(file, "", "a profile is a YAML mapping of sections "
                            f"({', '.join(SCHEMA)})")
     _validate(data, SCHEMA, "", file)
+    if "overlay" in data and "dvfs" not in data["overlay"]:
+        raise ProfileError(file, "overlay", "expected overlay.dvfs, a dts-overlays/ entry name")
     return data

@@ -13,6 +13,7 @@ from agent.discovery.model import Topology
 from agent.discovery.parsers import format_cpulist, parse_cpulist
 
 CORE_TYPES = ("big", "mid", "little")
+MAX_BYTES = 2**63  # the kernel's page-counter limit, far above any device
 SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?$", re.IGNORECASE)
 _PERCENT = re.compile(r"^(\d+(?:\.\d+)?)\s*%$")
@@ -21,10 +22,10 @@ _PERCENT = re.compile(r"^(\d+(?:\.\d+)?)\s*%$")
 def is_cpu_selector(value: object) -> bool:
     if not isinstance(value, str):
         return False
-    if value in ("all",) or value.startswith("cluster:"):
+    if value == "all" or value.startswith("cluster:"):
         return value == "all" or value.removeprefix("cluster:") in CORE_TYPES
     try:
-        parse_cpulist(value.removeprefix("cpus:"))
+        parse_cpulist(value.removeprefix("cpus:"))  # bounded: ids above MAX_CPU_ID refused
     except ValueError:
         return False
     return True
@@ -97,10 +98,15 @@ def resolve_size(value: int | str, of_bytes: int | None) -> str:
         return "max"
     percent = _PERCENT.match(value)
     if percent:
+        if float(percent.group(1)) > 100:
+            raise ValueError(f"{value[:40]} is more than 100 %")
         if of_bytes is None:
             raise ValueError(f"{value}: the total to take a percentage of is unknown")
         return str(int(of_bytes * float(percent.group(1)) / 100) // 4096 * 4096)
     size = _SIZE.match(value)
     if size is None:
-        raise ValueError(f"{value!r} is not a size (bytes, K/M/G suffix, N% or max)")
-    return str(int(float(size.group(1)) * SIZE_UNITS[size.group(2).upper()]))
+        raise ValueError(f"{value[:40]!r} is not a size (bytes, K/M/G suffix, N% or max)")
+    amount = float(size.group(1)) * SIZE_UNITS[size.group(2).upper()]
+    if not amount < MAX_BYTES:
+        raise ValueError(f"{value[:40]!r} is larger than any memory (use max for no limit)")
+    return str(int(amount))

@@ -14,6 +14,8 @@ from agent.fsroot import Root
 from agent.tuning.plan import Change, PlanContext
 from agent.tuning.values import resolve_cpus, resolve_size
 
+PROFILE_KEY_OF = {"memory.max": "memory_max", "memory.high": "memory_high", "cpu.max": "cpu_max",
+                  "cpuset.cpus": "cpus", "cpuset.mems": "mems"}
 CONTROLLER_OF = {"memory_max": "memory", "memory_high": "memory", "cpu_max": "cpu",
                  "cpus": "cpuset", "mems": "cpuset"}
 
@@ -27,9 +29,11 @@ def hierarchy(topology: Topology) -> str | None:
 def _limit_values(section: dict[str, Any], ctx: PlanContext) -> dict[str, str]:
     total = ctx.topology.memory.total_bytes
     values: dict[str, str] = {}
+    current_key = "memory_max"
     try:
         if "memory_max" in section:
             values["memory.max"] = resolve_size(section["memory_max"], total)
+        current_key = "memory_high"
         if "memory_high" in section:
             # a percentage of memory.high is of memory.max when one is set
             base = values.get("memory.max")
@@ -37,13 +41,14 @@ def _limit_values(section: dict[str, Any], ctx: PlanContext) -> dict[str, str]:
                 section["memory_high"], int(base) if base and base != "max" else total)
         if "cpu_max" in section:
             values["cpu.max"] = section["cpu_max"]
+        current_key = "cpus"
         if "cpus" in section:
             values["cpuset.cpus"] = ",".join(map(str, resolve_cpus(section["cpus"],
                                                                    ctx.topology)))
         if "mems" in section:
             values["cpuset.mems"] = section["mems"]
     except ValueError as error:
-        raise ctx.error("cgroup", str(error)) from None
+        raise ctx.error(f"cgroup.{current_key}", str(error)) from None
     return values
 
 
@@ -74,7 +79,8 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
             ctx.changes.append(_controllers_change(control, enabled, missing))
     for name, value in values.items():
         compare = "cpulist" if name == "cpuset.cpus" else "value"
-        ctx.want("cgroup", f"{directory}/{name}", value, f"cgroup.{name}", compare=compare)
+        ctx.want("cgroup", f"{directory}/{name}", value, f"cgroup.{PROFILE_KEY_OF[name]}",
+                 compare=compare)
 
 
 def _controllers_change(control: str, enabled: set[str], missing: list[str]) -> Change:

@@ -10,6 +10,7 @@ from typing import Any
 
 from agent.discovery.model import Cluster
 from agent.discovery.reader import SysReader
+from agent.tuning import nvpmodel
 from agent.tuning.plan import PlanContext
 from agent.tuning.values import resolve_cpus, resolve_frequency
 
@@ -110,9 +111,29 @@ def _devfreq(ctx: PlanContext, kind: str, wanted: dict[str, Any]) -> None:
         _limits(ctx, key, directory, ("min_freq", "max_freq"), wanted, offered, "hz", "devfreq")
 
 
+def _warn_beyond_nvpmodel(ctx: PlanContext, first_change: int) -> None:
+    """On Jetson the power mode stays the base policy: say when a limit exceeds its cap."""
+    mode = nvpmodel.active_caps(ctx.root)
+    if mode is None:
+        return
+    name, caps = mode
+    for change in ctx.changes[first_change:]:
+        if not change.path.endswith(("min_freq", "max_freq")):
+            continue  # governors have no cap
+        limit_file = change.path.replace("min_freq", "max_freq")
+        cap = caps.get(ctx.root.realpath(limit_file))
+        if cap is not None and int(change.desired) > cap:
+            ctx.warnings.append(f"{change.key}: {change.path} = {change.desired} is above the "
+                                f"cap {cap} of nvpmodel mode {name}; nvpmodel rewrites limits "
+                                "at boot and on 'nvpmodel -m', change the mode for more")
+
+
 def plan(section: dict[str, Any], ctx: PlanContext) -> None:
+    first_change = len(ctx.changes)
     if "cpu" in section:
         _cpu(ctx, section["cpu"])
     for kind in ("gpu", "npu", "dmc"):
         if kind in section:
             _devfreq(ctx, kind, section[kind])
+    if ctx.topology.board.family == "jetson":
+        _warn_beyond_nvpmodel(ctx, first_change)

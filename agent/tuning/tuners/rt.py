@@ -9,10 +9,41 @@ from __future__ import annotations
 from typing import Any
 
 from agent.tuning import rt
-from agent.tuning.plan import PlanContext
+from agent.tuning.plan import Change, PlanContext, read_normalised
 from agent.tuning.values import resolve_cpus
 
 SCHED_RT_RUNTIME = "/proc/sys/kernel/sched_rt_runtime_us"
+
+
+def _wanted_sched(ctx: PlanContext, key: str, selector: dict[str, Any]) -> rt.ThreadSched:
+    policy, priority = selector.get("policy", "other"), selector.get("priority", 0)
+    if (policy in ("fifo", "rr")) != (priority >= 1):
+        raise ctx.error(f"{key}.priority", f"{priority} does not suit policy {policy}: fifo "
+                        "and rr take 1..99, the others 0")
+    try:
+        cpus = resolve_cpus(selector.get("cpus", "all"), ctx.topology)
+    except ValueError as error:
+        raise ctx.error(f"{key}.cpus", str(error)) from None
+    return rt.ThreadSched(policy, priority, cpus)
+
+
+def _plan_threads(ctx: PlanContext, key: str, selector: dict[str, Any]) -> None:
+    """Threads chosen by comm pattern and/or pid; only on the real root, whose pids are real."""
+    if "comm" not in selector and "pid" not in selector:
+        raise ctx.error(key, "name the threads with comm (a pattern), pid, or both")
+    wanted = rt.format_sched(_wanted_sched(ctx, key, selector))
+    if not ctx.root.is_host:
+        ctx.warnings.append(f"{key}: thread scheduling applies on the real root only; skipped")
+        return
+    threads = rt.threads_matching(ctx.root, selector.get("comm", "*"), selector.get("pid"))
+    if not threads:
+        ctx.warnings.append(f"{key}: no thread matches; nothing to do")
+    for pid, tid, comm in threads:
+        path = rt.thread_path(pid, tid)
+        current = read_normalised(ctx.root, path, "sched")
+        if current is not None and current != wanted:
+            ctx.changes.append(Change(tuner="sched", path=path, current=current, desired=wanted,
+                                      key=key, compare="sched", note=comm))
 
 
 def plan(section: dict[str, Any], ctx: PlanContext) -> None:
@@ -34,6 +65,8 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
         for irq in irqs:
             ctx.want("rt", rt.irq_affinity_path(irq), ",".join(map(str, cpus)), key,
                      compare="cpulist")
+    for index, selector in enumerate(section.get("threads", [])):
+        _plan_threads(ctx, f"rt.threads[{index}]", selector)
     if "inference" in section:
         wanted = dict(section["inference"])
         policy, priority = wanted.get("policy", "other"), wanted.get("priority", 0)

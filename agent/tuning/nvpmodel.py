@@ -1,0 +1,90 @@
+"""nvpmodel: the Jetson power mode is the base policy a profile tunes within.
+
+The live config (``/etc/nvpmodel.conf``) and the active mode (``/var/lib/nvpmodel/status``)
+are parsed, never embedded: values drift between releases (hardware-reference §2.8).  The
+agent only warns when a profile asks beyond the mode's caps; nvpmodel rewrites the limits at
+boot and on ``nvpmodel -m`` anyway.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from agent.fsroot import Root
+
+CONF = "/etc/nvpmodel.conf"
+STATUS = "/var/lib/nvpmodel/status"
+_BLOCK = re.compile(r"^<\s*(\w+)\s+(.*?)\s*>$")
+
+
+@dataclass
+class PowerMode:
+    id: int
+    name: str
+    values: dict[tuple[str, str], int] = field(default_factory=dict)  # (param, arg) -> value
+
+
+@dataclass
+class NvpmodelConf:
+    clock_paths: dict[tuple[str, str], list[str]]  # (param, MAX_FREQ) -> sysfs paths
+    modes: dict[int, PowerMode]
+    default: int | None
+
+
+def _attributes(text: str) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in text.split() if "=" in pair)
+
+
+def parse_conf(text: str) -> NvpmodelConf:
+    """Parse an nvpmodel.conf: PARAM blocks (name -> paths) and POWER_MODEL blocks."""
+    clock_paths: dict[tuple[str, str], list[str]] = {}
+    modes: dict[int, PowerMode] = {}
+    default = None
+    param: str | None = None
+    mode: PowerMode | None = None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        block = _BLOCK.match(line)
+        if block:
+            kind, attributes = block.group(1), _attributes(block.group(2))
+            param = attributes.get("NAME") if kind == "PARAM" and \
+                attributes.get("TYPE") == "CLOCK" else None
+            mode = None
+            if kind == "POWER_MODEL":
+                mode = PowerMode(int(attributes["ID"]), attributes.get("NAME", ""))
+                modes[mode.id] = mode
+            elif kind == "PM_CONFIG" and "DEFAULT" in attributes:
+                default = int(attributes["DEFAULT"])
+            continue
+        words = line.split()
+        if param and len(words) == 2:  # "MAX_FREQ_KNEXT /path": an alternative path
+            arg = words[0].removesuffix("_KNEXT")
+            clock_paths.setdefault((param, arg), []).append(words[1])
+        elif mode and len(words) == 3 and re.fullmatch(r"-?\d+", words[2]):
+            mode.values[(words[0], words[1])] = int(words[2])
+    return NvpmodelConf(clock_paths, modes, default)
+
+
+def active_caps(root: Root) -> tuple[str, dict[str, int]] | None:
+    """(mode name, {resolved max-frequency path: cap}) of the active mode, or None."""
+    try:
+        conf = parse_conf(root.read_text(CONF))
+        status = root.read_text(STATUS)
+    except OSError:
+        return None
+    match = re.search(r"pmode:(\d+)", status)
+    mode_id = int(match.group(1)) if match else conf.default
+    mode = conf.modes.get(mode_id) if mode_id is not None else None
+    if mode is None:
+        return None
+    caps: dict[str, int] = {}
+    for (param, arg), value in mode.values.items():
+        if arg != "MAX_FREQ" or value < 0:  # -1: no cap
+            continue
+        for path in conf.clock_paths.get((param, "MAX_FREQ"), []):
+            if root.exists(path):
+                caps[root.realpath(path)] = value
+    return mode.name, caps

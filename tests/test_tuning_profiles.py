@@ -1,0 +1,106 @@
+"""Profile loading (include, cycles, site overrides) and the Jetson nvpmodel base policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tuning_helpers import FIXTURES, REPO_PROFILES, copy_board, engine_for
+
+from agent.discovery.model import Board
+from agent.fsroot import Root
+from agent.tuning import nvpmodel
+from agent.tuning.errors import ProfileError
+from agent.tuning.profiles import ProfileStore
+
+
+def store_with(tmp_path: Path, profiles: dict[str, str]) -> ProfileStore:
+    directory = tmp_path / "profiles"
+    directory.mkdir()
+    for name, text in profiles.items():
+        (directory / f"{name}.yaml").write_text(text)
+    return ProfileStore(Root(tmp_path), dirs=[directory])
+
+
+def test_include_merges_in_order_later_wins(tmp_path: Path) -> None:
+    store = store_with(tmp_path, {
+        "a": "thp: {enabled: always, defrag: never}\nsysctl: {vm.swappiness: 1}\n",
+        "b": "thp: {enabled: never}\n",
+        "c": "include: [a, b]\nsysctl: {vm.swappiness: 3}\n"})
+    profile = store.load("c")
+    assert profile.settings == {"thp": {"enabled": "never", "defrag": "never"},
+                                "sysctl": {"vm.swappiness": 3}}
+    assert profile.chain == ["a", "b", "c"]
+
+
+def test_include_cycle_is_named(tmp_path: Path) -> None:
+    store = store_with(tmp_path, {"a": "include: [b]\n", "b": "include: [c]\n",
+                                  "c": "include: [a]\n"})
+    with pytest.raises(ProfileError, match=r"a\.yaml: include: include cycle: a -> b -> c -> a"):
+        store.load("a")
+
+
+def test_unknown_key_names_file_path_and_allowed(tmp_path: Path) -> None:
+    store = store_with(tmp_path, {"x": "thp: {enable: never}\n"})
+    with pytest.raises(ProfileError) as error:
+        store.load("x")
+    assert str(error.value) == (f"{tmp_path}/profiles/x.yaml: thp.enable: unknown key "
+                                "(allowed: enabled, defrag, khugepaged_defrag, dynamic)")
+
+
+def test_site_profile_overrides_builtin_through_the_root(tmp_path: Path) -> None:
+    site = tmp_path / "etc/edge-agent/profiles"
+    site.mkdir(parents=True)
+    (site / "balanced.yaml").write_text("thp: {enabled: never}\n")
+    store = ProfileStore(Root(tmp_path), dirs=[REPO_PROFILES])
+    profile = store.load("balanced")
+    assert profile.file == "/etc/edge-agent/profiles/balanced.yaml"
+    assert profile.settings == {"thp": {"enabled": "never"}}
+    assert store.load("latency").settings["thp"]["enabled"] == "never"  # includes the site one
+
+
+@pytest.mark.parametrize(("board", "expected"), [
+    (Board(family="rockchip", soc="rk3588"), "rk3588"),
+    (Board(family="rockchip", soc="rk3588s"), "rk3588"),
+    (Board(family="jetson", soc="tegra234"), "jetson-orin"),
+    (Board(family="x86"), "x86"),
+    (Board(family="generic", soc="bcm2712"), "balanced")])
+def test_auto_picks_the_board_profile(board: Board, expected: str, tmp_path: Path) -> None:
+    assert ProfileStore(Root(tmp_path), dirs=[REPO_PROFILES]).auto(board).name == expected
+
+
+def test_every_shipped_profile_plans_on_its_boards(tmp_path: Path) -> None:
+    for board in ("jetson-agx-orin-jp6", "rk3588-vendor", "x86-edge-npu"):
+        engine = engine_for(copy_board(board, tmp_path), tmp_path / board)
+        for name in engine.store.names():
+            profile = engine.store.load(name)
+            if profile.matches(engine.topology.board):
+                assert engine.plan(name).profile == name
+
+
+def test_nvpmodel_conf_and_active_caps() -> None:
+    root = Root(FIXTURES / "jetson-agx-orin-jp6")
+    conf = nvpmodel.parse_conf(root.read_text(nvpmodel.CONF))
+    assert (conf.default, sorted((m.id, m.name) for m in conf.modes.values())) == (
+        2, [(0, "MAXN"), (1, "MODE_15W"), (2, "MODE_30W"), (3, "MODE_50W")])
+    assert conf.modes[1].values[("CPU_A78_0", "MAX_FREQ")] == 1113600
+    mode = nvpmodel.active_caps(root)
+    assert mode is not None
+    name, caps = mode
+    assert name == "MODE_30W"
+    assert caps["/sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq"] == 1728000
+    assert caps["/sys/devices/platform/bus@0/17000000.ga10b/devfreq/17000000.ga10b/"
+                "max_freq"] == 612000000
+    assert nvpmodel.active_caps(Root(FIXTURES / "rk3588-vendor")) is None
+
+
+def test_plan_warns_beyond_nvpmodel_caps(tmp_path: Path) -> None:
+    tree = copy_board("jetson-agx-orin-jp6", tmp_path)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "maxed.yaml").write_text("dvfs: {cpu: {all: {max_khz: max, governor: "
+                                         "performance}}, gpu: {max_hz: '~600000000'}}\n")
+    plan = engine_for(tree, tmp_path / "state", [profiles]).plan("maxed")
+    beyond = [w for w in plan.warnings if "nvpmodel mode MODE_30W" in w]
+    assert len(beyond) == 2  # policy0 and policy4; the GPU ask is within its cap
+    assert "policy0/scaling_max_freq = 2201600 is above the cap 1728000" in beyond[0]
