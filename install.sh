@@ -65,5 +65,8 @@ else
     [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip
     "$venv/bin/python" -m pip install -q "$here"
+    # built-in profiles next to the venv, where the agent looks for them (sys.prefix)
+    mkdir -p "$venv/profiles"
+    cp "$here"/profiles/*.yaml "$venv/profiles/"
     echo "edge-agent installed in $venv (command: $venv/bin/edge-agent)"
 fi

@@ -73,6 +73,9 @@ def _add_profile_commands(
         if action in ("plan", "apply"):
             sub.add_argument("--force", action="store_true",
                              help="apply even if the profile's match excludes this device")
+        if action == "apply":
+            sub.add_argument("--dry-run", action="store_true",
+                             help="show what would be written, write nothing (same as plan)")
         sub.add_argument("--root", default="/", metavar="DIR",
                          help="operate on sysfs/procfs below DIR instead of /")
         sub.add_argument("--state-dir", metavar="DIR",

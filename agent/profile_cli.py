@@ -90,6 +90,10 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
         plan = engine.plan(args.name, force=args.force)
         _emit(args, plan.to_dict(), _plan_text(plan))
         return 0
+    if args.action == "apply" and args.dry_run:
+        plan = engine.plan(args.name, force=args.force)
+        _emit(args, plan.to_dict(), "dry run, nothing written\n" + _plan_text(plan))
+        return 0
     if args.action == "apply":
         result = engine.apply(args.name, force=args.force)
         drift = engine.verify()
@@ -103,11 +107,14 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
                      "drift": [c.path for c, _ in drift]}, text)
         return 0 if not drift else 1
     if args.action == "verify":
+        if not engine.journal.exists():
+            _emit(args, {"ok": False, "drift": [], "applied": None}, "no profile applied")
+            return 1
         drift = engine.verify()
         _emit(args, {"ok": not drift, "drift": [
             {"path": c.path, "expected": c.desired, "actual": a, "key": c.key}
             for c, a in drift]}, _verify_text(drift))
-        return 0 if not drift and engine.journal.exists() else 1
+        return 0 if not drift else 1
     if args.action == "rollback":
         profile, notes = engine.rollback()
         _emit(args, {"rolled_back": profile, "notes": notes}, "\n".join(
