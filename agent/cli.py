@@ -10,21 +10,33 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from agent import __version__
+
+if TYPE_CHECKING:
+    from agent.fsroot import Root
+
+
+class UsageError(Exception):
+    """A one-line error for the person at the terminal; exit status 2."""
+
+
+def open_root(directory: str) -> Root:
+    """The filesystem layer for ``--root``; a missing directory is a usage error."""
+    from agent.fsroot import Root
+
+    try:
+        return Root(directory)
+    except FileNotFoundError:
+        raise UsageError(f"--root {directory}: no such directory") from None
 
 
 def _discover(args: argparse.Namespace) -> int:
     from agent.discovery import discover
     from agent.discovery.summary import render_summary
-    from agent.fsroot import Root
 
-    try:
-        root = Root(args.root)
-    except FileNotFoundError:
-        print(f"edge-agent discover: --root {args.root}: no such directory", file=sys.stderr)
-        return 2
-    topology = discover(root)
+    topology = discover(open_root(args.root))
     if args.json:
         print(json.dumps(topology.to_dict(), indent=2))
     else:
@@ -89,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))
+    except UsageError as error:
+        print(f"edge-agent {args.command}: {error}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `edge-agent discover --json | head`
         sys.stderr.close()
         return 0

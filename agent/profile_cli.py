@@ -132,11 +132,9 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        root = Root(args.root)
-    except FileNotFoundError:
-        print(f"edge-agent profile: --root {args.root}: no such directory", file=sys.stderr)
-        return 2
+    from agent.cli import open_root
+
+    root = open_root(args.root)
     engine = Engine(root, discover(root), Journal(_state_dir(args, root)), ProfileStore(root))
     try:
         return _dispatch(args, engine)

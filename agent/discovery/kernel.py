@@ -6,7 +6,6 @@ import ctypes
 import errno
 import gzip
 import os
-import re
 import zlib
 
 from agent.discovery import parsers
@@ -65,10 +64,9 @@ def _cgroup_mode(reader: SysReader) -> tuple[str | None, str]:
 def _thp(reader: SysReader, cmdline: str) -> Thp:
     enabled = reader.parsed(f"{THP}/enabled", parsers.parse_selection)
     defrag = reader.parsed(f"{THP}/defrag", parsers.parse_selection)
-    admin = re.search(r"(?:^|\s)transparent_hugepage=(\S+)", cmdline)
     return Thp(enabled=enabled[0] if enabled else None, defrag=defrag[0] if defrag else None,
                khugepaged_defrag=reader.integer(f"{THP}/khugepaged/defrag"),
-               cmdline=admin.group(1) if admin else None)
+               cmdline=parsers.thp_cmdline_choice(cmdline))
 
 
 def discover_kernel(reader: SysReader) -> Kernel:

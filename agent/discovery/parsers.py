@@ -190,3 +190,12 @@ def format_cpulist(cpus: list[int]) -> str:
             ranges.append(str(first) if first == cpu else f"{first}-{cpu}")
             start = index + 1
     return ",".join(ranges)
+
+
+_ADMIN_THP = re.compile(r"(?:^|\s)transparent_hugepage=(\S+)")
+
+
+def thp_cmdline_choice(cmdline: str) -> str | None:
+    """``transparent_hugepage=`` on the kernel command line: the admin's choice, not ours."""
+    match = _ADMIN_THP.search(cmdline)
+    return match.group(1) if match else None

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.discovery.parsers import thp_cmdline_choice
 from agent.fsroot import Root
 from agent.tuning.journal import Journal, JournalState, current_boot_id
 from agent.tuning.plan import Change, read_normalised
@@ -37,7 +38,6 @@ NORMAL_KEY = "thp_dynamic_normal"
 JOURNAL_PROFILE = "thp-dynamic"
 
 _PSI_SOME_AVG10 = re.compile(r"^some\s.*?\bavg10=(\d+(?:\.\d+)?)", re.MULTILINE)
-_ADMIN_THP = re.compile(r"(?:^|\s)transparent_hugepage=(\S+)")
 
 OnEvent = Callable[[dict[str, Any]], None]
 
@@ -129,8 +129,7 @@ def admin_thp_choice(root: Root) -> str | None:
         cmdline = root.read_text("/proc/cmdline")
     except FileNotFoundError:
         return None
-    match = _ADMIN_THP.search(cmdline)
-    return match.group(1) if match else None
+    return thp_cmdline_choice(cmdline)
 
 
 # -- the controller ------------------------------------------------------------------------
