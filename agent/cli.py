@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="print the topology/1 JSON contract instead of a summary")
     discover.set_defaults(handler=_discover)
     _add_profile_commands(commands)
+    _add_infer_command(commands)
     return parser
 
 
@@ -95,6 +96,34 @@ def _add_profile_commands(
                          "when one is given)")
         sub.add_argument("--json", action="store_true", help="machine-readable output")
         sub.set_defaults(handler=_profile)
+
+
+def _infer(args: argparse.Namespace) -> int:
+    from agent import infer_cli
+
+    return infer_cli.run(args)
+
+
+def _add_infer_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``infer``; onnxruntime loads only when it runs."""
+    from agent.inference.demo_model import DEMO_MODEL_PATH  # a path: imports nothing heavy
+
+    infer = commands.add_parser("infer", help="run a model in the inference loop for a while "
+                                "and print latency statistics")
+    infer.add_argument("--model", default=str(DEMO_MODEL_PATH),
+                       help="ONNX model (default: the bundled demo CNN)")
+    infer.add_argument("--seconds", type=float, default=5.0)
+    infer.add_argument("--rate", type=float, default=None, metavar="HZ",
+                       help="fixed call rate with deadline-miss counting (default: free-running)")
+    infer.add_argument("--providers", metavar="P1,P2",
+                       help="execution providers in order (default: chosen from the hardware)")
+    infer.add_argument("--sha256", help="refuse the model unless its sha256 matches")
+    infer.add_argument("--root", default="/", metavar="DIR",
+                       help="discover the hardware below DIR instead of /")
+    infer.add_argument("--state-dir", default="/var/lib/edge-agent", metavar="DIR",
+                       help="where the optimised-model cache lives")
+    infer.add_argument("--json", action="store_true", help="print the statistics contract")
+    infer.set_defaults(handler=_infer)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

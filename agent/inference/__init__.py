@@ -1,0 +1,1 @@
+"""On-device inference: sessions, input sources and the serving loop."""

@@ -1,0 +1,332 @@
+"""Builds the ONNX Runtime session: providers, thread counts, a pinned model, a graph cache.
+
+Graph optimisation at level ``all`` costs more than the load itself on small boards, so the
+optimised graph is cached on disk.  A cache file is named ``<key>.<sha256 of its bytes>.onnx``
+and is only ever created by an atomic rename, so a crash or a torn write can never be loaded:
+the digest in the name is checked on every hit.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import onnxruntime as ort
+
+from agent.discovery.model import Topology
+
+logger = logging.getLogger(__name__)
+
+TENSORRT = "TensorrtExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+OPENVINO = "OpenVINOExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+# These EPs compile subgraphs into kernels ORT cannot serialise ("contains compiled nodes"), and
+# it only finds out after the compile, which takes minutes for TensorRT: never cache them.
+COMPILING_PROVIDERS = frozenset({
+    TENSORRT, OPENVINO, "NvTensorRTRTXExecutionProvider", "MIGraphXExecutionProvider",
+    "QNNExecutionProvider", "VitisAIExecutionProvider", "CoreMLExecutionProvider",
+    "NnapiExecutionProvider",
+})
+
+GraphOptimization = Literal["disabled", "basic", "extended", "all"]
+CacheState = Literal["hit", "miss", "off"]
+
+_LEVELS = {
+    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+_SPINNING_KEY = "session.intra_op.allow_spinning"
+
+OptionsFactory = Callable[[], "ort.SessionOptions"]
+
+
+class SessionError(RuntimeError):
+    """The session cannot be built as configured (providers, model file, digest)."""
+
+
+@dataclass(frozen=True)
+class BuiltSession:
+    """A ready session and how it came to be, for the status report and the logs."""
+
+    session: ort.InferenceSession
+    providers: list[str]  # what ORT actually registered, in priority order
+    intra_op: int
+    inter_op: int
+    model_sha256: str
+    load_ms: float
+    cache: CacheState
+
+
+# -- providers ---------------------------------------------------------------------------------
+
+def choose_providers(available: Sequence[str], topology: Topology,
+                     override: Sequence[str] | None = None) -> list[str]:
+    """Accelerator EPs this board can use, best first, CPU last; ``override`` wins if given.
+
+    Only EPs in ``available`` (``onnxruntime.get_available_providers()``) are returned: asking
+    ORT for a missing one is an error.  Azure is never picked here: it is a remote endpoint.
+    """
+    if override:
+        return _filter_override(available, override)
+    wanted: list[str] = []
+    if _has_nvidia(topology):
+        wanted += [TENSORRT, CUDA]
+    if _has_intel_accelerator(topology):
+        wanted.append(OPENVINO)
+    wanted.append(CPU)
+    return [name for name in wanted if name in available]
+
+
+def _has_nvidia(topology: Topology) -> bool:
+    """Jetsons have an integrated CUDA GPU; elsewhere only a discrete NVIDIA card counts."""
+    return topology.board.family == "jetson" or any(
+        gpu.vendor == "nvidia" and gpu.kind == "discrete" for gpu in topology.gpus)
+
+
+def _has_intel_accelerator(topology: Topology) -> bool:
+    """OpenVINO pays off on x86 only with an Intel GPU or NPU to offload to."""
+    return topology.board.family == "x86" and (
+        any(gpu.vendor == "intel" for gpu in topology.gpus)
+        or any(npu.driver == "intel_vpu" for npu in topology.npus))
+
+
+def _filter_override(available: Sequence[str], override: Sequence[str]) -> list[str]:
+    """The operator's order, minus EPs this ORT build lacks; an error if none is left."""
+    requested = list(dict.fromkeys(override))
+    chosen = [name for name in requested if name in available]
+    missing = [name for name in requested if name not in available]
+    if not chosen:
+        raise SessionError(f"none of the requested providers {missing} is available; "
+                           f"available: {list(available)}")
+    if missing:
+        logger.warning("providers %s are not available here; using %s", missing, chosen)
+    return chosen
+
+
+# -- threads -----------------------------------------------------------------------------------
+
+def thread_plan(topology: Topology, inference_cpus: Sequence[int] | None) -> tuple[int, int]:
+    """``(intra_op, inter_op)``: one intra-op thread per online CPU given to inference.
+
+    Without a CPU set, the big cores of a big.LITTLE SoC (a thread on a little core makes every
+    parallel op wait for it), else every online CPU.  Inter-op is 1: execution is sequential.
+    An intra-op count of 0 (ORT's own choice) only results when discovery saw no online CPU.
+    """
+    return len(_inference_cpus(topology, inference_cpus)), 1
+
+
+def _inference_cpus(topology: Topology, inference_cpus: Sequence[int] | None) -> list[int]:
+    """The online CPUs inference runs on; offline ones (nvpmodel, hotplug) get no thread."""
+    online = set(topology.cpu.online)
+    if inference_cpus:
+        usable = sorted(online.intersection(inference_cpus))
+        if not usable:
+            raise SessionError(f"none of the inference CPUs {list(inference_cpus)} is online; "
+                               f"online: {sorted(online)}")
+        return usable
+    big = [cpu for cluster in topology.cpu.clusters if cluster.core_type == "big"
+           for cpu in cluster.online_cpus]
+    return sorted(big) or sorted(online)
+
+
+# -- model -------------------------------------------------------------------------------------
+
+def load_model(path: Path, expected_sha256: str | None) -> bytes:
+    """The model's bytes, refused unless they match the pinned digest (when one is pinned)."""
+    return _read_model(path, expected_sha256)[0]
+
+
+def _read_model(path: Path, expected_sha256: str | None) -> tuple[bytes, str]:
+    """Bytes and digest, hashed once: the digest is also the cache key."""
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise SessionError(f"cannot read model {path}: {error}") from error
+    actual = _sha256(data)
+    if expected_sha256 is not None and actual != expected_sha256.strip().lower():
+        raise SessionError(f"model {path} has sha256 {actual}, expected {expected_sha256}; "
+                           "refusing to load it")
+    return data, actual
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- session -----------------------------------------------------------------------------------
+
+def session_options(intra_op: int, inter_op: int, graph_optimization: GraphOptimization = "all",
+                    allow_spinning: bool | None = None) -> ort.SessionOptions:
+    """Sequential execution with explicit pools; spinning stays ORT's default unless set.
+
+    Spinning trades idle CPU for wake-up latency: turn it off where inference shares cores.
+    """
+    options = ort.SessionOptions()
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.intra_op_num_threads = intra_op
+    options.inter_op_num_threads = inter_op
+    options.graph_optimization_level = _level(graph_optimization)
+    if allow_spinning is not None:
+        options.add_session_config_entry(_SPINNING_KEY, "1" if allow_spinning else "0")
+    return options
+
+
+def _level(graph_optimization: str) -> ort.GraphOptimizationLevel:
+    """The ORT enum for a profile's level name; a typo is a configuration error."""
+    if graph_optimization not in _LEVELS:
+        raise SessionError(f"unknown graph optimisation {graph_optimization!r}; "
+                           f"choose one of {list(_LEVELS)}")
+    return _LEVELS[graph_optimization]
+
+
+def build_session(model_path: Path, *, providers: Sequence[str], intra_op: int, inter_op: int,
+                  cache_dir: Path | None, expected_sha256: str | None = None,
+                  graph_optimization: GraphOptimization = "all",
+                  allow_spinning: bool | None = None) -> BuiltSession:
+    """Load the (pinned) model and build its session, through the optimised-graph cache."""
+    start = time.perf_counter()
+    _level(graph_optimization)  # a typo fails before the model is read
+    fresh = functools.partial(session_options, intra_op, inter_op, graph_optimization,
+                              allow_spinning)
+    model, digest = _read_model(model_path, expected_sha256)
+    session, cache = _create(model, digest, list(providers), fresh, cache_dir,
+                             graph_optimization)
+    built = BuiltSession(session=session, providers=list(session.get_providers()),
+                         intra_op=intra_op, inter_op=inter_op, model_sha256=digest,
+                         load_ms=(time.perf_counter() - start) * 1000, cache=cache)
+    logger.info("model %s: providers %s, threads %d/%d, cache %s, %.1f ms", model_path,
+                built.providers, intra_op, inter_op, cache, built.load_ms)
+    return built
+
+
+def _session(model: bytes, options: ort.SessionOptions,
+             providers: list[str]) -> ort.InferenceSession:
+    """ORT's own exceptions carry no common base, so they become one SessionError."""
+    try:
+        return ort.InferenceSession(model, options, providers=providers)
+    except Exception as error:
+        raise SessionError(f"onnxruntime cannot build the session: {error}") from error
+
+
+# -- optimised-graph cache ---------------------------------------------------------------------
+
+def cache_key(model_sha256: str, providers: Sequence[str],
+              graph_optimization: GraphOptimization) -> str:
+    """What the optimised graph depends on: the model, this ORT, the EPs and the level."""
+    parts = [model_sha256, ort.__version__, ",".join(providers), graph_optimization]
+    return _sha256("|".join(parts).encode())[:32]
+
+
+def _create(model: bytes, digest: str, providers: list[str], fresh: OptionsFactory,
+            cache_dir: Path | None,
+            graph_optimization: GraphOptimization) -> tuple[ort.InferenceSession, CacheState]:
+    """Hit, miss (and store) or off; a broken cache costs a rebuild, never the session."""
+    if cache_dir is None or COMPILING_PROVIDERS.intersection(providers):
+        return _session(model, fresh(), providers), "off"
+    key = cache_key(digest, providers, graph_optimization)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        session = _load_cached(cache_dir, key, providers, fresh)
+    except OSError as error:
+        logger.warning("optimised-model cache %s unusable (%s); building uncached",
+                       cache_dir, error)
+        return _session(model, fresh(), providers), "off"
+    if session is not None:
+        return session, "hit"
+    return _build_and_store(model, providers, fresh, cache_dir, key)
+
+
+def _load_cached(cache_dir: Path, key: str, providers: list[str],
+                 fresh: OptionsFactory) -> ort.InferenceSession | None:
+    """The first cache file for ``key`` that verifies and loads; bad ones are deleted."""
+    for path in sorted(cache_dir.glob(f"{key}.*.onnx")):
+        session = _try_cached(path, providers, fresh)
+        if session is not None:
+            return session
+        path.unlink(missing_ok=True)
+    return None
+
+
+def _try_cached(path: Path, providers: list[str],
+                fresh: OptionsFactory) -> ort.InferenceSession | None:
+    """A session from an already-optimised graph, so optimisation is off; None if unusable.
+
+    A truncated protobuf can still parse, so the digest, not ORT, is the corruption check.
+    """
+    data = path.read_bytes()
+    if _sha256(data) != path.name.split(".")[1]:
+        logger.warning("optimised-model cache file %s is corrupt; rebuilding it", path)
+        return None
+    options = fresh()
+    options.graph_optimization_level = _LEVELS["disabled"]
+    try:
+        return ort.InferenceSession(data, options, providers=providers)
+    except Exception as error:
+        logger.warning("optimised-model cache file %s does not load (%s); rebuilding it",
+                       path, error)
+        return None
+
+
+def _build_and_store(model: bytes, providers: list[str], fresh: OptionsFactory,
+                     cache_dir: Path, key: str) -> tuple[ort.InferenceSession, CacheState]:
+    """Let ORT write the optimised graph to a temporary name, then publish it atomically.
+
+    The temporary name ends in ``.onnx``: ORT picks its own ``.ort`` format from the suffix.
+    """
+    _sweep_stale(cache_dir, key)
+    tmp = cache_dir / f".{key}.{os.getpid()}.{uuid.uuid4().hex}.tmp.onnx"
+    options = fresh()
+    options.optimized_model_filepath = str(tmp)
+    try:
+        session = ort.InferenceSession(model, options, providers=providers)
+    except Exception as error:
+        tmp.unlink(missing_ok=True)
+        logger.warning("onnxruntime cannot save the optimised model (%s); building uncached",
+                       error)
+        return _session(model, fresh(), providers), "off"
+    try:
+        _publish(tmp, cache_dir, key)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        logger.warning("cannot store the optimised model in %s: %s", cache_dir, error)
+    return session, "miss"
+
+
+def _publish(tmp: Path, cache_dir: Path, key: str) -> None:
+    """Rename into place under its content digest, then drop older files for the key."""
+    final = cache_dir / f"{key}.{_sha256(tmp.read_bytes())}.onnx"
+    os.replace(tmp, final)
+    for other in cache_dir.glob(f"{key}.*.onnx"):
+        if other != final:
+            other.unlink(missing_ok=True)
+
+
+def _sweep_stale(cache_dir: Path, key: str) -> None:
+    """Remove temporaries left by dead processes: a crash loop must not fill the disk."""
+    for tmp in cache_dir.glob(f".{key}.*.tmp.onnx"):
+        pid = tmp.name.split(".")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Signal 0 probes without signalling; EPERM still means the process exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,103 @@
+"""Small ONNX models for tests, written into a directory the test owns.
+
+Each helper writes ``path`` and returns it.  The mlp family shares one interface — input ``x``
+float32 [1, in_features], output ``y`` float32 [1, 10] — so a hot swap between any two of them
+passes the input check and only their behaviour differs: slow, NaN-producing, or (for
+``incompatible_model``) a different input shape.  Weights come from fixed seeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from agent.inference.demo_model import build_demo_cnn, finish_model
+
+INPUT = "x"
+OUTPUT = "y"
+
+
+def _save(model: onnx.ModelProto, path: Path) -> Path:
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _dense(name: str, rng: np.random.RandomState, n_in: int, n_out: int,
+           initializers: list[onnx.TensorProto]) -> tuple[str, str]:
+    """Weight and bias initializers for a Gemm ``x @ w + b`` (He-scaled)."""
+    w = (rng.standard_normal((n_in, n_out)) * np.sqrt(2.0 / n_in)).astype(np.float32)
+    b = (rng.standard_normal(n_out) * 0.1).astype(np.float32)
+    initializers.append(numpy_helper.from_array(w, f"{name}.w"))
+    initializers.append(numpy_helper.from_array(b, f"{name}.b"))
+    return f"{name}.w", f"{name}.b"
+
+
+def _mlp_graph(name: str, batch: str | int, in_features: int, hidden: int, out: int,
+               extra_hidden_layers: int = 0, poison: bool = False) -> onnx.GraphProto:
+    """x -> Gemm+Relu -> [MatMul+Relu with one shared square weight] * extra -> Gemm -> y.
+
+    ``poison`` ends with ``Sqrt(-(|y| + 1))``, so every output is NaN.
+    """
+    rng = np.random.RandomState(sum(map(ord, name)))
+    initializers: list[onnx.TensorProto] = []
+    w1, b1 = _dense("fc1", rng, in_features, hidden, initializers)
+    nodes = [helper.make_node("Gemm", [INPUT, w1, b1], ["h0.pre"]),
+             helper.make_node("Relu", ["h0.pre"], ["h0"])]
+    if extra_hidden_layers:
+        # One weight shared by every layer: the file stays small however slow the model is.
+        # Scaled to keep the activations' magnitude steady through the chain.
+        square = rng.standard_normal((hidden, hidden)) * np.sqrt(2.0 / hidden)
+        initializers.append(numpy_helper.from_array(square.astype(np.float32), "square.w"))
+    for i in range(extra_hidden_layers):
+        nodes.append(helper.make_node("MatMul", [f"h{i}", "square.w"], [f"h{i + 1}.pre"]))
+        nodes.append(helper.make_node("Relu", [f"h{i + 1}.pre"], [f"h{i + 1}"]))
+    w2, b2 = _dense("fc2", rng, hidden, out, initializers)
+    last = OUTPUT if not poison else "logits"
+    nodes.append(helper.make_node("Gemm", [f"h{extra_hidden_layers}", w2, b2], [last]))
+    if poison:
+        one = numpy_helper.from_array(np.ones(1, np.float32), "one")
+        initializers.append(one)
+        nodes += [helper.make_node("Abs", ["logits"], ["abs"]),
+                  helper.make_node("Add", ["abs", "one"], ["positive"]),
+                  helper.make_node("Neg", ["positive"], ["negative"]),
+                  helper.make_node("Sqrt", ["negative"], [OUTPUT])]
+    return helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info(INPUT, TensorProto.FLOAT, [batch, in_features])],
+        [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, [batch, out])],
+        initializers)
+
+
+def conv_net(path: Path, batch: str | int = "N") -> Path:
+    """The demo CNN's architecture (input ``image`` [batch,3,64,64], output [batch,10])."""
+    return _save(build_demo_cnn(batch), path)
+
+
+def mlp(path: Path, in_features: int = 64, hidden: int = 128, out: int = 10) -> Path:
+    """``x`` [1,in_features] -> ``y`` [1,out]: two Gemm layers."""
+    return _save(finish_model(_mlp_graph("mlp", 1, in_features, hidden, out)), path)
+
+
+def dynamic_batch_mlp(path: Path) -> Path:
+    """``mlp`` with a symbolic batch dimension ``N``."""
+    return _save(finish_model(_mlp_graph("dynamic_batch_mlp", "N", 64, 128, 10)), path)
+
+
+def slow_model(path: Path, factor: int = 50) -> Path:
+    """Same interface as the default ``mlp`` plus ``factor`` chained 512x512 MatMul+Relu layers,
+    each ~25x the mlp's whole arithmetic: at the default a call takes ~2 ms, ~80x an mlp's."""
+    graph = _mlp_graph("slow_model", 1, 64, 512, 10, extra_hidden_layers=factor)
+    return _save(finish_model(graph), path)
+
+
+def nan_model(path: Path) -> Path:
+    """Same interface as the default ``mlp``; every output is NaN."""
+    return _save(finish_model(_mlp_graph("nan_model", 1, 64, 128, 10, poison=True)), path)
+
+
+def incompatible_model(path: Path) -> Path:
+    """Input ``x`` [1,32] instead of [1,64]: a hot swap must refuse it."""
+    return _save(finish_model(_mlp_graph("incompatible_model", 1, 32, 128, 10)), path)

@@ -1,0 +1,213 @@
+"""The inference loop with real ONNX Runtime sessions: swap, rollback, affinity, sinks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx_models import incompatible_model, mlp, nan_model, slow_model
+
+from agent.inference.io import CallbackSink, NpyDirectorySource, SyntheticSource
+from agent.inference.loop import InferenceLoop, LoadedModel, SwapRejected
+from agent.tuning.rt import ThreadSched
+
+
+def load(path: Path) -> LoadedModel:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return LoadedModel(name=path.stem, session=session)
+
+
+class Recorder:
+    """A sink that keeps every sequence number, to prove nothing was dropped."""
+
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+
+    def __call__(self, outputs: Sequence[np.ndarray], seq: int) -> None:
+        self.seqs.append(seq)
+
+
+@pytest.fixture()
+def models(tmp_path: Path) -> dict[str, Path]:
+    return {"a": mlp(tmp_path / "a.onnx"), "b": mlp(tmp_path / "b.onnx", hidden=96),
+            "slow": slow_model(tmp_path / "slow.onnx"), "nan": nan_model(tmp_path / "nan.onnx"),
+            "wrong": incompatible_model(tmp_path / "wrong.onnx")}
+
+
+@pytest.fixture()
+def running(models: dict[str, Path]) -> Iterator[tuple[InferenceLoop, Recorder]]:
+    first = load(models["a"])
+    recorder = Recorder()
+    loop = InferenceLoop(first, SyntheticSource(first.session.get_inputs()),
+                         sinks=[CallbackSink(recorder)])
+    loop.start()
+    deadline = time.monotonic() + 10
+    while loop.completions < 50 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    yield loop, recorder
+    loop.stop()
+
+
+def wait_for(predicate: object, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.01)
+
+
+def test_swap_under_load_drops_and_fails_nothing(models: dict[str, Path],
+                                                 running: tuple[InferenceLoop, Recorder]) -> None:
+    loop, recorder = running
+    old = loop.active
+    new = load(models["b"])
+    events: list[dict[str, object]] = []
+    loop.on_event = events.append
+    result = loop.swap(new, canary_s=0.5, max_p99_ratio=50)
+    assert (result.switched, result.rolled_back) == (True, False), result.reason
+    assert loop.active is new
+    wait_for(lambda: new.stats.snapshot()["count"] > 100)
+    loop.stop()
+    old_stats, new_stats = old.stats.snapshot(), new.stats.snapshot()
+    assert old_stats["errors"] == new_stats["errors"] == 0
+    assert old_stats["count"] + new_stats["count"] == loop.completions == len(recorder.seqs)
+    assert recorder.seqs == list(range(len(recorder.seqs)))  # no gap, no duplicate
+    assert [e["type"] for e in events] == ["model_swapped"]
+
+
+def test_swap_to_a_slow_model_rolls_back(models: dict[str, Path],
+                                         running: tuple[InferenceLoop, Recorder]) -> None:
+    loop, recorder = running
+    old = loop.active
+    events: list[dict[str, object]] = []
+    loop.on_event = events.append
+    result = loop.swap(load(models["slow"]), canary_s=1.0, max_p99_ratio=3.0)
+    assert (result.switched, result.rolled_back) == (True, True)
+    assert "p99" in result.reason and "old model" in result.reason
+    assert loop.active is old
+    assert [e["type"] for e in events] == ["model_swapped", "model_swap_rolled_back"]
+    loop.stop()
+    assert recorder.seqs == list(range(len(recorder.seqs)))
+
+
+def test_p99_bound_rolls_back(models: dict[str, Path],
+                              running: tuple[InferenceLoop, Recorder]) -> None:
+    loop, _ = running
+    result = loop.swap(load(models["slow"]), canary_s=0.5, max_p99_ratio=1000,
+                       max_p99_ms=0.001)
+    assert result.rolled_back and "above the bound" in result.reason
+
+
+@pytest.mark.parametrize(("model", "message"), [("nan", "not finite"),
+                                                ("wrong", "model wants")])
+def test_bad_model_is_rejected_before_switching(models: dict[str, Path], model: str,
+                                                message: str,
+                                                running: tuple[InferenceLoop, Recorder]) -> None:
+    loop, recorder = running
+    old = loop.active
+    before = loop.completions
+    with pytest.raises(SwapRejected, match=message):
+        loop.swap(load(models[model]), canary_s=0.2)
+    assert loop.active is old
+    wait_for(lambda: loop.completions > before + 20)
+    assert old.stats.snapshot()["errors"] == 0
+
+
+def test_loop_thread_runs_on_the_cpus_it_was_given(models: dict[str, Path]) -> None:
+    model = load(models["a"])
+    loop = InferenceLoop(model, SyntheticSource(model.session.get_inputs()),
+                         thread_sched=ThreadSched("other", 0, [0]))
+    loop.start()
+    try:
+        wait_for(lambda: loop.completions > 10)
+        assert loop.native_id is not None
+        assert os.sched_getaffinity(loop.native_id) == {0}
+        assert loop.warnings == []
+    finally:
+        loop.stop()
+    assert os.sched_getaffinity(0) != {0} or os.cpu_count() == 1  # the test's own thread
+
+
+def test_fixed_rate_counts_deadline_misses(models: dict[str, Path]) -> None:
+    model = load(models["slow"])  # ~ms per call: 5 kHz cannot be met
+    loop = InferenceLoop(model, SyntheticSource(model.session.get_inputs()), rate_hz=5000)
+    loop.start()
+    wait_for(lambda: loop.completions > 30)
+    loop.stop()
+    stats = model.stats.snapshot()
+    assert stats["deadline_misses"] > 0
+    relaxed = load(models["a"])
+    loop = InferenceLoop(relaxed, SyntheticSource(relaxed.session.get_inputs()), rate_hz=50)
+    loop.start()
+    time.sleep(0.5)
+    loop.stop()
+    snapshot = relaxed.stats.snapshot()
+    assert 15 <= snapshot["count"] <= 30  # 50 Hz for half a second
+    assert snapshot["deadline_misses"] <= 2
+
+
+def test_npy_directory_source_cycles_files(tmp_path: Path, models: dict[str, Path]) -> None:
+    for index in range(3):
+        np.save(tmp_path / f"{index}.npy", np.full((1, 64), index, dtype=np.float32))
+    source = NpyDirectorySource(tmp_path, "x")
+    seen = [float(source.next()["x"][0, 0]) for _ in range(5)]
+    assert seen == [0.0, 1.0, 2.0, 0.0, 1.0]
+    model = load(models["a"])
+    outputs = model.run(source.next())
+    assert outputs[0].shape == (1, 10)
+
+
+def test_failing_calls_are_counted_not_fatal(models: dict[str, Path]) -> None:
+    model = load(models["a"])
+
+    class BadSource:
+        calls = 0
+
+        def next(self) -> dict[str, np.ndarray]:
+            self.calls += 1
+            shape = (1, 64) if self.calls % 2 else (1, 3)  # every other feed is malformed
+            return {"x": np.zeros(shape, dtype=np.float32)}
+
+    loop = InferenceLoop(model, BadSource())
+    loop.start()
+    wait_for(lambda: loop.completions > 100)
+    loop.stop()
+    stats = model.stats.snapshot()
+    assert stats["errors"] > 0 and stats["count"] > 0
+    assert abs(stats["errors"] - stats["count"]) <= 1
+    assert threading.active_count() >= 1
+
+
+def test_infer_cli_prints_the_statistics_contract(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "agent", "infer", "--seconds", "1", "--json", "--state-dir",
+         str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    assert set(stats) >= {"model", "providers", "threads", "count", "errors",
+                          "throughput_per_s", "latency_ms"}
+    assert stats["providers"] == ["CPUExecutionProvider"]
+    assert stats["count"] > 100 and stats["errors"] == 0
+    latency = stats["latency_ms"]
+    assert 0 < latency["p50"] <= latency["p95"] <= latency["p99"] <= latency["max"]
+    again = subprocess.run(
+        [sys.executable, "-m", "agent", "infer", "--seconds", "0.2", "--json", "--state-dir",
+         str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
+    assert json.loads(again.stdout)["cache"] == "hit"
+
+
+def test_infer_cli_refuses_a_wrong_sha256(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "agent", "infer", "--seconds", "0.2", "--sha256", "0" * 64,
+         "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1
+    assert "sha256" in result.stderr and "0" * 64 in result.stderr
