@@ -110,36 +110,40 @@ class InferenceLoop:
     def _run(self) -> None:
         self._apply_thread_sched()
         clock = time.perf_counter_ns
-        deadline = clock()
-        last_end = deadline
+        next_feeds, sinks, period, stop = self.source.next, self.sinks, self.period_ns, self._stop
+        deadline = last_end = clock()
         seq = 0
-        while not self._stop.is_set():
-            model = self.active  # read once: a swap takes effect between two calls
-            feeds = self.source.next()
+        model: LoadedModel | None = None
+        while not stop.is_set():
+            if self.active is not model:  # a swap takes effect between two calls
+                model = self.active
+                run, names, stats = model.session.run, model.output_names, model.stats
+            feeds = next_feeds()
             self.last_feeds = feeds
             start = clock()
-            model.stats.call_started(start)
+            stats.call_started(start)
             try:
-                outputs = model.run(feeds)
+                outputs = run(names, feeds)
             except Exception as error:  # a failing call is counted, never fatal
                 outputs = None
                 if model.name not in self._failing:
                     self._failing.add(model.name)
                     logger.warning("inference on %s failed: %s", model.name, error)
             end = clock()
-            model.stats.record(end - start, ok=outputs is not None)
-            self.max_gap_ns = max(self.max_gap_ns, end - last_end)
+            stats.record(end - start, outputs is not None)
+            if end - last_end > self.max_gap_ns:
+                self.max_gap_ns = end - last_end
             last_end = end
             self.completions += 1
             if outputs is not None:
-                for sink in self.sinks:
+                for sink in sinks:
                     sink.emit(outputs, seq)
             seq += 1
-            if self.period_ns:
-                deadline += self.period_ns
+            if period:
+                deadline += period
                 now = clock()
                 if now > deadline:
-                    model.stats.deadline_missed()
+                    stats.deadline_missed()
                     deadline = now
                 else:
                     time.sleep((deadline - now) / 1e9)
