@@ -209,3 +209,11 @@ def test_infer_cli_refuses_a_wrong_sha256(tmp_path: Path) -> None:
          "--state-dir", str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 1
     assert "sha256" in result.stderr and "0" * 64 in result.stderr
+
+
+def test_gap_across_a_switch_is_recorded(models: dict[str, Path],
+                                         running: tuple[InferenceLoop, Recorder]) -> None:
+    loop, _ = running
+    assert loop.switch_gaps_ns == []
+    loop.swap(load(models["b"]), canary_s=0.3, max_p99_ratio=50)
+    assert len(loop.switch_gaps_ns) == 1 and loop.switch_gaps_ns[0] > 0

@@ -83,6 +83,7 @@ class InferenceLoop:
         self.last_feeds: Feeds | None = None
         self.completions = 0
         self.max_gap_ns = 0  # longest time between two completions (swap benchmark)
+        self.switch_gaps_ns: list[int] = []  # completion gap across each model switch
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.native_id: int | None = None
@@ -114,8 +115,10 @@ class InferenceLoop:
         deadline = last_end = clock()
         seq = 0
         model: LoadedModel | None = None
+        switched = False
         while not stop.is_set():
             if self.active is not model:  # a swap takes effect between two calls
+                switched = model is not None
                 model = self.active
                 run, names, stats = model.session.run, model.output_names, model.stats
             feeds = next_feeds()
@@ -133,6 +136,9 @@ class InferenceLoop:
             stats.record(end - start, outputs is not None)
             if end - last_end > self.max_gap_ns:
                 self.max_gap_ns = end - last_end
+            if switched:
+                self.switch_gaps_ns.append(end - last_end)
+                switched = False
             last_end = end
             self.completions += 1
             if outputs is not None:
