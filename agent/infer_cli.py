@@ -45,7 +45,8 @@ def run_inference(args: argparse.Namespace) -> dict[str, Any]:
                           inter_op=inter_op, cache_dir=_cache_dir(args.state_dir),
                           expected_sha256=args.sha256)
     model = LoadedModel(name=Path(args.model).name, session=built.session,
-                        providers=built.providers, threads=(intra_op, inter_op))
+                        providers=built.providers, threads=(intra_op, inter_op),
+                        worker_tids=built.worker_tids)
     loop = InferenceLoop(model, SyntheticSource(built.session.get_inputs()),
                          rate_hz=args.rate)
     loop.start()

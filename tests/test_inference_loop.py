@@ -217,3 +217,24 @@ def test_gap_across_a_switch_is_recorded(models: dict[str, Path],
     assert loop.switch_gaps_ns == []
     loop.swap(load(models["b"]), canary_s=0.3, max_p99_ratio=1000)
     assert len(loop.switch_gaps_ns) == 1 and loop.switch_gaps_ns[0] > 0
+
+
+def test_ort_worker_threads_get_the_loops_scheduling(models: dict[str, Path]) -> None:
+    """A SCHED_FIFO loop thread must not wait on normal-priority ORT workers: the workers
+    get the same policy and CPUs."""
+    from agent.inference.session import build_session
+
+    built = build_session(models["a"], providers=["CPUExecutionProvider"], intra_op=2,
+                          inter_op=1, cache_dir=None)
+    assert len(built.worker_tids) == 1  # intra_op 2: the caller plus one worker
+    model = LoadedModel(name="a", session=built.session, worker_tids=built.worker_tids)
+    loop = InferenceLoop(model, SyntheticSource(built.session.get_inputs()),
+                         thread_sched=ThreadSched("other", 0, [0]))
+    loop.start()
+    try:
+        wait_for(lambda: loop.completions > 10)
+        (worker,) = built.worker_tids
+        assert os.sched_getaffinity(worker) == {0}
+        assert loop.warnings == []
+    finally:
+        loop.stop()

@@ -32,6 +32,7 @@ class LoadedModel:
     stats: LatencyStats = field(default_factory=LatencyStats)
     providers: list[str] = field(default_factory=list)
     threads: tuple[int, int] = (0, 0)
+    worker_tids: frozenset[int] = frozenset()  # ORT's intra-op workers (BuiltSession)
 
     def __post_init__(self) -> None:
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -100,13 +101,19 @@ class InferenceLoop:
 
     def _apply_thread_sched(self) -> None:
         self.native_id = threading.get_native_id()
+        self._schedule([self.native_id, *sorted(self.active.worker_tids)])
+
+    def _schedule(self, tids: Sequence[int]) -> None:
+        """The profile's policy for the loop thread and ORT's workers alike: a real-time loop
+        thread waiting on normal-priority workers on the same CPUs could starve them."""
         if self.thread_sched is None:
             return
-        try:
-            rt.apply_to_current_thread(self.thread_sched)
-        except rt.RtError as error:  # the loop still runs, at normal priority
-            self.warnings.append(f"inference thread scheduling not applied: {error}")
-            logger.warning("%s", self.warnings[-1])
+        for tid in tids:
+            try:
+                rt.apply_thread_sched(tid, self.thread_sched)
+            except (rt.RtError, ProcessLookupError) as error:  # runs on, at normal priority
+                self.warnings.append(f"thread {tid}: scheduling not applied: {error}")
+                logger.warning("%s", self.warnings[-1])
 
     def _run(self) -> None:
         self._apply_thread_sched()
@@ -170,6 +177,7 @@ class InferenceLoop:
                     raise SwapRejected(f"{new.name}: warm-up outputs are not finite")
         old_stats = old.stats.snapshot()
         new.stats.reset()
+        self._schedule(sorted(new.worker_tids))
         self.active = new
         self.on_event({"type": "model_swapped", "from": old.name, "to": new.name})
         self._stop.wait(canary_s)

@@ -67,6 +67,9 @@ class BuiltSession:
     model_sha256: str
     load_ms: float
     cache: CacheState
+    # ORT's intra-op worker threads, born with the session: the loop gives them its own
+    # scheduling, or a SCHED_FIFO loop thread could starve the workers it waits for.
+    worker_tids: frozenset[int] = frozenset()
 
 
 # -- providers ---------------------------------------------------------------------------------
@@ -201,14 +204,21 @@ def build_session(model_path: Path, *, providers: Sequence[str], intra_op: int, 
     fresh = functools.partial(session_options, intra_op, inter_op, graph_optimization,
                               allow_spinning)
     model, digest = _read_model(model_path, expected_sha256)
+    threads_before = _own_threads()
     session, cache = _create(model, digest, list(providers), fresh, cache_dir,
                              graph_optimization)
     built = BuiltSession(session=session, providers=list(session.get_providers()),
                          intra_op=intra_op, inter_op=inter_op, model_sha256=digest,
-                         load_ms=(time.perf_counter() - start) * 1000, cache=cache)
+                         load_ms=(time.perf_counter() - start) * 1000, cache=cache,
+                         worker_tids=frozenset(_own_threads() - threads_before))
     logger.info("model %s: providers %s, threads %d/%d, cache %s, %.1f ms", model_path,
                 built.providers, intra_op, inter_op, cache, built.load_ms)
     return built
+
+
+def _own_threads() -> set[int]:
+    """Thread ids of this process (sessions are built from one control thread at a time)."""
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
 
 
 def _session(model: bytes, options: ort.SessionOptions,
