@@ -133,8 +133,6 @@ class Engine:
             old = originals.get(change.path)
             if old is not None:
                 change.current, change.restore = old.current, old.restore
-                if change.compare == "controllers":  # undo exactly what was added originally
-                    change.restore = old.restore
             entries.append(change)
         return entries
 

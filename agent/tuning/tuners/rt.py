@@ -15,11 +15,17 @@ from agent.tuning.values import resolve_cpus
 SCHED_RT_RUNTIME = "/proc/sys/kernel/sched_rt_runtime_us"
 
 
-def _wanted_sched(ctx: PlanContext, key: str, selector: dict[str, Any]) -> rt.ThreadSched:
+def _policy_and_priority(ctx: PlanContext, key: str,
+                         selector: dict[str, Any]) -> tuple[str, int]:
     policy, priority = selector.get("policy", "other"), selector.get("priority", 0)
     if (policy in ("fifo", "rr")) != (priority >= 1):
         raise ctx.error(f"{key}.priority", f"{priority} does not suit policy {policy}: fifo "
                         "and rr take 1..99, the others 0")
+    return policy, priority
+
+
+def _wanted_sched(ctx: PlanContext, key: str, selector: dict[str, Any]) -> rt.ThreadSched:
+    policy, priority = _policy_and_priority(ctx, key, selector)
     try:
         cpus = resolve_cpus(selector.get("cpus", "all"), ctx.topology)
     except ValueError as error:
@@ -69,10 +75,7 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
         _plan_threads(ctx, f"rt.threads[{index}]", selector)
     if "inference" in section:
         wanted = dict(section["inference"])
-        policy, priority = wanted.get("policy", "other"), wanted.get("priority", 0)
-        if (policy in ("fifo", "rr")) != (priority >= 1):
-            raise ctx.error("rt.inference.priority", f"{priority} does not suit policy "
-                            f"{policy}: fifo and rr take 1..99, the others 0")
+        _policy_and_priority(ctx, "rt.inference", wanted)
         if "cpus" in wanted:
             try:
                 wanted["cpus"] = resolve_cpus(wanted["cpus"], ctx.topology)
