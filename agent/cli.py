@@ -123,6 +123,11 @@ def _add_infer_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     infer.add_argument("--state-dir", default="/var/lib/edge-agent", metavar="DIR",
                        help="where the optimised-model cache lives")
     infer.add_argument("--json", action="store_true", help="print the statistics contract")
+    infer.add_argument("--swap-to", metavar="M2", help="hot-swap to this model during the run")
+    infer.add_argument("--after", type=float, metavar="S",
+                       help="seconds into the run for --swap-to (default: a third of it)")
+    infer.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                       help="a live status line on stderr (default: when it is a terminal)")
     infer.set_defaults(handler=_infer)
 
 

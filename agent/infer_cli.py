@@ -1,7 +1,8 @@
 """``edge-agent infer``: run the inference loop on a model for a while and print its statistics.
 
 Wires discovery (providers, threads) and the inference runtime together; the output is the
-"Inference statistics" contract of shared/DESIGN.md.
+"Inference statistics" contract of shared/DESIGN.md.  ``--swap-to M2 --after S`` hot-swaps to a
+second model under load and reports how the swap went.
 """
 
 from __future__ import annotations
@@ -10,19 +11,29 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import onnxruntime as ort
 
-from agent.cli import open_root
+from agent.cli import UsageError, open_root
 from agent.discovery import discover
 from agent.inference.io import SyntheticSource
-from agent.inference.loop import InferenceLoop, LoadedModel
-from agent.inference.session import SessionError, build_session, choose_providers, thread_plan
+from agent.inference.loop import InferenceLoop, LoadedModel, SwapRejected
+from agent.inference.session import (
+    BuiltSession,
+    SessionError,
+    build_session,
+    choose_providers,
+    thread_plan,
+)
+from agent.inference.stats import Window
 
 DEFAULT_STATE_DIR = "/var/lib/edge-agent"
+PROGRESS_INTERVAL_S = 0.5
 
 
 def _cache_dir(state_dir: str) -> Path | None:
@@ -35,45 +46,149 @@ def _cache_dir(state_dir: str) -> Path | None:
     return directory if os.access(directory, os.W_OK) else None
 
 
-def run_inference(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Loader:
+    """What every model of one run is built with: the same providers, threads and cache."""
+
+    providers: list[str]
+    threads: tuple[int, int]
+    cache_dir: Path | None
+
+    def load(self, path: str, sha256: str | None = None) -> tuple[LoadedModel, BuiltSession]:
+        built = build_session(Path(path), providers=self.providers, intra_op=self.threads[0],
+                              inter_op=self.threads[1], cache_dir=self.cache_dir,
+                              expected_sha256=sha256)
+        model = LoadedModel(name=Path(path).name, session=built.session,
+                            providers=built.providers, threads=self.threads,
+                            worker_tids=built.worker_tids)
+        return model, built
+
+
+class _Swapper(threading.Thread):
+    """Loads the second model after a delay and swaps to it while the loop runs."""
+
+    def __init__(self, loop: InferenceLoop, loader: _Loader, path: str, after_s: float,
+                 canary_s: float) -> None:
+        super().__init__(name="swap", daemon=True)
+        self.loop, self.loader, self.path = loop, loader, path
+        self.after_s, self.canary_s = after_s, canary_s
+        self.cancelled = threading.Event()
+        self.report: dict[str, Any] = {"to": path, "switched": False}
+
+    def run(self) -> None:
+        if self.cancelled.wait(self.after_s):
+            self.report["reason"] = "the run ended before the swap was due"
+            return
+        try:
+            model, built = self.loader.load(self.path)
+            result = self.loop.swap(model, canary_s=self.canary_s)
+        except (SessionError, SwapRejected, OSError) as error:
+            self.report["reason"] = str(error)
+            return
+        self.report.update(switched=result.switched, rolled_back=result.rolled_back,
+                           reason=result.reason, load_ms=round(built.load_ms, 3),
+                           cache=built.cache,
+                           switch_gap_ms=[round(gap / 1e6, 3)
+                                          for gap in self.loop.switch_gaps_ns],
+                           stats=result.new)
+
+
+def _progress_line(elapsed_s: float, model: LoadedModel, since: Window, now: Window) -> str:
+    """Rate and latency over the last interval, so a change (a swap, throttling) shows."""
+    recent = now.since(since)
+    return (f"{elapsed_s:6.1f} s  {model.name}  {recent.throughput_per_s:9.1f}/s  "
+            f"p50 {recent.percentile_ns(50) / 1e6:.3f} ms  "
+            f"p99 {recent.percentile_ns(99) / 1e6:.3f} ms  errors {now.errors}")
+
+
+def _watch(loop: InferenceLoop, seconds: float, progress: TextIO | None) -> None:
+    """Sleep through the run, redrawing one status line on ``progress`` as it goes."""
+    start = time.monotonic()
+    end = start + seconds
+    model, last = loop.active, loop.active.stats.window()
+    while (now := time.monotonic()) < end:
+        time.sleep(min(PROGRESS_INTERVAL_S, end - now))
+        if progress is None:
+            continue
+        if loop.active is not model:
+            model, last = loop.active, loop.active.stats.window()
+            continue
+        window = model.stats.window()
+        if window.generation != last.generation:  # reset by a swap back to this model
+            last = window
+            continue
+        progress.write("\r" + _progress_line(time.monotonic() - start, model, last, window))
+        progress.flush()
+        last = window
+    if progress is not None:
+        progress.write("\n")
+
+
+def run_inference(args: argparse.Namespace, progress: TextIO | None = None) -> dict[str, Any]:
     ort.set_default_logger_severity(3)  # errors only: its warnings are not for an operator
     topology = discover(open_root(args.root))
     providers = choose_providers(ort.get_available_providers(), topology,
                                  args.providers.split(",") if args.providers else None)
-    intra_op, inter_op = thread_plan(topology, None)
-    built = build_session(Path(args.model), providers=providers, intra_op=intra_op,
-                          inter_op=inter_op, cache_dir=_cache_dir(args.state_dir),
-                          expected_sha256=args.sha256)
-    model = LoadedModel(name=Path(args.model).name, session=built.session,
-                        providers=built.providers, threads=(intra_op, inter_op),
-                        worker_tids=built.worker_tids)
-    loop = InferenceLoop(model, SyntheticSource(built.session.get_inputs()),
-                         rate_hz=args.rate)
+    loader = _Loader(providers, thread_plan(topology, None), _cache_dir(args.state_dir))
+    first, built = loader.load(args.model, args.sha256)
+    loop = InferenceLoop(first, SyntheticSource(built.session.get_inputs()), rate_hz=args.rate)
+    swapper = None
+    if args.swap_to:
+        after = args.seconds / 3 if args.after is None else args.after
+        swapper = _Swapper(loop, loader, args.swap_to, after,
+                           canary_s=max(0.2, min(5.0, (args.seconds - after) / 2)))
     loop.start()
-    time.sleep(args.seconds)
+    if swapper is not None:
+        swapper.start()
+    _watch(loop, args.seconds, progress)
+    if swapper is not None:
+        swapper.cancelled.set()
+        swapper.join()
     loop.stop()
-    stats = model.stats.snapshot()
-    return {"model": str(args.model), "providers": built.providers,
-            "threads": {"intra_op": intra_op, "inter_op": inter_op}, **stats,
-            "load_ms": round(built.load_ms, 3), "cache": built.cache,
-            "warnings": loop.warnings}
+    result = {"model": str(args.model), "providers": built.providers,
+              "threads": {"intra_op": loader.threads[0], "inter_op": loader.threads[1]},
+              **first.stats.snapshot(), "load_ms": round(built.load_ms, 3),
+              "cache": built.cache, "warnings": loop.warnings}
+    if swapper is not None:
+        result["swap"] = {**swapper.report, "max_gap_ms": round(loop.max_gap_ns / 1e6, 3),
+                          "active": loop.active.name}
+    return result
+
+
+def _print_summary(result: dict[str, Any]) -> None:
+    latency = result["latency_ms"]
+    print(f"{result['model']} on {', '.join(result['providers'])} "
+          f"({result['threads']['intra_op']} threads, load {result['load_ms']} ms, "
+          f"cache {result['cache']})\n"
+          f"{result['count']} calls, {result['errors']} errors, "
+          f"{result['throughput_per_s']:.1f}/s, latency ms mean {latency['mean']:.3f} "
+          f"p50 {latency['p50']:.3f} p95 {latency['p95']:.3f} p99 {latency['p99']:.3f} "
+          f"max {latency['max']:.3f}, deadline misses {result['deadline_misses']}")
+    swap = result.get("swap")
+    if swap is None:
+        return
+    if not swap["switched"]:
+        print(f"swap to {swap['to']}: not done: {swap['reason']}")
+        return
+    outcome = "rolled back" if swap["rolled_back"] else "kept"
+    print(f"swap to {swap['to']}: {outcome} ({swap['reason']}); gap across the switch "
+          f"{', '.join(map(str, swap['switch_gap_ms']))} ms; now running {swap['active']}")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.after is not None and not args.swap_to:
+        raise UsageError("--after needs --swap-to")
+    if args.after is not None and not 0 <= args.after < args.seconds:
+        raise UsageError(f"--after {args.after} must be at least 0 and below --seconds "
+                         f"{args.seconds}")
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
     try:
-        result = run_inference(args)
+        result = run_inference(args, sys.stderr if show else None)
     except (SessionError, OSError) as error:
         print(f"edge-agent infer: {error}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        latency = result["latency_ms"]
-        print(f"{result['model']} on {', '.join(result['providers'])} "
-              f"({result['threads']['intra_op']} threads, load {result['load_ms']} ms, "
-              f"cache {result['cache']})\n"
-              f"{result['count']} calls, {result['errors']} errors, "
-              f"{result['throughput_per_s']:.1f}/s, latency ms mean {latency['mean']:.3f} "
-              f"p50 {latency['p50']:.3f} p95 {latency['p95']:.3f} p99 {latency['p99']:.3f} "
-              f"max {latency['max']:.3f}, deadline misses {result['deadline_misses']}")
+        _print_summary(result)
     return 0

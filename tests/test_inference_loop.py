@@ -254,3 +254,48 @@ def test_static_outputs_are_written_into_reused_buffers(models: dict[str, Path],
     dynamic = load(dynamic_batch_mlp(tmp_path / "dyn.onnx"))  # dynamic outputs: plain run
     out = dynamic.run(SyntheticSource(dynamic.session.get_inputs(), {"N": 3}).next())
     assert out[0].shape[0] == 3
+
+
+def infer_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent", "infer", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def test_infer_cli_swaps_under_load(tmp_path: Path, models: dict[str, Path]) -> None:
+    result = infer_cli("--model", str(models["a"]), "--swap-to", str(models["b"]), "--after",
+                       "0.5", "--seconds", "2", "--json", "--state-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    swap = stats["swap"]
+    assert swap["switched"] is True and swap["to"] == str(models["b"])
+    assert swap["stats"]["count"] > 0 and swap["stats"]["errors"] == 0
+    assert stats["count"] > 0 and stats["errors"] == 0
+    assert len(swap["switch_gap_ms"]) in (1, 2)  # 2 when the canary switched back
+    assert swap["active"] == ("a.onnx" if swap["rolled_back"] else "b.onnx")
+
+
+def test_infer_cli_reports_a_refused_swap(tmp_path: Path, models: dict[str, Path]) -> None:
+    result = infer_cli("--model", str(models["a"]), "--swap-to", str(models["wrong"]),
+                       "--after", "0.2", "--seconds", "1", "--json", "--state-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    swap = json.loads(result.stdout)["swap"]
+    assert swap["switched"] is False and swap["active"] == "a.onnx"
+    assert "input" in swap["reason"]
+
+
+def test_infer_cli_draws_a_live_progress_line(tmp_path: Path, models: dict[str, Path]) -> None:
+    result = infer_cli("--model", str(models["a"]), "--seconds", "1.2", "--progress",
+                       "--state-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]  # \r counts too
+    assert len(lines) >= 2
+    rate = float(lines[-1].split()[3].removesuffix("/s"))
+    assert lines[-1].split()[2] == "a.onnx" and rate > 0 and "p99" in lines[-1]
+    quiet = infer_cli("--model", str(models["a"]), "--seconds", "0.6", "--state-dir",
+                      str(tmp_path))
+    assert "p99" not in quiet.stderr  # not a terminal, not asked for: no progress line
+
+
+def test_infer_cli_after_needs_swap_to(tmp_path: Path) -> None:
+    result = infer_cli("--after", "1", "--state-dir", str(tmp_path))
+    assert result.returncode == 2 and "--after needs --swap-to" in result.stderr
