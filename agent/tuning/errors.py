@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
+from agent.validation import SettingsError
 
-class ProfileError(ValueError):
+
+class ProfileError(SettingsError):
     """A profile that cannot be loaded or planned: ``file: key.path: message``."""
-
-    def __init__(self, file: str, key: str, message: str) -> None:
-        self.file, self.key, self.message = file, key, message
-        super().__init__(f"{file}: {key}: {message}" if key else f"{file}: {message}")

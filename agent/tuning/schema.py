@@ -7,13 +7,11 @@ time (see ``values``).  Errors name the file, the key path and what is allowed.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
 
 from agent.tuning.errors import ProfileError
 from agent.tuning.values import is_cpu_selector, is_size
-
-Check = Callable[[Any], str | None]  # None when fine, else what is allowed
+from agent.validation import choice, integer, number, text, validate
 
 THP_ENABLED = ("always", "madvise", "never")
 THP_DEFRAG = ("always", "defer", "defer+madvise", "madvise", "never")
@@ -23,36 +21,6 @@ BLOCK_PATTERN = re.compile(r"^[A-Za-z0-9*?\[\]_-]+$")  # a device-name glob, nev
 IRQ_PATTERN = re.compile(r"^[A-Za-z0-9*?\[\]_.:-]+$")
 CGROUP_PATH = re.compile(r"^(?!(.*/)?\.\.?(/|$))[A-Za-z0-9_.@-]+(/[A-Za-z0-9_.@-]+)*$")
 PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
-
-
-def _choice(*allowed: object) -> Check:
-    """Equal and of the same type: YAML's true is not the kernel's 1, nor 2.0 its 2."""
-    def check(value: Any) -> str | None:
-        ok = any(value == a and type(value) is type(a) for a in allowed)
-        return None if ok else "one of " + ", ".join(map(str, allowed))
-    return check
-
-
-def _int(low: int, high: int | None = None) -> Check:
-    def check(value: Any) -> str | None:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (
-            high is None or value <= high)
-        return None if ok else f"an integer {low}..{high if high is not None else ''}".rstrip(".")
-    return check
-
-
-def _number(low: float, high: float) -> Check:
-    def check(value: Any) -> str | None:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
-        return None if ok else f"a number {low}..{high}"
-    return check
-
-
-def _text(pattern: re.Pattern[str] | None = None, what: str = "a string") -> Check:
-    def check(value: Any) -> str | None:
-        ok = isinstance(value, str) and bool(value) and (pattern is None or pattern.match(value))
-        return None if ok else what
-    return check
 
 
 def _frequency(value: Any) -> str | None:
@@ -83,75 +51,45 @@ def _string_list(value: Any) -> str | None:
     return None if ok else "a string or a list of strings"
 
 
-DEVFREQ = {"governor": _text(), "min_hz": _frequency, "max_hz": _frequency}
-RT_THREAD = {"policy": _choice(*RT_POLICIES), "priority": _int(0, 99), "cpus": _cpus}
-THREAD_SELECTOR = {"comm": _text(re.compile(r"^[^/]{1,64}$"), "a thread-name pattern such as "
-                                 "irq/*-nvme*"), "pid": _int(1), **RT_THREAD}
+DEVFREQ = {"governor": text(), "min_hz": _frequency, "max_hz": _frequency}
+RT_THREAD = {"policy": choice(*RT_POLICIES), "priority": integer(0, 99), "cpus": _cpus}
+THREAD_SELECTOR = {"comm": text(re.compile(r"^[^/]{1,64}$"), "a thread-name pattern such as "
+                                 "irq/*-nvme*"), "pid": integer(1), **RT_THREAD}
 
 # key -> Check, or a nested dict for a mapping with fixed keys, or ("map", key_check, value)
 SCHEMA: dict[str, Any] = {
-    "name": _text(PROFILE_NAME, "a lower-case name: letters, digits, - and _"),
-    "description": _text(),
-    "include": ("list", _text(PROFILE_NAME, "a profile name")),
-    "match": {"family": _string_list, "soc": _string_list, "model": _text()},
-    "cgroup": {"path": _text(CGROUP_PATH, "a relative cgroup path without '..', e.g. "
+    "name": text(PROFILE_NAME, "a lower-case name: letters, digits, - and _"),
+    "description": text(),
+    "include": ("list", text(PROFILE_NAME, "a profile name")),
+    "match": {"family": _string_list, "soc": _string_list, "model": text()},
+    "cgroup": {"path": text(CGROUP_PATH, "a relative cgroup path without '..', e.g. "
                              "edge-agent.slice/inference"),
                "memory_max": _size, "memory_high": _size, "cpu_max": _cpu_max,
-               "cpus": _cpus, "mems": _text(re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$"),
+               "cpus": _cpus, "mems": text(re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$"),
                                             "a NUMA node list such as 0 or 0-1")},
-    "thp": {"enabled": _choice(*THP_ENABLED), "defrag": _choice(*THP_DEFRAG),
-            "khugepaged_defrag": _choice(0, 1, True, False),
-            "dynamic": {"disable_above_psi_some_avg10": _number(0, 100),
-                        "restore_below_psi_some_avg10": _number(0, 100),
-                        "hold_s": _number(0, 86400)}},
+    "thp": {"enabled": choice(*THP_ENABLED), "defrag": choice(*THP_DEFRAG),
+            "khugepaged_defrag": choice(0, 1, True, False),
+            "dynamic": {"disable_above_psi_some_avg10": number(0, 100),
+                        "restore_below_psi_some_avg10": number(0, 100),
+                        "hold_s": number(0, 86400)}},
     "rt": {"inference": RT_THREAD, "threads": ("list", THREAD_SELECTOR),
-           "sched_rt_runtime_us": _int(-1, 1_000_000),
-           "irq_affinity": ("map", _text(IRQ_PATTERN, "an IRQ action-name pattern such as "
+           "sched_rt_runtime_us": integer(-1, 1_000_000),
+           "irq_affinity": ("map", text(IRQ_PATTERN, "an IRQ action-name pattern such as "
                                          "nvme*"), _cpus)},
-    "block": ("map", _text(BLOCK_PATTERN, "a device-name pattern such as nvme*"),
-              {"scheduler": _text(), "nr_requests": _int(1), "read_ahead_kb": _int(0),
-               "io_poll": _choice(0, 1), "io_poll_delay": _int(-1),
-               "rq_affinity": _choice(0, 1, 2)}),
-    "nvme": {"default_ps_max_latency_us": _int(0)},
-    "dvfs": {"cpu": ("map", _cpus, {"governor": _text(), "min_khz": _frequency,
+    "block": ("map", text(BLOCK_PATTERN, "a device-name pattern such as nvme*"),
+              {"scheduler": text(), "nr_requests": integer(1), "read_ahead_kb": integer(0),
+               "io_poll": choice(0, 1), "io_poll_delay": integer(-1),
+               "rq_affinity": choice(0, 1, 2)}),
+    "nvme": {"default_ps_max_latency_us": integer(0)},
+    "dvfs": {"cpu": ("map", _cpus, {"governor": text(), "min_khz": _frequency,
                                     "max_khz": _frequency}),
              "gpu": DEVFREQ, "npu": DEVFREQ, "dmc": DEVFREQ},
-    "cpuidle": {"disable_deeper_than_us": _int(0)},
-    "sysctl": ("map", _text(SYSCTL_KEY, "a vm.* sysctl name such as vm.swappiness"),
+    "cpuidle": {"disable_deeper_than_us": integer(0)},
+    "sysctl": ("map", text(SYSCTL_KEY, "a vm.* sysctl name such as vm.swappiness"),
                lambda v: None if isinstance(v, int) and not isinstance(v, bool)
                else "an integer"),
-    "overlay": {"dvfs": _text(PROFILE_NAME, "a dts-overlays/ entry name")},  # key required
+    "overlay": {"dvfs": text(PROFILE_NAME, "a dts-overlays/ entry name")},  # key required
 }
-
-
-def _validate(value: Any, rule: Any, key: str, file: str) -> None:
-    if isinstance(rule, dict):
-        if not isinstance(value, dict):
-            raise ProfileError(file, key, f"expected a mapping with keys {', '.join(rule)}")
-        for name, item in value.items():
-            label = str(name) or repr(name)  # an empty key must still be named
-            path = f"{key}.{label}" if key else label
-            if name not in rule:
-                raise ProfileError(file, path, f"unknown key (allowed: {', '.join(rule)})")
-            _validate(item, rule[name], path, file)
-    elif isinstance(rule, tuple) and rule[0] == "list":
-        if not isinstance(value, list):
-            raise ProfileError(file, key, "expected a list")
-        for index, item in enumerate(value):
-            _validate(item, rule[1], f"{key}[{index}]", file)
-    elif isinstance(rule, tuple) and rule[0] == "map":
-        if not isinstance(value, dict) or not value:
-            raise ProfileError(file, key, "expected a non-empty mapping")
-        for name, item in value.items():
-            path = f"{key}.{str(name) or repr(name)}"
-            allowed = rule[1](name)
-            if allowed is not None:
-                raise ProfileError(file, path, f"bad key {name!r}: expected {allowed}")
-            _validate(item, rule[2], path, file)
-    else:
-        allowed = rule(value)
-        if allowed is not None:
-            raise ProfileError(file, key, f"{value!r} is not allowed: expected {allowed}")
 
 
 def validate_profile(data: Any, file: str) -> dict[str, Any]:
@@ -159,7 +97,7 @@ def validate_profile(data: Any, file: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ProfileError(file, "", "a profile is a YAML mapping of sections "
                            f"({', '.join(SCHEMA)})")
-    _validate(data, SCHEMA, "", file)
+    validate(data, SCHEMA, "", file, ProfileError)
     if "overlay" in data and "dvfs" not in data["overlay"]:
         raise ProfileError(file, "overlay", "expected overlay.dvfs, a dts-overlays/ entry name")
     return data

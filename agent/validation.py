@@ -1,0 +1,92 @@
+"""Declarative checks for YAML documents (profiles, the agent's config) and one validator.
+
+A schema is a dict of key -> Check, a nested dict (a mapping with fixed keys), ``("list",
+rule)`` or ``("map", key_check, rule)``.  Errors name the file, the key path, the value and
+what is allowed, so an operator can fix the file without reading the code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+Check = Callable[[Any], str | None]  # None when fine, else what is allowed
+
+
+class SettingsError(ValueError):
+    """A document that cannot be used: ``file: key.path: message``."""
+
+    def __init__(self, file: str, key: str, message: str) -> None:
+        self.file, self.key, self.message = file, key, message
+        super().__init__(f"{file}: {key}: {message}" if key else f"{file}: {message}")
+
+
+def choice(*allowed: object) -> Check:
+    """Equal and of the same type: YAML's true is not the kernel's 1, nor 2.0 its 2."""
+    def check(value: Any) -> str | None:
+        ok = any(value == a and type(value) is type(a) for a in allowed)
+        return None if ok else "one of " + ", ".join(map(str, allowed))
+    return check
+
+
+def integer(low: int, high: int | None = None) -> Check:
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (
+            high is None or value <= high)
+        return None if ok else f"an integer {low}..{high if high is not None else ''}".rstrip(".")
+    return check
+
+
+def number(low: float, high: float) -> Check:
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
+        return None if ok else f"a number {low}..{high}"
+    return check
+
+
+def text(pattern: re.Pattern[str] | None = None, what: str = "a string") -> Check:
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, str) and bool(value) and (pattern is None or pattern.match(value))
+        return None if ok else what
+    return check
+
+
+def optional(check: Check) -> Check:
+    """``check``, or null (YAML ``~``) for "not set"."""
+    def nullable(value: Any) -> str | None:
+        allowed = None if value is None else check(value)
+        return None if allowed is None else f"{allowed}, or null"
+    return nullable
+
+
+def validate(value: Any, rule: Any, key: str, file: str,
+             error: type[SettingsError] = SettingsError) -> None:
+    """Check ``value`` against ``rule``; raise ``error`` at the first key that is wrong."""
+    if isinstance(rule, dict):
+        if not isinstance(value, dict):
+            raise error(file, key, f"expected a mapping with keys {', '.join(rule)}")
+        for name, item in value.items():
+            label = str(name) or repr(name)  # an empty key must still be named
+            path = f"{key}.{label}" if key else label
+            if name not in rule:
+                raise error(file, path, f"unknown key (allowed: {', '.join(rule)})")
+            validate(item, rule[name], path, file, error)
+    elif isinstance(rule, tuple) and rule[0] == "list":
+        if not isinstance(value, list):
+            raise error(file, key, "expected a list")
+        for index, item in enumerate(value):
+            validate(item, rule[1], f"{key}[{index}]", file, error)
+    elif isinstance(rule, tuple) and rule[0] == "map":
+        if not isinstance(value, dict) or not value:
+            raise error(file, key, "expected a non-empty mapping")
+        for name, item in value.items():
+            path = f"{key}.{str(name) or repr(name)}"
+            allowed = rule[1](name)
+            if allowed is not None:
+                raise error(file, path, f"bad key {name!r}: expected {allowed}")
+            validate(item, rule[2], path, file, error)
+    else:
+        allowed = rule(value)
+        if allowed is not None:
+            raise error(file, key, f"{value!r} is not allowed: expected {allowed}")
