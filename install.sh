@@ -43,6 +43,8 @@ apt_packages=()
 "$python" -c 'import ensurepip, venv' 2>/dev/null || apt_packages+=(python3-venv)
 if [ "$mode" = dev ]; then
     dpkg -s libudev1 >/dev/null 2>&1 || apt_packages+=(libudev1)
+    # the MQTT tests start a real broker (mosquitto, mosquitto_passwd)
+    dpkg -s mosquitto >/dev/null 2>&1 || apt_packages+=(mosquitto)
 fi
 if [ "${#apt_packages[@]}" -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then

@@ -1,0 +1,1 @@
+"""The MQTT link to the fleet broker."""

@@ -1,0 +1,1 @@
+"""Telemetry: what the device is doing, sampled, queued on disk and exported."""
