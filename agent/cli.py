@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     discover.set_defaults(handler=_discover)
     _add_profile_commands(commands)
     _add_infer_command(commands)
+    _add_service_commands(commands)
     return parser
 
 
@@ -129,6 +130,39 @@ def _add_infer_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
     infer.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="a live status line on stderr (default: when it is a terminal)")
     infer.set_defaults(handler=_infer)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from agent import run_cli
+
+    return run_cli.run(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from agent import run_cli
+
+    return run_cli.status(args)
+
+
+def _add_service_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``run`` (the main job) and ``status``."""
+    for name, handler, text in (
+            ("run", _run, "the main job: discover, tune, infer and report over MQTT until "
+             "SIGTERM"),
+            ("status", _status, "what the running agent last wrote to its state directory")):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("--config", metavar="FILE",
+                         help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
+                         "else built-in defaults)")
+        sub.add_argument("--root", metavar="DIR", help="override the config's root")
+        sub.add_argument("--state-dir", metavar="DIR", help="override the config's state_dir")
+        if name == "run":
+            sub.add_argument("--seconds", type=float, metavar="N",
+                             help="stop after N seconds, as on SIGTERM (default: run until "
+                             "stopped)")
+        else:
+            sub.add_argument("--json", action="store_true")
+        sub.set_defaults(handler=handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

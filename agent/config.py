@@ -7,7 +7,6 @@ not through a ``Root``: it says where the root is.
 
 from __future__ import annotations
 
-import copy
 import re
 import socket
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any
 import yaml
 
 from agent.inference.demo_model import DEMO_MODEL_PATH
-from agent.tuning.profiles import SAFE_LOADER
+from agent.tuning.profiles import SAFE_LOADER, deep_merge
 from agent.validation import (
     Check,
     SettingsError,
@@ -222,17 +221,6 @@ class Config:
         return f"edge/v1/{self.fleet}/{self.node_id}"
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Deep merge: mappings merge key by key, anything else replaces."""
-    merged = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict) and value:
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
-
-
 def _check_consistency(data: dict[str, Any], file: str) -> None:
     reconnect = data["mqtt"]["reconnect"]
     if reconnect["min_s"] > reconnect["max_s"]:
@@ -256,7 +244,7 @@ def from_dict(data: Any, file: str = "built-in defaults") -> Config:
         raise ConfigError(file, "", "the configuration is a YAML mapping of sections "
                           f"({', '.join(SCHEMA)})")
     validate(data, SCHEMA, "", file, ConfigError)
-    merged = _merge(defaults(), data)
+    merged = deep_merge(defaults(), data)
     _check_consistency(merged, file)
     mqtt, telemetry, inference = merged["mqtt"], merged["telemetry"], merged["inference"]
     return Config(

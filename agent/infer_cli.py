@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TextIO
 
 import onnxruntime as ort
@@ -22,52 +19,19 @@ import onnxruntime as ort
 from agent.cli import UsageError, open_root
 from agent.discovery import discover
 from agent.inference.io import SyntheticSource
+from agent.inference.loader import ModelLoader, model_cache_dir
 from agent.inference.loop import InferenceLoop, LoadedModel, SwapRejected
-from agent.inference.session import (
-    BuiltSession,
-    SessionError,
-    build_session,
-    choose_providers,
-    thread_plan,
-)
+from agent.inference.session import SessionError, choose_providers, thread_plan
 from agent.inference.stats import Window
 
 DEFAULT_STATE_DIR = "/var/lib/edge-agent"
 PROGRESS_INTERVAL_S = 0.5
 
 
-def _cache_dir(state_dir: str) -> Path | None:
-    """The optimised-model cache, or None where the state directory is not writable."""
-    directory = Path(state_dir) / "model-cache"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return directory if os.access(directory, os.W_OK) else None
-
-
-@dataclass(frozen=True)
-class _Loader:
-    """What every model of one run is built with: the same providers, threads and cache."""
-
-    providers: list[str]
-    threads: tuple[int, int]
-    cache_dir: Path | None
-
-    def load(self, path: str, sha256: str | None = None) -> tuple[LoadedModel, BuiltSession]:
-        built = build_session(Path(path), providers=self.providers, intra_op=self.threads[0],
-                              inter_op=self.threads[1], cache_dir=self.cache_dir,
-                              expected_sha256=sha256)
-        model = LoadedModel(name=Path(path).name, session=built.session,
-                            providers=built.providers, threads=self.threads,
-                            worker_tids=built.worker_tids)
-        return model, built
-
-
 class _Swapper(threading.Thread):
     """Loads the second model after a delay and swaps to it while the loop runs."""
 
-    def __init__(self, loop: InferenceLoop, loader: _Loader, path: str, after_s: float,
+    def __init__(self, loop: InferenceLoop, loader: ModelLoader, path: str, after_s: float,
                  canary_s: float) -> None:
         super().__init__(name="swap", daemon=True)
         self.loop, self.loader, self.path = loop, loader, path
@@ -129,7 +93,7 @@ def run_inference(args: argparse.Namespace, progress: TextIO | None = None) -> d
     topology = discover(open_root(args.root))
     providers = choose_providers(ort.get_available_providers(), topology,
                                  args.providers.split(",") if args.providers else None)
-    loader = _Loader(providers, thread_plan(topology, None), _cache_dir(args.state_dir))
+    loader = ModelLoader(providers, thread_plan(topology, None), model_cache_dir(args.state_dir))
     first, built = loader.load(args.model, args.sha256)
     loop = InferenceLoop(first, SyntheticSource(built.session.get_inputs()), rate_hz=args.rate)
     swapper = None

@@ -13,7 +13,7 @@ from mqtt_helpers import Broker, Subscriber, TlsFiles, make_test_ca, wait_until
 
 from agent.link.mqtt import LinkSettings, MqttLink, backoff_delay
 from agent.telemetry.outbox import Outbox
-from agent.telemetry.records import Sequence
+from agent.telemetry.records import Sequence, encode
 from agent.telemetry.sampler import FunctionCollector, Sampler
 
 ROOT = "edge/v1/test/node-1"
@@ -39,7 +39,8 @@ class Agent:
                                    "reconnect_min_s": 0.1, "reconnect_max_s": 0.5, **settings}
         self.link = MqttLink(LinkSettings(client_id="node-1", topic_root=ROOT, **options),
                              self.outbox, self.sequence,
-                             birth=lambda session: {"schema": "birth/1", "session": session})
+                             announce=lambda session: [(f"{ROOT}/birth", encode(
+                                 {"schema": "birth/1", "session": session}))])
         self.sampler = Sampler([FunctionCollector("count", lambda: next(self.counter))],
                                self.outbox, self.sequence, f"{ROOT}/telemetry", interval_s,
                                64 * 1024, on_record=self.link.wake)
@@ -150,7 +151,7 @@ def test_outbox_bounds_drop_the_oldest_and_count_them(tmp_path: Path) -> None:
     assert outbox.depth == 10 and outbox.size_bytes == 1100
     assert outbox.dropped == 5
     assert [r.id for r in outbox.pending(0, 100)] == ids[5:]
-    outbox.delete(ids[5:8])
+    outbox.delete(outbox.pending(0, 3))
     assert outbox.depth == 7 and outbox.size_bytes == 770
     outbox.close()
     reopened = Outbox(tmp_path / "o.sqlite", max_bytes=10 * 110, max_age_s=3600)

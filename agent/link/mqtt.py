@@ -1,21 +1,21 @@
-"""The MQTT link: one thread owns the paho client, the connection and all publishing.
+"""The MQTT link: one thread decides what is published; paho's own thread moves the bytes.
 
-paho's callbacks only append to a list the thread drains; nothing else touches the client.
-Every connect uses a fresh client, so paho never re-sends a message from memory: the outbox
-is the one source of truth.  Records acknowledged by the broker (PUBACK) leave the outbox;
-whatever was queued before a connect is replayed oldest-first, rate-limited and marked
-``historical``, while live records go first.  The retained ``state`` and ``birth`` are
-published on every connect, and the Last Will says ``offline`` with the connect's session.
+paho's network thread (``loop_start``) reads, writes and keeps the connection alive; its
+callbacks only append to a queue and wake the link thread, which alone talks to the outbox
+and calls ``publish``.  Socket work thus overlaps with the outbox's, as in a plain paho
+program.  Every connect uses a fresh client and paho never reconnects by itself, so it never
+re-sends a message from memory: the outbox is the one source of truth.  Records
+acknowledged by the broker (PUBACK) leave the outbox; whatever was queued before a connect
+is replayed oldest-first, rate-limited and marked ``historical``, while live records go
+first.  The retained ``state`` and ``birth`` are published on every connect, and the Last
+Will says ``offline`` with the connect's session.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
-import select
-import socket
 import threading
 import time
 from collections import deque
@@ -32,9 +32,19 @@ from agent.telemetry.records import Sequence, encode, stamp
 
 logger = logging.getLogger(__name__)
 
-WINDOW = 20  # messages in flight, as paho's own default (and Mosquitto's receive maximum)
+# On the wire: at most IN_FLIGHT unacknowledged messages, paho's default and Mosquitto's
+# receive maximum.  Handed to paho: up to WINDOW; paho sends the next one as each PUBACK
+# arrives, so the connection never idles while this thread fetches the next batch.
+IN_FLIGHT = 20
+WINDOW = 200
 _RETRYABLE = {0x89, 0x97}  # server busy, quota exceeded: the message may go later
 _STOP_ACK_S = 2.0
+# Acknowledged records leave the outbox in batches: one transaction per batch, not per
+# message.  A crash before a batch is deleted re-sends it (duplicates, never a loss).
+ACK_BATCH = 200
+ACK_BATCH_S = 0.25
+ACK_WAKE = 50  # acks that wake the link thread; fewer wait for IN_FLIGHT_POLL_S
+IN_FLIGHT_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -94,23 +104,25 @@ class MqttLink:
     """Connects, reconnects, publishes the outbox and the retained state; see the module."""
 
     def __init__(self, settings: LinkSettings, outbox: Outbox, sequence: Sequence,
-                 birth: Callable[[int], dict[str, Any]],
+                 announce: Callable[[int], list[tuple[str, bytes]]],
                  on_message: Callable[[mqtt.MQTTMessage], None] | None = None,
                  subscriptions: tuple[str, ...] = ()) -> None:
         self.settings, self.outbox, self.sequence = settings, outbox, sequence
-        self.birth, self.on_message, self.subscriptions = birth, on_message, subscriptions
+        self.announce, self.on_message, self.subscriptions = announce, on_message, subscriptions
+        self.health = "online"  # or "degraded", with the reason
+        self.health_reason: str | None = None
         self.status = LinkStatus(broker=f"{settings.host}:{settings.port}")
         self._stop = threading.Event()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._wakeup = threading.Event()
         self._direct: deque[tuple[str, bytes, bool]] = deque(maxlen=1000)
-        self._events: list[tuple[Any, ...]] = []  # filled by paho callbacks only
+        self._events: deque[tuple[Any, ...]] = deque()  # appended by paho's callbacks only
         self._thread: threading.Thread | None = None
         self._flush_s = 0.0
         self._candidate_session = 0
         # per connection: records in flight by mid, and the two cursors into the outbox
         self._inflight: dict[int, Record] = {}
+        self._acked: list[Record] = []
+        self._acked_since = 0.0
         self._live_cursor = self._replay_cursor = 0
         self._replay_below = 1
         self._replay_tokens = 0.0
@@ -129,18 +141,24 @@ class MqttLink:
         self.wake()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._wake_r.close()
-        self._wake_w.close()
 
     def wake(self) -> None:
         """Tell the link thread there is something to publish (safe from any thread)."""
-        with contextlib.suppress(OSError):  # already awake (buffer full), or closed
-            self._wake_w.send(b"\0")
+        if not self._wakeup.is_set():  # set() takes a lock: skip it while already awake
+            self._wakeup.set()
 
     def publish_now(self, suffix: str, payload: dict[str, Any], retain: bool = False) -> None:
         """A message that is only worth sending live (command replies): not kept on disk."""
         self._direct.append((self.topic(suffix), encode(payload), retain))
         self.wake()
+
+    def set_health(self, state: str, reason: str | None = None) -> None:
+        """``online`` or ``degraded`` (with why): the retained state changes at once."""
+        self.health, self.health_reason = state, reason
+        if self.status.state == "connected":
+            self._direct.append((self.topic("state"),
+                                 self._state_payload(state, self.status.session), True))
+            self.wake()
 
     def topic(self, suffix: str) -> str:
         return f"{self.settings.topic_root}/{suffix}"
@@ -152,10 +170,14 @@ class MqttLink:
         while not self._stop.is_set():
             client = self._connect()
             if client is not None:
-                if self._serve(client):
+                accepted = self._serve(client)
+                if accepted:
                     attempt = 0
-                if self._stop.is_set():
+                if accepted and self._stop.is_set():
                     self._shut_down(client)
+                client.disconnect()  # no-op when the connection is already gone
+                client.loop_stop()
+                if self._stop.is_set():
                     break
             delay = backoff_delay(attempt, self.settings.reconnect_min_s,
                                   self.settings.reconnect_max_s)
@@ -171,18 +193,19 @@ class MqttLink:
             self.status.last_error = error
 
     def _state_payload(self, state: str, session: int) -> bytes:
+        reason = {"reason": self.health_reason} if state == "degraded" else {}
         return encode(stamp("state/1", state=state, session=session,
-                            node_id=self.settings.client_id))
+                            node_id=self.settings.client_id, **reason))
 
     def _new_client(self, session: int) -> mqtt.Client:
         s = self.settings
         version = (MQTTProtocolVersion.MQTTv5 if s.protocol == "5"
                    else MQTTProtocolVersion.MQTTv311)
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id,
-                             protocol=version,
+                             protocol=version, reconnect_on_failure=False,
                              clean_session=None if version == MQTTProtocolVersion.MQTTv5
                              else True)
-        client.max_inflight_messages_set(WINDOW)
+        client.max_inflight_messages_set(IN_FLIGHT)
         client.connect_timeout = 5.0
         client.will_set(self.topic("state"), self._state_payload("offline", session), qos=1,
                         retain=True)
@@ -190,11 +213,22 @@ class MqttLink:
             client.tls_set(ca_certs=s.tls_ca, certfile=s.tls_cert, keyfile=s.tls_key)
         if s.username is not None:
             client.username_pw_set(s.username, self._password())
-        events = self._events
-        client.on_connect = lambda c, u, flags, code, props: events.append(("connack", code))
-        client.on_disconnect = lambda c, u, flags, code, props: events.append(("gone", code))
-        client.on_publish = lambda c, u, mid, code, props: events.append(("ack", mid, code))
-        client.on_message = lambda c, u, message: events.append(("message", message))
+
+        def enqueue(*event: Any) -> None:
+            self._events.append(event)
+            self._wakeup.set()
+
+        def acked(mid: int, code: Any) -> None:
+            """Acks wake the link thread in batches (or its short timeout collects them):
+            a thread switch per message would cost more than the message."""
+            self._events.append(("ack", mid, code))
+            if len(self._events) >= ACK_WAKE:
+                self._wakeup.set()
+
+        client.on_connect = lambda c, u, flags, code, props: enqueue("connack", code)
+        client.on_disconnect = lambda c, u, flags, code, props: enqueue("gone", code)
+        client.on_publish = lambda c, u, mid, code, props: acked(mid, code)
+        client.on_message = lambda c, u, message: enqueue("message", message)
         return client
 
     def _password(self) -> str | None:
@@ -224,50 +258,37 @@ class MqttLink:
 
     def _serve(self, client: mqtt.Client) -> bool:
         """Run one connection until it ends or the agent stops; True once it was accepted."""
-        sock = client.socket()
         accepted = False
         self._inflight = {}
         self._live_cursor = self._replay_cursor = 0
         self._replay_below = 1
-        while sock is not None and client.socket() is sock:
-            if self._stop.is_set() and accepted:
-                return accepted
-            writers = [sock] if client.want_write() else []
-            readable, writable, _ = select.select([sock, self._wake_r], writers, [],
-                                                  self._wait_s(accepted))
-            if self._wake_r in readable:
-                self._drain_wake()
-            if sock in readable:
-                client.loop_read()
-            if writable and client.socket() is not None:
-                client.loop_write()
-            client.loop_misc()
-            outcome = self._handle_events(client)
+        client.loop_start()
+        while not (self._stop.is_set() and accepted):
+            self._wakeup.wait(self._wait_s(accepted))
+            self._wakeup.clear()
+            outcome = self._handle_events()
             if outcome == "accepted":
                 accepted = True
                 self._on_accepted(client)
-            elif outcome in ("refused", "gone"):
+            elif outcome in ("refused", "gone") or (self._stop.is_set() and not accepted):
                 return accepted
             if accepted:
                 self._pump(client)
         return accepted
 
     def _wait_s(self, accepted: bool) -> float:
+        """Sleep until woken, the next replay slot or the next ack batch, at most 1 s."""
+        wait = IN_FLIGHT_POLL_S if self._inflight else 1.0
         if accepted and self._replay_below > self._replay_cursor + 1:
-            return min(1.0, max(0.001, 1.0 / self.settings.replay_per_s))
-        return 1.0
+            wait = min(wait, max(0.001, 1.0 / self.settings.replay_per_s))
+        if self._acked:
+            wait = min(wait, max(0.0, self._acked_since + ACK_BATCH_S - time.monotonic()))
+        return wait
 
-    def _drain_wake(self) -> None:
-        with contextlib.suppress(OSError):  # BlockingIOError: drained
-            while self._wake_r.recv(4096):
-                pass
-
-    def _handle_events(self, client: mqtt.Client) -> str | None:
+    def _handle_events(self) -> str | None:
         outcome = None
-        events = self._events[:]
-        self._events.clear()
-        acked: list[int] = []
-        for event in events:
+        while self._events:
+            event = self._events.popleft()
             kind = event[0]
             if kind == "connack":
                 if _reason_failed(event[1]):
@@ -276,6 +297,7 @@ class MqttLink:
                 else:
                     outcome = "accepted"
             elif kind == "gone":
+                self._forget_acked()
                 if self.status.state == "connected":
                     logger.warning("mqtt: connection to %s lost (%s)", self.status.broker,
                                    event[1])
@@ -283,13 +305,21 @@ class MqttLink:
             elif kind == "ack":
                 record = self._ack(event[1], event[2])
                 if record is not None:
-                    acked.append(record)
+                    if not self._acked:
+                        self._acked_since = time.monotonic()
+                    self._acked.append(record)
+                    self.status.acked += 1
             elif kind == "message" and self.on_message is not None:
                 self.on_message(event[1])
-        if acked:
-            self.outbox.delete(acked)
-            self.status.acked += len(acked)
+        if len(self._acked) >= ACK_BATCH or (
+                self._acked and time.monotonic() - self._acked_since >= ACK_BATCH_S):
+            self._forget_acked()
         return outcome
+
+    def _forget_acked(self) -> None:
+        if self._acked:
+            self.outbox.delete(self._acked)
+            self._acked = []
 
     def _refused(self, code: ReasonCode) -> None:
         hint = ""
@@ -300,8 +330,8 @@ class MqttLink:
             logger.error("mqtt: %s; retrying", message)
         self._set_state("connecting", message)
 
-    def _ack(self, mid: int, code: Any) -> int | None:
-        """The outbox id a PUBACK settles, or None (a direct message, or retry later)."""
+    def _ack(self, mid: int, code: Any) -> Record | None:
+        """The outbox record a PUBACK settles, or None (a direct message, or retry later)."""
         record = self._inflight.pop(mid, None)
         if record is None:
             return None
@@ -313,7 +343,7 @@ class MqttLink:
         if _reason_failed(code):
             self.status.rejected += 1
             logger.error("mqtt: the broker refused %s: %s; dropped", record.topic, code)
-        return record.id
+        return record
 
     def _on_accepted(self, client: mqtt.Client) -> None:
         session = self._candidate_session
@@ -324,12 +354,14 @@ class MqttLink:
         self.status.connects += 1
         self._set_state("connected")
         logger.info("mqtt: connected to %s, session %d", self.status.broker, session)
-        client.publish(self.topic("state"), self._state_payload("online", session), qos=1,
+        client.publish(self.topic("state"), self._state_payload(self.health, session), qos=1,
                        retain=True)
-        client.publish(self.topic("birth"), encode(self.birth(session)), qos=1, retain=True)
+        for topic, payload in self.announce(session):  # birth, Home Assistant discovery
+            client.publish(topic, payload, qos=1, retain=True)
         for pattern in self.subscriptions:
             client.subscribe(pattern, qos=1)
         # Everything stored before this connect is the backlog: replayed, marked historical.
+        self._forget_acked()
         backlog = self.outbox.last_id()
         self._live_cursor, self._replay_cursor, self._replay_below = backlog, 0, backlog + 1
 
@@ -348,7 +380,7 @@ class MqttLink:
             free -= 1
         now = time.monotonic()
         rate = self.settings.replay_per_s
-        self._replay_tokens = min(float(WINDOW), self._replay_tokens
+        self._replay_tokens = min(float(IN_FLIGHT), self._replay_tokens
                                   + (now - self._last_refill) * rate)
         self._last_refill = now
         allowed = min(free, int(self._replay_tokens))
@@ -368,41 +400,31 @@ class MqttLink:
             self.status.rejected += 1
             logger.error("mqtt: %s record %d is %d bytes, above the %d limit; dropped",
                          record.topic, record.id, len(payload), self.settings.max_payload_bytes)
-            self.outbox.delete([record.id])
+            self.outbox.delete([record])
             return
         info = client.publish(record.topic, payload, qos=1)
         self._inflight[info.mid] = record
         self.status.published += 1
 
     def _shut_down(self, client: mqtt.Client) -> None:
-        """Flush for a bounded time, say ``stopped``, then a clean DISCONNECT (no LWT)."""
+        """Flush for a bounded time, then say ``stopped`` (the caller disconnects cleanly,
+        so the broker drops the Last Will)."""
         deadline = time.monotonic() + self._flush_s
-        sock = client.socket()
-        while sock is not None and time.monotonic() < deadline and (
+        while time.monotonic() < deadline and (
                 self._inflight or self.outbox.pending(self._live_cursor, 1)
                 or self._replay_cursor + 1 < self._replay_below):
-            self._step(client, sock)
-            if self._handle_events(client) == "gone":
+            self._wakeup.wait(0.05)
+            self._wakeup.clear()
+            if self._handle_events() == "gone":
                 return
             self._pump(client)
+        self._forget_acked()
         info = client.publish(self.topic("state"),
                               self._state_payload("stopped", self.status.session), qos=1,
                               retain=True)
-        deadline = time.monotonic() + _STOP_ACK_S
-        while sock is not None and not info.is_published() and time.monotonic() < deadline:
-            self._step(client, sock)
-            if self._handle_events(client) == "gone":
-                return
-        client.disconnect()  # paho writes the DISCONNECT at once: no thread of its own
-        self.status.state = "stopped"
-
-    def _step(self, client: mqtt.Client, sock: Any) -> None:
-        writers = [sock] if client.want_write() else []
-        readable, writable, _ = select.select([sock], writers, [], 0.05)
-        if readable:
-            client.loop_read()
-        if writable and client.socket() is not None:
-            client.loop_write()
+        info.wait_for_publish(_STOP_ACK_S)
+        self._handle_events()
+        self._forget_acked()
 
 
 def _as_historical(payload: bytes) -> bytes:

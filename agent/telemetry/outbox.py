@@ -20,7 +20,7 @@ AGE_CHECK_INTERVAL_S = 10.0
 _BATCH = 500
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    id INTEGER PRIMARY KEY,
     topic TEXT NOT NULL,
     payload BLOB NOT NULL,
     created_ms INTEGER NOT NULL
@@ -35,6 +35,11 @@ class Record:
     topic: str
     payload: bytes
     created_ms: int
+
+    @property
+    def size(self) -> int:
+        """What the record counts against ``max_bytes`` (SQLite's LENGTH of both columns)."""
+        return len(self.payload) + len(self.topic)
 
 
 class Outbox:
@@ -51,10 +56,11 @@ class Outbox:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
-        depth, size = self._db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload) + LENGTH(topic)), 0) "
-            "FROM outbox").fetchone()
-        self._depth, self._bytes = int(depth), int(size)
+        self._recount()
+        # Ids come from here, not SQLite: they must never repeat within a run (the link's
+        # cursors rely on it), and AUTOINCREMENT would cost a second table write per put.
+        self._next_id = int(self._db.execute(
+            "SELECT COALESCE(MAX(id), 0) + 1 FROM outbox").fetchone()[0])
         self._last_age_check = 0.0
 
     # -- queue ------------------------------------------------------------------------------
@@ -63,16 +69,18 @@ class Outbox:
         """Store one record (committed before this returns); returns its id."""
         now = self._clock()
         with self._lock:
-            cursor = self._db.execute(
-                "INSERT INTO outbox (topic, payload, created_ms) VALUES (?, ?, ?)",
-                (topic, payload, int(now * 1000)))
+            record_id = self._next_id
+            self._db.execute(
+                "INSERT INTO outbox (id, topic, payload, created_ms) VALUES (?, ?, ?, ?)",
+                (record_id, topic, payload, int(now * 1000)))
+            self._next_id += 1
             self._depth += 1
-            self._bytes += len(payload) + len(topic.encode())
+            self._bytes += len(payload) + len(topic)  # topics are ASCII
             if self._bytes > self.max_bytes:
                 self._drop_oldest_until_within_size()
             if now - self._last_age_check >= AGE_CHECK_INTERVAL_S:
                 self._drop_expired(now)
-            return int(cursor.lastrowid or 0)
+            return record_id
 
     def pending(self, after_id: int, limit: int, below_id: int | None = None) -> list[Record]:
         """Up to ``limit`` records with ``after_id < id`` (``< below_id``), oldest first."""
@@ -83,27 +91,34 @@ class Outbox:
                 "ORDER BY id LIMIT ?", (after_id, upper, limit)).fetchall()
         return [Record(int(i), str(t), bytes(p), int(c)) for i, t, p, c in rows]
 
-    def delete(self, ids: Iterable[int]) -> None:
-        """Forget acknowledged records (ids already dropped by the bounds are ignored)."""
-        wanted = list(ids)
+    def delete(self, records: Iterable[Record]) -> None:
+        """Forget acknowledged records.  Sizes come from the records themselves; ones the
+        bounds dropped meanwhile are not there to delete, and the totals are re-read."""
+        wanted = list(records)
         with self._lock:
+            deleted = 0
+            self._db.execute("BEGIN")
             for start in range(0, len(wanted), _BATCH):  # old SQLite allows 999 parameters
-                chunk = wanted[start:start + _BATCH]
-                marks = ",".join("?" * len(chunk))
-                self._db.execute("BEGIN")
-                count, size = self._db.execute(
-                    "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload) + LENGTH(topic)), 0) "
-                    f"FROM outbox WHERE id IN ({marks})", chunk).fetchone()
-                self._db.execute(f"DELETE FROM outbox WHERE id IN ({marks})", chunk)
-                self._db.execute("COMMIT")
-                self._depth -= int(count)
-                self._bytes -= int(size)
+                chunk = [r.id for r in wanted[start:start + _BATCH]]
+                deleted += self._db.execute(
+                    f"DELETE FROM outbox WHERE id IN ({','.join('?' * len(chunk))})",
+                    chunk).rowcount
+            self._db.execute("COMMIT")
+            if deleted == len(wanted):
+                self._depth -= deleted
+                self._bytes -= sum(r.size for r in wanted)
+            else:
+                self._recount()
+
+    def _recount(self) -> None:
+        depth, size = self._db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload) + LENGTH(topic)), 0) "
+            "FROM outbox").fetchone()
+        self._depth, self._bytes = int(depth), int(size)
 
     def last_id(self) -> int:
-        """The newest record's id (0 when empty): records up to it are the backlog."""
-        with self._lock:
-            row = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM outbox").fetchone()
-        return int(row[0])
+        """The newest id handed out: records up to it are the backlog of a connect."""
+        return self._next_id - 1
 
     @property
     def depth(self) -> int:

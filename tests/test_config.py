@@ -1,0 +1,69 @@
+"""The agent's configuration: defaults for every key, errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.config import ConfigError, from_dict, load_config
+from agent.inference.demo_model import DEMO_MODEL_PATH
+
+
+def test_an_empty_file_runs_the_built_in_demo(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("")
+    config = load_config(str(path))
+    assert config.inference.model == str(DEMO_MODEL_PATH)
+    assert (config.mqtt.host, config.mqtt.port, config.mqtt.protocol) == ("localhost", 1883, "5")
+    assert config.telemetry.interval_s == 1.0
+    assert config.telemetry.outbox_max_bytes == 64 * 1024 * 1024
+    assert config.telemetry.outbox_max_age_s == 168 * 3600
+    assert config.tuning.profile == "auto" and config.tuning.apply is False
+    assert config.topic_root == f"edge/v1/default/{config.node_id}"
+    assert config.prometheus_listen is None and config.home_assistant_enabled is False
+
+
+def test_values_merge_over_the_defaults() -> None:
+    config = from_dict({"fleet": "plant-7", "mqtt": {"port": 8883, "tls": {"ca": "/ca.pem"}},
+                        "telemetry": {"metrics": ["cpu", "thermal"]}})
+    assert config.mqtt.port == 8883 and config.mqtt.host == "localhost"
+    assert config.mqtt.tls is not None and config.mqtt.tls.ca == "/ca.pem"
+    assert config.telemetry.metrics == ("cpu", "thermal")
+    assert config.telemetry.interval_s == 1.0
+
+
+@pytest.mark.parametrize(("document", "key", "allowed"), [
+    ({"mqtt": {"prot": 1}}, "mqtt.prot", "unknown key (allowed: host, port"),
+    ({"mqtt": {"port": "1883"}}, "mqtt.port", "expected an integer 1..65535"),
+    ({"node_id": "a/b"}, "node_id", "no MQTT wildcards or '/'"),
+    ({"mqtt": {"protocol": 3}}, "mqtt.protocol", "one of 5, 3.1.1"),
+    ({"telemetry": {"interval_s": 0}}, "telemetry.interval_s", "a number 0.05"),
+    ({"inference": {"sha256": "abc"}}, "inference.sha256", "64 lower-case hex digits"),
+    ({"control": {"allow": ["reboot"]}}, "control.allow", "command names from ping"),
+    ({"mqtt": {"tls": {"cert": "/c.pem"}}}, "mqtt.tls", "cert and key go together"),
+    ({"mqtt": {"tls": {"ca": "/a", "pem": "/b"}}}, "mqtt.tls.pem", "unknown key"),
+    ({"mqtt": {"password_file": "/p"}}, "mqtt.password_file", "needs mqtt.username"),
+    ({"mqtt": {"reconnect": {"min_s": 10, "max_s": 1}}}, "mqtt.reconnect.min_s", "above max_s"),
+    ({"prometheus": {"listen": "9101"}}, "prometheus.listen", "host:port"),
+])
+def test_bad_values_name_the_file_and_key(tmp_path: Path, document: dict[str, object],
+                                          key: str, allowed: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_dict(document, "/etc/edge-agent/agent.yaml")
+    assert caught.value.key == key
+    assert str(caught.value).startswith(f"/etc/edge-agent/agent.yaml: {key}: ")
+    assert allowed in caught.value.message
+
+
+def test_unreadable_and_invalid_files_are_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_config(str(tmp_path / "missing.yaml"))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("mqtt: [\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(str(broken))
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n")
+    with pytest.raises(ConfigError, match="a YAML mapping of sections"):
+        load_config(str(listed))

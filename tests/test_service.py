@@ -1,0 +1,151 @@
+"""``edge-agent run`` as a real process against a real Mosquitto, on a fixture board."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from mqtt_helpers import Broker, Subscriber, free_port, wait_until
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TOPIC = "edge/v1/lab/orin-1"
+
+
+@pytest.fixture()
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    server = Broker(tmp_path / "broker")
+    server.start()
+    yield server
+    server.stop()
+
+
+def write_config(tmp_path: Path, port: int, **extra: Any) -> Path:
+    config = {"node_id": "orin-1", "fleet": "lab", "state_dir": str(tmp_path / "state"),
+              "root": str(FIXTURES / "jetson-agx-orin-jp6"),
+              "mqtt": {"host": "127.0.0.1", "port": port,
+                       "reconnect": {"min_s": 0.1, "max_s": 0.5}},
+              "telemetry": {"interval_s": 0.2}, **extra}
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def start_agent(config: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def status(config: Path) -> tuple[int, dict[str, Any]]:
+    result = subprocess.run([sys.executable, "-m", "agent", "status", "--config", str(config),
+                             "--json"], capture_output=True, text=True, timeout=60, check=False)
+    return result.returncode, json.loads(result.stdout) if result.stdout else {}
+
+
+def test_run_reports_and_the_last_will_names_the_birth_session(tmp_path: Path,
+                                                                broker: Broker) -> None:
+    watcher = Subscriber(broker, [f"{TOPIC}/#"])
+    agent = start_agent(write_config(tmp_path, broker.port))
+    try:
+        assert wait_until(lambda: len(watcher.on("telemetry")) >= 3, 60), agent.stdout
+        birth = watcher.on("birth")[0]
+        assert birth["board"]["family"] == "jetson" and birth["node_id"] == "orin-1"
+        assert birth["model"]["name"] == "demo_cnn.onnx"
+        assert birth["profile"] == {"name": "jetson-orin", "applied": False}
+        record = watcher.on("telemetry")[-1]
+        assert record["schema"] == "telemetry/1" and record["session"] == birth["session"]
+        metrics = record["metrics"]
+        assert metrics["inference"]["count"] > 0 and metrics["inference"]["errors"] == 0
+        assert metrics["memory"]["total_bytes"] > 0  # read from the fixture's meminfo
+        assert metrics["tuning"]["profile"] == "jetson-orin"
+        assert metrics["outbox"]["dropped"] == 0
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+        assert wait_until(lambda: watcher.on("state")[-1]["state"] == "offline", 60)
+        assert watcher.on("state")[-1]["session"] == birth["session"]
+    finally:
+        agent.kill()
+        watcher.close()
+
+
+def test_sigterm_says_stopped_and_exits_zero(tmp_path: Path, broker: Broker) -> None:
+    watcher = Subscriber(broker, [f"{TOPIC}/state"])
+    config = write_config(tmp_path, broker.port)
+    agent = start_agent(config)
+    try:
+        assert wait_until(lambda: watcher.on("state") and watcher.on("state")[-1]["state"]
+                          == "online", 60)
+        assert wait_until(lambda: status(config)[0] == 0, 30)
+        agent.send_signal(signal.SIGTERM)
+        output, _ = agent.communicate(timeout=30)
+        assert agent.returncode == 0, output
+        assert wait_until(lambda: watcher.on("state")[-1]["state"] == "stopped")
+    finally:
+        agent.kill()
+        watcher.close()
+    code, state = status(config)
+    assert code == 1 and state["stopped"] is True and state["outbox"]["depth"] == 0
+
+
+def test_without_a_broker_it_buffers_and_says_so(tmp_path: Path) -> None:
+    config = write_config(tmp_path, free_port())  # nothing listens there
+    agent = start_agent(config)
+    try:
+        assert wait_until(lambda: status(config)[1].get("outbox", {}).get("depth", 0) >= 5, 60)
+        code, state = status(config)
+        assert code == 0 and agent.poll() is None
+        assert state["link"]["state"] in ("connecting", "disconnected")
+        assert "cannot reach the broker" in state["link"]["last_error"]
+        text = subprocess.run([sys.executable, "-m", "agent", "status", "--config",
+                               str(config)], capture_output=True, text=True, timeout=60,
+                              check=False).stdout
+        assert "buffering: cannot reach the broker" in text and "outbox" in text
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.communicate(timeout=30)
+    assert agent.returncode == 0
+
+
+def test_prometheus_and_home_assistant_discovery(tmp_path: Path, broker: Broker) -> None:
+    port = free_port()
+    watcher = Subscriber(broker, ["homeassistant/#", f"{TOPIC}/telemetry"])
+    agent = start_agent(write_config(tmp_path, broker.port,
+                                     prometheus={"listen": f"127.0.0.1:{port}"},
+                                     home_assistant={"enabled": True}))
+    try:
+        assert wait_until(lambda: len(watcher.on("telemetry")) >= 2, 60)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=10).read().decode()
+        samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in body.splitlines()
+                   if line and not line.startswith("#")}
+        assert samples["edge_agent_inference_latency_ms_p95"] > 0
+        assert samples["edge_agent_memory_total_bytes"] > 0
+        configs = [(t, p) for t, p, _ in watcher.messages if t.startswith("homeassistant/")]
+        topics = {t for t, _ in configs}
+        assert "homeassistant/sensor/orin-1/inference_p99/config" in topics
+        p99 = next(p for t, p in configs if t.endswith("/inference_p99/config"))
+        assert p99["state_topic"] == f"{TOPIC}/telemetry" and p99["unit_of_measurement"] == "ms"
+        assert any(t.startswith("homeassistant/sensor/orin-1/temp_") for t in topics)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.communicate(timeout=30)
+        watcher.close()
+
+
+def test_a_bad_config_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("mqtt: {port: 70000}\n")
+    result = subprocess.run([sys.executable, "-m", "agent", "run", "--config", str(path)],
+                            capture_output=True, text=True, timeout=60, check=False,
+                            env={**os.environ})
+    assert result.returncode == 2
+    assert f"{path}: mqtt.port: 70000 is not allowed" in result.stderr
