@@ -115,3 +115,15 @@ def test_empty_root_gives_empty_topology(tmp_path: Path) -> None:
         assert topology[key] == []
     assert topology["kernel"]["release"] is None
     assert topology["kernel"]["io_uring"] is None  # unknown: a fixture cannot be probed
+
+
+def test_reader_warnings_stay_bounded(tmp_path: Path) -> None:
+    """A service reading garbage every second for weeks must not grow a list for ever."""
+    from agent.discovery.reader import SysReader
+
+    reader = SysReader(Root(tmp_path), max_warnings=3)
+    for number in range(10):
+        reader.warn(f"value {number} is garbage")
+    reader.warn("value 0 is garbage")
+    assert reader.warnings == [f"value {n} is garbage" for n in range(3)]
+    assert reader.suppressed == 7

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from mqtt_helpers import Broker, Subscriber, TlsFiles, make_test_ca, wait_until
 
 from agent.link.mqtt import LinkSettings, MqttLink, backoff_delay
@@ -17,14 +15,6 @@ from agent.telemetry.records import Sequence, encode
 from agent.telemetry.sampler import FunctionCollector, Sampler
 
 ROOT = "edge/v1/test/node-1"
-
-
-@pytest.fixture()
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    server = Broker(tmp_path / "broker")
-    server.start()
-    yield server
-    server.stop()
 
 
 class Agent:

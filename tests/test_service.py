@@ -8,24 +8,14 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from mqtt_helpers import Broker, Subscriber, free_port, wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOPIC = "edge/v1/lab/orin-1"
-
-
-@pytest.fixture()
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    server = Broker(tmp_path / "broker")
-    server.start()
-    yield server
-    server.stop()
 
 
 def write_config(tmp_path: Path, port: int, **extra: Any) -> Path:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from agent.discovery import Topology, discover
+from agent.discovery.parsers import parse_psi
 from agent.discovery.reader import SysReader
 from agent.fsroot import Root
 from agent.telemetry.collectors import (
@@ -112,15 +113,15 @@ def test_loadavg() -> None:
 
 
 def test_psi_some_and_full_lines() -> None:
-    psi = p.parse_psi("some avg10=1.25 avg60=0.50 avg300=0.10 total=123456\n"
+    psi = parse_psi("some avg10=1.25 avg60=0.50 avg300=0.10 total=123456\n"
                       "full avg10=0.75 avg60=0.25 avg300=0.05 total=654\n")
     assert psi["some"] == {"avg10": 1.25, "avg60": 0.5, "avg300": 0.1, "total": 123456.0}
     assert psi["full"]["avg10"] == 0.75
-    assert p.parse_psi("full avg10=0.00 avg60=0.00 avg300=0.00 total=48213\n") == {
+    assert parse_psi("full avg10=0.00 avg60=0.00 avg300=0.00 total=48213\n") == {
         "full": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total": 48213.0}}  # irq file
     for garbage in ("", "some avg10\n", "some avg10=x\n", "half avg10=1.0\n", "\n"):
         with pytest.raises(ValueError):
-            p.parse_psi(garbage)
+            parse_psi(garbage)
 
 
 def test_cgroup_path_is_the_v2_line() -> None:

@@ -199,3 +199,33 @@ def thp_cmdline_choice(cmdline: str) -> str | None:
     """``transparent_hugepage=`` on the kernel command line: the admin's choice, not ours."""
     match = _ADMIN_THP.search(cmdline)
     return match.group(1) if match else None
+
+
+def parse_psi(text: str) -> dict[str, dict[str, float]]:
+    """/proc/pressure/* -> ``{"some": {"avg10": .., "avg60": .., "avg300": .., "total": ..}}``
+    plus ``"full"``; averages are % of wall time, ``total`` cumulative µs."""
+    lines: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        kind, *pairs = line.split() or [""]
+        if kind not in ("some", "full"):
+            raise ValueError(f"not a PSI line: {line[:60]!r}")
+        values = {}
+        for pair in pairs:
+            name, sep, value = pair.partition("=")
+            if not sep:
+                raise ValueError(f"not a PSI name=value pair: {pair!r}")
+            values[name] = float(value)
+        lines[kind] = values
+    if not lines:
+        raise ValueError("empty PSI file")
+    return lines
+
+
+def parse_memory_events(text: str) -> dict[str, int]:
+    """cgroup v2 ``memory.events``: lines ``name count`` -> {name: count}."""
+    events = {}
+    for line in text.splitlines():
+        name, _, count = line.partition(" ")
+        if name:
+            events[name] = int(count)
+    return events

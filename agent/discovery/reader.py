@@ -24,13 +24,19 @@ _MISSING = (errno.ENOENT, errno.ENOTDIR)
 class SysReader:
     """Reads kernel files relative to a root and collects warnings about what failed."""
 
-    def __init__(self, root: Root) -> None:
+    def __init__(self, root: Root, max_warnings: int = 200) -> None:
         self.root = root
         self.warnings: list[str] = []
+        self.max_warnings = max_warnings  # telemetry reads for weeks: keep the list bounded
+        self.suppressed = 0
 
     def warn(self, message: str) -> None:
-        if message not in self.warnings:
+        if message in self.warnings:
+            return
+        if len(self.warnings) < self.max_warnings:
             self.warnings.append(message)
+        else:
+            self.suppressed += 1
 
     def _failed(self, path: str, error: OSError) -> None:
         if isinstance(error, RootError):

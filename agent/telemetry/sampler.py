@@ -12,13 +12,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from agent.telemetry.collectors.base import Collector
 from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence, encode, stamp
-
-if TYPE_CHECKING:
-    from agent.telemetry.collectors import Collector
 
 logger = logging.getLogger(__name__)
 

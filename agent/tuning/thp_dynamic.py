@@ -10,14 +10,13 @@ original value, and is reported through ``on_event``.  Signals: PSI ``some avg10
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.discovery.parsers import thp_cmdline_choice
+from agent.discovery.parsers import parse_memory_events, parse_psi, thp_cmdline_choice
 from agent.fsroot import Root
 from agent.tuning.journal import Journal, JournalState, current_boot_id
 from agent.tuning.plan import Change, read_normalised
@@ -37,7 +36,6 @@ NORMAL_KEY = "thp_dynamic_normal"
 # Profile name of a journal the controller starts itself, when no profile was applied.
 JOURNAL_PROFILE = "thp-dynamic"
 
-_PSI_SOME_AVG10 = re.compile(r"^some\s.*?\bavg10=(\d+(?:\.\d+)?)", re.MULTILINE)
 
 OnEvent = Callable[[dict[str, Any]], None]
 
@@ -91,20 +89,10 @@ def parse_settings(settings: Mapping[str, Any]) -> Thresholds:
 
 def parse_psi_some_avg10(text: str) -> float:
     """``some avg10=34.20 avg60=… total=…`` -> 34.2 (percent of wall time)."""
-    match = _PSI_SOME_AVG10.search(text)
-    if match is None:
+    some = parse_psi(text).get("some")
+    if some is None or "avg10" not in some:
         raise ValueError(f"no 'some avg10=' line in {text.strip()[:80]!r}")
-    return float(match.group(1))
-
-
-def parse_memory_events(text: str) -> dict[str, int]:
-    """cgroup v2 ``memory.events``: lines ``name count`` -> {name: count}."""
-    events = {}
-    for line in text.splitlines():
-        name, _, count = line.partition(" ")
-        if name:
-            events[name] = int(count)
-    return events
+    return some["avg10"]
 
 
 def read_psi_some_avg10(root: Root) -> float | None:

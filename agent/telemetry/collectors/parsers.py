@@ -1,9 +1,8 @@
 """Pure parsers for the procfs and cgroup formats telemetry samples: text in, typed value out,
 ValueError on garbage.
 
-Formats discovery reads too (meminfo, ``[selected]`` lists, Mali and rknpu ``load``, plain
-integers) are parsed by :mod:`agent.discovery.parsers`; ``memory.events`` by
-:mod:`agent.tuning.thp_dynamic`.
+Formats discovery or tuning read too (meminfo, ``[selected]`` lists, Mali and rknpu ``load``,
+plain integers, PSI, ``memory.events``) are parsed by :mod:`agent.discovery.parsers`.
 """
 
 from __future__ import annotations
@@ -68,26 +67,6 @@ def parse_loadavg(text: str) -> LoadAvg:
     running, _, total = fields[3].partition("/")
     return LoadAvg(float(fields[0]), float(fields[1]), float(fields[2]), int(running),
                    int(total))
-
-
-def parse_psi(text: str) -> dict[str, dict[str, float]]:
-    """/proc/pressure/* -> ``{"some": {"avg10": .., "avg60": .., "avg300": .., "total": ..}}``
-    plus ``"full"``; averages are % of wall time, ``total`` cumulative µs."""
-    lines: dict[str, dict[str, float]] = {}
-    for line in text.splitlines():
-        kind, *pairs = line.split() or [""]
-        if kind not in ("some", "full"):
-            raise ValueError(f"not a PSI line: {line[:60]!r}")
-        values = {}
-        for pair in pairs:
-            name, sep, value = pair.partition("=")
-            if not sep:
-                raise ValueError(f"not a PSI name=value pair: {pair!r}")
-            values[name] = float(value)
-        lines[kind] = values
-    if not lines:
-        raise ValueError("empty PSI file")
-    return lines
 
 
 def parse_cgroup_path(text: str) -> str:
