@@ -94,17 +94,25 @@ def run(args: argparse.Namespace) -> int:
     logger.info("node %s, fleet %s, broker %s:%d, state %s (config: %s)", config.node_id,
                 config.fleet, config.mqtt.host, config.mqtt.port, service.state_dir,
                 config.source)
-    service.start()
+    try:
+        service.start()
+    except ServiceError as error:
+        print(f"edge-agent run: {error}", file=sys.stderr)
+        return 1
     try:
         _serve(service, args.seconds, terminal)
     finally:
         service.stop()
-    logger.info("stopped")
+    final = service.final_status
+    if final is not None:
+        logger.info("stopped: %d records acknowledged by the broker, %d waiting in the "
+                    "outbox", final["link"]["acked"], final["outbox"]["depth"])
     return 0
 
 
 def read_status(state_dir: Path) -> dict[str, Any]:
-    """status.json as the agent last wrote it, plus the outbox depth read from disk now."""
+    """status.json as the agent last wrote it; the outbox depth is read from disk when no
+    agent holds the outbox (a running one writes its depth every second)."""
     try:
         status: dict[str, Any] = json.loads((state_dir / "status.json").read_text())
     except FileNotFoundError:
@@ -113,8 +121,12 @@ def read_status(state_dir: Path) -> dict[str, Any]:
     status["age_s"] = round(time.time() - status["updated_ms"] / 1000, 1)
     outbox = state_dir / "outbox.sqlite"
     if outbox.exists():
-        with sqlite3.connect(f"file:{outbox}?mode=ro", uri=True) as db:
-            status["outbox"]["depth"] = db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
+        try:
+            with sqlite3.connect(f"file:{outbox}?mode=ro", uri=True, timeout=0) as db:
+                status["outbox"]["depth"] = db.execute(
+                    "SELECT COUNT(*) FROM outbox").fetchone()[0]
+        except sqlite3.OperationalError:  # locked: the agent is running
+            pass
     return status
 
 

@@ -25,7 +25,7 @@ from agent.fsroot import Root
 from agent.link.homeassistant import discovery_messages
 from agent.link.mqtt import LinkSettings, MqttLink
 from agent.telemetry.collectors import build_collectors
-from agent.telemetry.outbox import Outbox
+from agent.telemetry.outbox import Outbox, OutboxBusy
 from agent.telemetry.records import Sequence, encode, stamp
 from agent.telemetry.sampler import FunctionCollector, Sampler
 from agent.tuning.engine import Engine, TuningError
@@ -198,14 +198,18 @@ class Service:
         self.link: MqttLink | None = None
         self.sampler: Sampler | None = None
         self.exporter: Any = None  # PrometheusExporter when configured
+        self.final_status: dict[str, Any] | None = None  # written by stop()
 
     # -- start ------------------------------------------------------------------------------
 
     def start(self) -> None:
         config = self.config
-        self.outbox = Outbox(self.state_dir / "outbox.sqlite",
-                             config.telemetry.outbox_max_bytes,
-                             config.telemetry.outbox_max_age_s)
+        try:
+            self.outbox = Outbox(self.state_dir / "outbox.sqlite",
+                                 config.telemetry.outbox_max_bytes,
+                                 config.telemetry.outbox_max_age_s)
+        except OutboxBusy as error:
+            raise ServiceError(str(error)) from None
         self.sequence = Sequence(self.outbox.bump("session"))
         self.topology = discover(self.root)
         self.tuning = Tuning(self.root, self.topology, self.state_dir, config.tuning.profile,
@@ -352,7 +356,8 @@ class Service:
         if self.tuning is not None:
             self.tuning.stop(self.config.tuning.rollback_on_stop)
         if self.outbox is not None and self.link is not None:
-            write_status(self.state_dir, self.status(stopped=True))
+            self.final_status = self.status(stopped=True)
+            write_status(self.state_dir, self.final_status)
             self.outbox.close()
 
 

@@ -205,3 +205,34 @@ def test_backoff_grows_with_jitter_and_stays_bounded() -> None:
     assert all(15 <= d <= 30 for d in delays[7:])
     spread = {round(backoff_delay(3, 0.5, 30), 6) for _ in range(20)}
     assert len(spread) > 10 and all(2 <= d <= 4 for d in spread)
+
+
+def test_ids_never_repeat_once_the_outbox_empties(tmp_path: Path) -> None:
+    """The link's cursors assume rising ids: an emptied table must not restart at 1."""
+    outbox = Outbox(tmp_path / "o.sqlite", max_bytes=1 << 20, max_age_s=3600)
+    first = [outbox.put("t", b"a") for _ in range(3)]
+    outbox.delete(outbox.pending(0, 10))
+    assert outbox.depth == 0
+    assert outbox.put("t", b"b") == first[-1] + 1
+    outbox.close()
+
+
+def test_a_record_above_the_payload_limit_is_refused(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path / "o.sqlite", max_bytes=1 << 20, max_age_s=3600)
+    sampler = Sampler([FunctionCollector("blob", lambda: "x" * 2000)], outbox, Sequence(1),
+                      f"{ROOT}/telemetry", 1.0, max_payload_bytes=1024)
+    record = sampler.sample_once()
+    assert record["seq"] == 0 and sampler.oversized == 1 and outbox.depth == 0
+    outbox.close()
+
+
+def test_mqtt_3_1_1_works_the_same(tmp_path: Path, broker: Broker) -> None:
+    watcher = Subscriber(broker, [f"{ROOT}/#"])
+    agent = Agent(tmp_path, broker, protocol="3.1.1")
+    agent.start()
+    try:
+        assert wait_until(lambda: len(watcher.on("telemetry")) >= 3)
+        assert watcher.on("state")[0]["state"] == "online" and watcher.on("birth")
+    finally:
+        agent.stop()
+        watcher.close()

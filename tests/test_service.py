@@ -139,3 +139,21 @@ def test_a_bad_config_names_the_key(tmp_path: Path) -> None:
                             env={**os.environ})
     assert result.returncode == 2
     assert f"{path}: mqtt.port: 70000 is not allowed" in result.stderr
+
+
+def test_a_second_agent_on_the_same_state_directory_is_refused(tmp_path: Path,
+                                                                broker: Broker) -> None:
+    config = write_config(tmp_path, broker.port)
+    first = start_agent(config)
+    try:
+        assert wait_until(lambda: status(config)[0] == 0, 60)
+        second = subprocess.run([sys.executable, "-m", "agent", "run", "--config",
+                                 str(config), "--seconds", "1"], capture_output=True,
+                                text=True, timeout=60, check=False)
+        assert second.returncode == 1
+        assert "is another edge-agent using this state directory?" in second.stderr
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    assert first.returncode == 0

@@ -1,10 +1,11 @@
 """The on-disk outbox: every record waits here until the broker has acknowledged it.
 
-SQLite in WAL mode survives a killed process and broker outages of any length; the queue is
-bounded by size and age (oldest dropped first, counted in ``dropped``).  The same database
-keeps the persisted counters the link needs (the MQTT session number), so delivery state
-lives in one file.  WAL with ``synchronous=NORMAL`` makes a put cost microseconds; a power
-cut may lose the last records not yet checkpointed, never corrupt the queue.
+SQLite in WAL mode, opened exclusively by one agent, survives a killed process and broker
+outages of any length.  The queue is bounded by size and age (oldest dropped first, counted
+in ``dropped``).  The same database keeps the persisted counters the link needs (the MQTT
+session number), so delivery state lives in one file.  WAL with ``synchronous=NORMAL``
+makes a put cost microseconds; a power cut may lose the last records not yet checkpointed,
+never corrupt the queue.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NU
 """
 
 
+class OutboxBusy(RuntimeError):
+    """The outbox belongs to another running agent."""
+
+
 @dataclass(frozen=True)
 class Record:
     id: int
@@ -51,11 +56,19 @@ class Outbox:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes, self.max_age_s, self._clock = max_bytes, max_age_s, clock
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), isolation_level=None,
+        self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=1.0,
                                    check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        try:
+            # One agent owns its outbox: the exclusive lock refuses a second one on the same
+            # state directory, and spares every transaction the shared-memory locking.
+            self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.OperationalError as error:
+            self._db.close()
+            raise OutboxBusy(f"{self.path}: {error} (is another edge-agent using this "
+                             "state directory?)") from error
         self._recount()
         # Ids come from here, not SQLite: they must never repeat within a run (the link's
         # cursors rely on it), and AUTOINCREMENT would cost a second table write per put.
