@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile_commands(commands)
     _add_infer_command(commands)
     _add_service_commands(commands)
+    _add_fleet_commands(commands)
     return parser
 
 
@@ -163,6 +164,54 @@ def _add_service_commands(commands: argparse._SubParsersAction[argparse.Argument
         else:
             sub.add_argument("--json", action="store_true")
         sub.set_defaults(handler=handler)
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from agent import fleet_cli
+
+    return fleet_cli.main_entry(args)
+
+
+def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``fleet``; paho and cryptography load only when it runs."""
+    fleet = commands.add_parser("fleet", help="operator side: keys, signed commands, desired "
+                                "state, a live table of nodes")
+    actions = fleet.add_subparsers(dest="fleet_action", required=True)
+    key = actions.add_parser("keygen", help="create an Ed25519 operator key")
+    key.add_argument("--out", default="operator.key")
+    key.add_argument("--force", action="store_true")
+    for name, text in (("send", "sign a command, send it, print each node's outcome"),
+                       ("desired", "set (retained) the profile/model a node or group should "
+                        "run"),
+                       ("watch", "a live table of nodes from their retained topics")):
+        sub = actions.add_parser(name, help=text)
+        sub.add_argument("--config", metavar="FILE", help="take broker, TLS and fleet from an "
+                         "agent.yaml")
+        sub.add_argument("--broker", metavar="HOST:PORT")
+        sub.add_argument("--fleet")
+        if name in ("send", "desired"):
+            sub.add_argument("target", help="a node id, group:NAME, or all")
+            sub.add_argument("--key", required=True, help="the operator's private key (PEM)")
+        if name == "send":
+            sub.add_argument("command")
+            sub.add_argument("--arg", action="append", metavar="K=V",
+                             help="an argument; repeat; values are JSON when they parse")
+            sub.add_argument("--args-json", metavar="JSON")
+            sub.add_argument("--timeout", type=float, default=15.0)
+            sub.add_argument("--ttl", type=float, default=60.0, help="seconds it stays valid")
+            sub.add_argument("--json", action="store_true")
+        if name == "desired":
+            sub.add_argument("--profile", help="a profile name, or none to roll back")
+            sub.add_argument("--model")
+            sub.add_argument("--sha256")
+            sub.add_argument("--clear", action="store_true")
+            sub.add_argument("--ttl", type=float, default=365 * 86400.0)
+        if name == "watch":
+            sub.add_argument("--once", action="store_true", help="print one table and exit")
+            sub.add_argument("--settle", type=float, default=2.0,
+                             help="with --once: seconds to collect before printing")
+            sub.add_argument("--seconds", type=float, help="stop after N seconds")
+    fleet.set_defaults(handler=_fleet)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -81,6 +81,16 @@ def _source(value: Any) -> str | None:
     return None if ok else "synthetic, or npy:<directory of .npy files>"
 
 
+def _public_key(value: Any) -> str | None:
+    from agent.control.envelope import load_public_key
+
+    try:
+        load_public_key(value)
+    except (ValueError, TypeError):
+        return "a base64 Ed25519 public key (edge-agent fleet keygen prints one)"
+    return None
+
+
 def _allow(value: Any) -> str | None:
     ok = isinstance(value, list) and all(item in COMMANDS for item in value)
     return None if ok else "a list of command names from " + ", ".join(COMMANDS)
@@ -118,8 +128,15 @@ SCHEMA: dict[str, Any] = {
         "providers": _providers, "source": _source, "dims": _dims,
         "rate_hz": optional(number(0.001, 1_000_000))},
     "control": {"enabled": choice(True, False),
-                "trusted_keys": ("list", {"id": text(), "public_key": text()}),
-                "allow": _allow},
+                "trusted_keys": ("list", {"id": text(), "public_key": _public_key}),
+                "allow": _allow,
+                "max_payload_kb": integer(1, 1024),
+                "max_skew_s": number(0, 3600),
+                "model_dirs": ("list", PATH),
+                "guard": {"window_s": number(0, 3600), "max_p99_ratio": number(1, 1000),
+                          "max_error_rate": number(0, 1),
+                          "max_temp_c": optional(number(0, 150)),
+                          "canary_s": number(0, 3600)}},
     "prometheus": {"listen": optional(_listen)},
     "home_assistant": {"enabled": choice(True, False),
                        "prefix": _topic_level("a discovery prefix")},
@@ -143,7 +160,10 @@ def defaults() -> dict[str, Any]:
         "tuning": {"profile": "auto", "apply": False, "rollback_on_stop": True},
         "inference": {"enabled": True, "model": str(DEMO_MODEL_PATH), "sha256": None,
                       "providers": "auto", "source": "synthetic", "dims": {}, "rate_hz": None},
-        "control": {"enabled": True, "trusted_keys": [], "allow": list(COMMANDS)},
+        "control": {"enabled": True, "trusted_keys": [], "allow": list(COMMANDS),
+                    "max_payload_kb": 16, "max_skew_s": 30, "model_dirs": [],
+                    "guard": {"window_s": 10, "max_p99_ratio": 1.5, "max_error_rate": 0.003,
+                              "max_temp_c": None, "canary_s": 5}},
         "prometheus": {"listen": None},
         "home_assistant": {"enabled": False, "prefix": "homeassistant"},
     }

@@ -1,21 +1,24 @@
-"""The MQTT link: one thread decides what is published; paho's own thread moves the bytes.
+"""The MQTT link: one thread owns the paho client, the connection and all publishing.
 
-paho's network thread (``loop_start``) reads, writes and keeps the connection alive; its
-callbacks only append to a queue and wake the link thread, which alone talks to the outbox
-and calls ``publish``.  Socket work thus overlaps with the outbox's, as in a plain paho
-program.  Every connect uses a fresh client and paho never reconnects by itself, so it never
-re-sends a message from memory: the outbox is the one source of truth.  Records
-acknowledged by the broker (PUBACK) leave the outbox; whatever was queued before a connect
-is replayed oldest-first, rate-limited and marked ``historical``, while live records go
-first.  The retained ``state`` and ``birth`` are published on every connect, and the Last
-Will says ``offline`` with the connect's session.
+The thread runs paho's network steps itself (``loop_read``/``loop_write``/``loop_misc``)
+over an epoll selector, so there is no second thread and no ``select()`` limit of 1024 file
+descriptors (a process simulating hundreds of nodes needs more).  paho's callbacks only
+append to a queue the thread drains.  Every connect uses a fresh client and paho never
+reconnects by itself, so it never re-sends a message from memory: the outbox is the one
+source of truth.  Records acknowledged by the broker (PUBACK) leave the outbox; whatever
+was queued before a connect is replayed oldest-first, rate-limited and marked
+``historical``, while live records go first.  The retained ``state`` and ``birth`` are
+published on every connect, and the Last Will says ``offline`` with the connect's session.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
+import selectors
+import socket
 import threading
 import time
 from collections import deque
@@ -25,7 +28,10 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from agent.telemetry.outbox import Outbox, Record
 from agent.telemetry.records import Sequence, encode, stamp
@@ -43,8 +49,6 @@ _STOP_ACK_S = 2.0
 # message.  A crash before a batch is deleted re-sends it (duplicates, never a loss).
 ACK_BATCH = 200
 ACK_BATCH_S = 0.25
-ACK_WAKE = 50  # acks that wake the link thread; fewer wait for IN_FLIGHT_POLL_S
-IN_FLIGHT_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,13 @@ class MqttLink:
         self.health_reason: str | None = None
         self.status = LinkStatus(broker=f"{settings.host}:{settings.port}")
         self._stop = threading.Event()
-        self._wakeup = threading.Event()
-        self._direct: deque[tuple[str, bytes, bool]] = deque(maxlen=1000)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._wake_pending = False
+        # live-only messages (command replies, state changes): topic, payload, retain, props
+        self._direct: deque[tuple[str, bytes, bool, Properties | None]] = deque(maxlen=1000)
+        self._rebirth = False
         self._events: deque[tuple[Any, ...]] = deque()  # appended by paho's callbacks only
         self._thread: threading.Thread | None = None
         self._flush_s = 0.0
@@ -141,15 +150,45 @@ class MqttLink:
         self.wake()
         if self._thread is not None:
             self._thread.join(timeout)
+        self._wake_r.close()
+        self._wake_w.close()
 
     def wake(self) -> None:
-        """Tell the link thread there is something to publish (safe from any thread)."""
-        if not self._wakeup.is_set():  # set() takes a lock: skip it while already awake
-            self._wakeup.set()
+        """Tell the link thread there is something to publish (safe from any thread).
+        Wakes coalesce: a burst of records costs one system call, not one each."""
+        if self._wake_pending:
+            return
+        self._wake_pending = True
+        with contextlib.suppress(OSError):  # closed, or already a byte waiting
+            self._wake_w.send(b"\0")
+
+    def _drain_wake(self) -> None:
+        self._wake_pending = False  # before reading: a wake from now on is not lost
+        with contextlib.suppress(OSError):  # BlockingIOError: drained
+            while self._wake_r.recv(4096):
+                pass
 
     def publish_now(self, suffix: str, payload: dict[str, Any], retain: bool = False) -> None:
-        """A message that is only worth sending live (command replies): not kept on disk."""
-        self._direct.append((self.topic(suffix), encode(payload), retain))
+        """A message that is only worth sending live: not kept on disk."""
+        self._direct.append((self.topic(suffix), encode(payload), retain, None))
+        self.wake()
+
+    def publish_reply(self, topic: str, payload: dict[str, Any], response_topic: str | None,
+                      correlation: bytes | None) -> None:
+        """A command reply on ``topic``, and under MQTT 5 also to the request's response
+        topic with its correlation data (a requester then needs no wildcard)."""
+        body = encode(payload)
+        self._direct.append((topic, body, False, None))
+        if response_topic and self.settings.protocol == "5":
+            properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            if correlation is not None:
+                properties.CorrelationData = correlation
+            self._direct.append((response_topic, body, False, properties))
+        self.wake()
+
+    def rebirth(self) -> None:
+        """Publish state, birth and the other announcements again, as on a connect."""
+        self._rebirth = True
         self.wake()
 
     def set_health(self, state: str, reason: str | None = None) -> None:
@@ -157,7 +196,7 @@ class MqttLink:
         self.health, self.health_reason = state, reason
         if self.status.state == "connected":
             self._direct.append((self.topic("state"),
-                                 self._state_payload(state, self.status.session), True))
+                                 self._state_payload(state, self.status.session), True, None))
             self.wake()
 
     def topic(self, suffix: str) -> str:
@@ -175,8 +214,7 @@ class MqttLink:
                     attempt = 0
                 if accepted and self._stop.is_set():
                     self._shut_down(client)
-                client.disconnect()  # no-op when the connection is already gone
-                client.loop_stop()
+                client.disconnect()  # written at once (no paho thread); no-op when gone
                 if self._stop.is_set():
                     break
             delay = backoff_delay(attempt, self.settings.reconnect_min_s,
@@ -202,7 +240,7 @@ class MqttLink:
         version = (MQTTProtocolVersion.MQTTv5 if s.protocol == "5"
                    else MQTTProtocolVersion.MQTTv311)
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id,
-                             protocol=version, reconnect_on_failure=False,
+                             protocol=version,
                              clean_session=None if version == MQTTProtocolVersion.MQTTv5
                              else True)
         client.max_inflight_messages_set(IN_FLIGHT)
@@ -213,22 +251,11 @@ class MqttLink:
             client.tls_set(ca_certs=s.tls_ca, certfile=s.tls_cert, keyfile=s.tls_key)
         if s.username is not None:
             client.username_pw_set(s.username, self._password())
-
-        def enqueue(*event: Any) -> None:
-            self._events.append(event)
-            self._wakeup.set()
-
-        def acked(mid: int, code: Any) -> None:
-            """Acks wake the link thread in batches (or its short timeout collects them):
-            a thread switch per message would cost more than the message."""
-            self._events.append(("ack", mid, code))
-            if len(self._events) >= ACK_WAKE:
-                self._wakeup.set()
-
-        client.on_connect = lambda c, u, flags, code, props: enqueue("connack", code)
-        client.on_disconnect = lambda c, u, flags, code, props: enqueue("gone", code)
-        client.on_publish = lambda c, u, mid, code, props: acked(mid, code)
-        client.on_message = lambda c, u, message: enqueue("message", message)
+        events = self._events
+        client.on_connect = lambda c, u, flags, code, props: events.append(("connack", code))
+        client.on_disconnect = lambda c, u, flags, code, props: events.append(("gone", code))
+        client.on_publish = lambda c, u, mid, code, props: events.append(("ack", mid, code))
+        client.on_message = lambda c, u, message: events.append(("message", message))
         return client
 
     def _password(self) -> str | None:
@@ -262,23 +289,48 @@ class MqttLink:
         self._inflight = {}
         self._live_cursor = self._replay_cursor = 0
         self._replay_below = 1
-        client.loop_start()
-        while not (self._stop.is_set() and accepted):
-            self._wakeup.wait(self._wait_s(accepted))
-            self._wakeup.clear()
-            outcome = self._handle_events()
-            if outcome == "accepted":
-                accepted = True
-                self._on_accepted(client)
-            elif outcome in ("refused", "gone") or (self._stop.is_set() and not accepted):
-                return accepted
-            if accepted:
-                self._pump(client)
+        sock = client.socket()
+        if sock is None:
+            return False
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            selector.register(sock, selectors.EVENT_READ)
+            while not (self._stop.is_set() and accepted):
+                if not self._step(client, sock, selector, self._wait_s(accepted)):
+                    self._events.append(("gone", "socket closed"))
+                outcome = self._handle_events()
+                if outcome == "accepted":
+                    accepted = True
+                    self._on_accepted(client)
+                elif outcome in ("refused", "gone") or (self._stop.is_set() and not accepted):
+                    return accepted
+                if accepted:
+                    self._pump(client)
         return accepted
 
+    def _step(self, client: mqtt.Client, sock: Any, selector: selectors.BaseSelector,
+              timeout: float) -> bool:
+        """One round of network I/O; False once paho has closed the socket."""
+        current: Any = client.socket()
+        if current is not sock:
+            return False
+        wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.want_write() else 0)
+        selector.modify(sock, wanted)
+        for key, mask in selector.select(timeout):
+            if key.fileobj is self._wake_r:
+                self._drain_wake()
+                continue
+            if mask & selectors.EVENT_READ:
+                client.loop_read()
+            if mask & selectors.EVENT_WRITE and client.socket() is sock:
+                client.loop_write()
+        if client.socket() is sock:
+            client.loop_misc()  # keepalive pings
+        return client.socket() is sock
+
     def _wait_s(self, accepted: bool) -> float:
-        """Sleep until woken, the next replay slot or the next ack batch, at most 1 s."""
-        wait = IN_FLIGHT_POLL_S if self._inflight else 1.0
+        """Sleep until woken, readable, the next replay slot or ack batch, at most 1 s."""
+        wait = 1.0
         if accepted and self._replay_below > self._replay_cursor + 1:
             wait = min(wait, max(0.001, 1.0 / self.settings.replay_per_s))
         if self._acked:
@@ -354,23 +406,35 @@ class MqttLink:
         self.status.connects += 1
         self._set_state("connected")
         logger.info("mqtt: connected to %s, session %d", self.status.broker, session)
-        client.publish(self.topic("state"), self._state_payload(self.health, session), qos=1,
-                       retain=True)
-        for topic, payload in self.announce(session):  # birth, Home Assistant discovery
-            client.publish(topic, payload, qos=1, retain=True)
-        for pattern in self.subscriptions:
-            client.subscribe(pattern, qos=1)
+        self._announce(client)
+        if self.subscriptions:
+            # MQTT 5 keeps the retain flag as published, so a command sent retained is
+            # recognised (and refused) even when it arrives live.
+            options: Any = (SubscribeOptions(qos=1, retainAsPublished=True)
+                            if self.settings.protocol == "5" else 1)
+            client.subscribe([(pattern, options) for pattern in self.subscriptions])
         # Everything stored before this connect is the backlog: replayed, marked historical.
         self._forget_acked()
         backlog = self.outbox.last_id()
         self._live_cursor, self._replay_cursor, self._replay_below = backlog, 0, backlog + 1
 
+    def _announce(self, client: mqtt.Client) -> None:
+        """The retained state, birth and Home Assistant discovery of this session."""
+        session = self.status.session
+        client.publish(self.topic("state"), self._state_payload(self.health, session), qos=1,
+                       retain=True)
+        for topic, payload in self.announce(session):
+            client.publish(topic, payload, qos=1, retain=True)
+
     def _pump(self, client: mqtt.Client) -> None:
         """Fill the in-flight window: direct messages, live records, then the replay."""
+        if self._rebirth:
+            self._rebirth = False
+            self._announce(client)
         free = WINDOW - len(self._inflight)
         while free > 0 and self._direct:
-            topic, payload, retain = self._direct.popleft()
-            client.publish(topic, payload, qos=1, retain=retain)
+            topic, payload, retain, properties = self._direct.popleft()
+            client.publish(topic, payload, qos=1, retain=retain, properties=properties)
             free -= 1
         if free <= 0:
             return
@@ -409,22 +473,30 @@ class MqttLink:
     def _shut_down(self, client: mqtt.Client) -> None:
         """Flush for a bounded time, then say ``stopped`` (the caller disconnects cleanly,
         so the broker drops the Last Will)."""
-        deadline = time.monotonic() + self._flush_s
-        while time.monotonic() < deadline and (
-                self._inflight or self.outbox.pending(self._live_cursor, 1)
-                or self._replay_cursor + 1 < self._replay_below):
-            self._wakeup.wait(0.05)
-            self._wakeup.clear()
-            if self._handle_events() == "gone":
-                return
-            self._pump(client)
-        self._forget_acked()
-        info = client.publish(self.topic("state"),
-                              self._state_payload("stopped", self.status.session), qos=1,
-                              retain=True)
-        info.wait_for_publish(_STOP_ACK_S)
-        self._handle_events()
-        self._forget_acked()
+        sock = client.socket()
+        if sock is None:
+            return
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            selector.register(sock, selectors.EVENT_READ)
+            deadline = time.monotonic() + self._flush_s
+            while time.monotonic() < deadline and (
+                    self._inflight or self.outbox.pending(self._live_cursor, 1)
+                    or self._replay_cursor + 1 < self._replay_below):
+                if not self._step(client, sock, selector, 0.05) or \
+                        self._handle_events() == "gone":
+                    return
+                self._pump(client)
+            self._forget_acked()
+            info = client.publish(self.topic("state"),
+                                  self._state_payload("stopped", self.status.session), qos=1,
+                                  retain=True)
+            deadline = time.monotonic() + _STOP_ACK_S
+            while not info.is_published() and time.monotonic() < deadline:
+                if not self._step(client, sock, selector, 0.05):
+                    return
+            self._handle_events()
+            self._forget_acked()
 
 
 def _as_historical(payload: bytes) -> bytes:

@@ -9,31 +9,30 @@ Stopping runs the same order backwards, and rolls tuning back if the config says
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agent import __version__
 from agent.config import Config
+from agent.control.controller import Controller, Identity
+from agent.control.envelope import TrustedKeys
+from agent.control.store import CommandStore
 from agent.discovery import discover
 from agent.discovery.model import Topology
 from agent.fsroot import Root
 from agent.link.homeassistant import discovery_messages
 from agent.link.mqtt import LinkSettings, MqttLink
+from agent.service.commands import ServiceCommands
+from agent.service.inference import Inference
+from agent.service.tuning import Tuning
 from agent.telemetry.collectors import build_collectors
 from agent.telemetry.outbox import Outbox, OutboxBusy
 from agent.telemetry.records import Sequence, encode, stamp
 from agent.telemetry.sampler import FunctionCollector, Sampler
-from agent.tuning.engine import Engine, TuningError
-from agent.tuning.errors import ProfileError
-from agent.tuning.journal import Journal
-from agent.tuning.profiles import ProfileStore
-from agent.tuning.rt import ThreadSched
-from agent.tuning.thp_dynamic import ThpDynamicController
 
 logger = logging.getLogger(__name__)
 
@@ -42,136 +41,6 @@ VERIFY_INTERVAL_S = 60.0
 
 class ServiceError(RuntimeError):
     """The agent cannot run at all (e.g. no usable state directory)."""
-
-
-class Tuning:
-    """The configured profile: planned always, applied and verified when the config says."""
-
-    def __init__(self, root: Root, topology: Topology, state_dir: Path, profile: str | None,
-                 apply: bool, on_event: Callable[..., None]) -> None:
-        self.engine = Engine(root, topology, Journal(state_dir), ProfileStore(root))
-        self.requested, self.apply_wanted, self.on_event = profile, apply, on_event
-        self.profile: str | None = None
-        self.applied = False
-        self.error: str | None = None
-        self.runtime: dict[str, Any] = {}
-        self.changes = 0
-        self.drift: int | None = None
-        self.verified_at: float | None = None
-        self._thp: ThpDynamicController | None = None
-        self._thp_stop = threading.Event()
-
-    def start(self) -> None:
-        if self.requested is None:
-            return
-        try:
-            plan = self.engine.plan(self.requested)
-            self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
-                plan.runtime
-            if self.apply_wanted:
-                self.engine.apply(self.requested)
-                self.applied = True
-                self.on_event("tuning_applied", profile=plan.profile, changes=len(plan.changes))
-                self.verify()
-                self._start_thp_controller()
-        except (ProfileError, TuningError, OSError) as error:
-            self.error = str(error)
-            logger.error("tuning: %s", error)
-
-    def _start_thp_controller(self) -> None:
-        settings = self.runtime.get("thp_dynamic")
-        if not settings:
-            return
-        self._thp = ThpDynamicController(
-            self.engine.root, self.engine.journal, settings,
-            lambda event: self.on_event(event.pop("type"), **event))
-        threading.Thread(target=self._thp.run, args=(self._thp_stop,), name="thp-dynamic",
-                         daemon=True).start()
-
-    def inference_sched(self) -> ThreadSched | None:
-        """The profile's scheduling for the inference thread, once it is applied."""
-        wanted = self.runtime.get("inference") if self.applied else None
-        if not wanted or "cpus" not in wanted:
-            return None
-        return ThreadSched(policy=wanted.get("policy", "other"),
-                           priority=int(wanted.get("priority", 0)), cpus=list(wanted["cpus"]))
-
-    def verify(self) -> None:
-        if self.applied:
-            self.drift = len(self.engine.verify())
-            self.verified_at = time.time()
-
-    def stop(self, rollback: bool) -> None:
-        """The THP controller shares the journal: it stops before a rollback reads it."""
-        self._thp_stop.set()
-        if self.applied and rollback:
-            try:
-                profile, _notes = self.engine.rollback()
-                self.on_event("tuning_rolled_back", profile=profile)
-            except (TuningError, OSError) as error:
-                logger.error("tuning: rollback failed: %s", error)
-
-    def metrics(self) -> dict[str, Any]:
-        return {"profile": self.profile, "applied": self.applied, "planned_changes":
-                self.changes, "drift": self.drift, "last_verify_ms": None if
-                self.verified_at is None else int(self.verified_at * 1000),
-                "error": self.error}
-
-
-class Inference:
-    """The configured model in the inference loop; absent (and reported) when it fails."""
-
-    def __init__(self, config: Config, topology: Topology, state_dir: Path,
-                 sched: ThreadSched | None, on_event: Callable[..., None]) -> None:
-        self.config, self.topology, self.state_dir = config.inference, topology, state_dir
-        self.sched, self.on_event = sched, on_event
-        self.loop: Any = None  # InferenceLoop once started
-        self.error: str | None = None
-        self.providers: list[str] = []
-
-    def start(self) -> None:
-        if not self.config.enabled:
-            return
-        import onnxruntime as ort
-
-        from agent.inference.io import NpyDirectorySource, SourceError, SyntheticSource
-        from agent.inference.loader import ModelLoader, model_cache_dir
-        from agent.inference.loop import InferenceLoop
-        from agent.inference.session import SessionError, choose_providers, thread_plan
-
-        ort.set_default_logger_severity(3)
-        try:
-            providers = choose_providers(ort.get_available_providers(), self.topology,
-                                         self.config.providers)
-            loader = ModelLoader(providers, thread_plan(
-                self.topology, self.sched.cpus if self.sched else None),
-                model_cache_dir(str(self.state_dir)))
-            model, built = loader.load(self.config.model, self.config.sha256)
-            inputs = built.session.get_inputs()
-            source: Any = (SyntheticSource(inputs, self.config.dims)
-                           if self.config.source == "synthetic" else
-                           NpyDirectorySource(self.config.source.removeprefix("npy:"),
-                                              inputs[0].name))
-        except (SessionError, SourceError, OSError, ValueError) as error:
-            self.error = f"inference.model {self.config.model}: {error}"
-            logger.error("%s", self.error)
-            return
-        self.providers = built.providers
-        self.loop = InferenceLoop(model, source, rate_hz=self.config.rate_hz,
-                                  thread_sched=self.sched,
-                                  on_event=lambda e: self.on_event(e.pop("type"), **e))
-        self.loop.start()
-
-    def metrics(self) -> dict[str, Any] | None:
-        if self.loop is None:
-            return None if self.error is None else {"error": self.error}
-        model = self.loop.active
-        return {"model": model.name, "providers": self.providers,
-                "stuck": model.stats.stuck(time.perf_counter_ns()), **model.stats.snapshot()}
-
-    def stop(self) -> None:
-        if self.loop is not None:
-            self.loop.stop()
 
 
 def _state_dir(path: str) -> Path:
@@ -198,6 +67,7 @@ class Service:
         self.link: MqttLink | None = None
         self.sampler: Sampler | None = None
         self.exporter: Any = None  # PrometheusExporter when configured
+        self.controller: Controller | None = None
         self.final_status: dict[str, Any] | None = None  # written by stop()
 
     # -- start ------------------------------------------------------------------------------
@@ -218,7 +88,10 @@ class Service:
         self.inference = Inference(config, self.topology, self.state_dir,
                                    self.tuning.inference_sched(), self.event)
         self.inference.start()
+        self.controller = self._controller()
         self._start_link()
+        if self.controller is not None:
+            self.controller.start()
         self._start_sampler()
         if config.prometheus_listen:
             from agent.telemetry.prometheus import PrometheusExporter
@@ -241,8 +114,47 @@ class Service:
             password_file=m.password_file, keepalive_s=m.keepalive_s,
             max_payload_bytes=m.max_payload_kb * 1024, reconnect_min_s=m.reconnect_min_s,
             reconnect_max_s=m.reconnect_max_s, replay_per_s=self.config.telemetry.replay_per_s)
-        self.link = MqttLink(settings, self.outbox, self.sequence, self.announcements)
+        controller = self.controller
+        self.link = MqttLink(settings, self.outbox, self.sequence, self.announcements,
+                             on_message=controller.on_message if controller else None,
+                             subscriptions=controller.subscriptions() if controller else ())
         self.link.start()
+
+    def _controller(self) -> Controller | None:
+        """Fleet control, when enabled and at least one key can sign commands."""
+        control = self.config.control
+        if not control["enabled"]:
+            return None
+        if not control["trusted_keys"]:
+            logger.warning("control: no trusted_keys in the config: fleet commands are off")
+            return None
+        commands = ServiceCommands(self)
+        return Controller(
+            Identity(self.config.fleet, self.config.node_id, self.config.groups),
+            TrustedKeys.from_config(control["trusted_keys"]), set(control["allow"]),
+            CommandStore(self.state_dir / "commands.sqlite"), commands.handlers(),
+            self.reply, converge=commands.converge,
+            max_payload_bytes=control["max_payload_kb"] * 1024,
+            max_skew_s=control["max_skew_s"])
+
+    def reply(self, topic: str, body: dict[str, Any], response_topic: str | None,
+              correlation: bytes | None) -> None:
+        """A command reply; a result above the payload limit goes in numbered chunks."""
+        if self.link is None:
+            return
+        limit = self.config.mqtt.max_payload_kb * 1024
+        if len(encode(body)) <= limit or "result" not in body:
+            self.link.publish_reply(topic, body, response_topic, correlation)
+            return
+        text = json.dumps(body["result"], separators=(",", ":"))
+        size = max(1024, limit - 2048)  # room for the envelope of each chunk
+        parts = [text[i:i + size] for i in range(0, len(text), size)]
+        head = {k: v for k, v in body.items() if k != "result"}
+        for index, part in enumerate(parts):
+            self.link.publish_reply(topic, {**head, "chunk": {"index": index,
+                                                               "count": len(parts),
+                                                               "data": part}},
+                                    response_topic, correlation)
 
     def _start_sampler(self) -> None:
         assert self.outbox is not None and self.topology is not None
@@ -345,6 +257,8 @@ class Service:
 
     def stop(self, flush_s: float = 5.0) -> None:
         """Inference and sampling first, then flush and say ``stopped``, then roll back."""
+        if self.controller is not None:
+            self.controller.stop()
         if self.inference is not None:
             self.inference.stop()
         if self.sampler is not None:

@@ -1,0 +1,396 @@
+"""``edge-agent fleet``: keygen, send (sign, send, collect replies), desired, watch.
+
+The operator side of fleet control.  It needs only the broker and a private key; who is in
+the fleet comes from the nodes' retained ``state`` and ``birth`` messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from paho.mqtt.enums import CallbackAPIVersion
+
+from agent.cli import UsageError
+from agent.control.envelope import (
+    key_id,
+    load_private_key,
+    private_key_pem,
+    public_key_text,
+    sign,
+)
+
+FINAL = ("succeeded", "failed", "rejected", "expired")
+RETAINED_SETTLE_S = 0.5  # retained messages arrive right after subscribing
+
+
+# -- keys -----------------------------------------------------------------------------------
+
+
+def keygen(args: argparse.Namespace) -> int:
+    path = Path(args.out)
+    if path.exists() and not args.force:
+        raise UsageError(f"{path} exists; --force replaces it (and every node must then "
+                         "trust the new key)")
+    key = Ed25519PrivateKey.generate()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(private_key_pem(key))
+    public = key.public_key()
+    print(f"private key written to {path} (keep it secret)\n"
+          "trust it on each node, in /etc/edge-agent/agent.yaml:\n"
+          "control:\n  trusted_keys:\n"
+          f"    - {{id: {key_id(public)}, public_key: {public_key_text(public)}}}")
+    return 0
+
+
+def _private_key(path: str) -> Ed25519PrivateKey:
+    try:
+        return load_private_key(Path(path).read_bytes())
+    except OSError as error:
+        raise UsageError(f"--key {path}: {error.strerror}") from None
+    except ValueError as error:
+        raise UsageError(f"--key {path}: {error}") from None
+
+
+# -- broker connection ----------------------------------------------------------------------
+
+
+@dataclass
+class Bus:
+    """An operator's MQTT session that records what arrives on the topics it watches."""
+
+    fleet: str
+    client: mqtt.Client
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    retained: dict[str, dict[str, Any]] = field(default_factory=dict)  # topic -> payload
+    messages: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    changed: threading.Event = field(default_factory=threading.Event)
+
+    def on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        try:
+            payload = json.loads(message.payload) if message.payload else None
+        except ValueError:
+            return
+        with self.lock:
+            if message.retain or message.topic.endswith(("/state", "/birth", "/reported")):
+                if payload is None:
+                    self.retained.pop(message.topic, None)
+                else:
+                    self.retained[message.topic] = payload
+            if payload is not None:
+                self.messages.append((message.topic, payload))
+        self.changed.set()
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """node id -> {state, birth, reported, telemetry} from what arrived."""
+        found: dict[str, dict[str, Any]] = {}
+        prefix = f"edge/v1/{self.fleet}/"
+        with self.lock:
+            items = list(self.retained.items()) + [
+                (t, p) for t, p in self.messages if t.endswith("/telemetry")]
+        for topic, payload in items:
+            node, _, suffix = topic.removeprefix(prefix).partition("/")
+            if node in ("all", "group") or suffix not in ("state", "birth", "reported",
+                                                          "telemetry"):
+                continue
+            found.setdefault(node, {})[suffix] = payload
+        return found
+
+
+def _connection(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """Broker settings from --config (an agent.yaml) and --broker, and the fleet name."""
+    from agent.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config) if args.config else None
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    settings: dict[str, Any] = {"host": "localhost", "port": 1883, "tls": None,
+                                "username": None, "password_file": None}
+    if config is not None:
+        m = config.mqtt
+        settings.update(host=m.host, port=m.port, tls=m.tls, username=m.username,
+                        password_file=m.password_file)
+    if args.broker:
+        host, _, port = args.broker.rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(f"--broker {args.broker}: expected host:port")
+        settings.update(host=host, port=int(port))
+    fleet = args.fleet or (config.fleet if config is not None else "default")
+    return settings, fleet
+
+
+def connect(args: argparse.Namespace, topics: list[str]) -> Bus:
+    settings, fleet = _connection(args)
+    client = mqtt.Client(CallbackAPIVersion.VERSION2,
+                         client_id=f"edge-operator-{uuid.uuid4().hex[:12]}",
+                         protocol=mqtt.MQTTv5)
+    if settings["tls"] is not None:
+        tls = settings["tls"]
+        client.tls_set(ca_certs=tls.ca, certfile=tls.cert, keyfile=tls.key)
+    if settings["username"]:
+        password = None
+        if settings["password_file"]:
+            password = Path(settings["password_file"]).read_text().rstrip("\n")
+        client.username_pw_set(settings["username"], password)
+    bus = Bus(fleet=fleet, client=client)
+    subscribed = threading.Event()
+    client.on_message = bus.on_message
+    client.on_subscribe = lambda *a: subscribed.set()
+    try:
+        client.connect(settings["host"], settings["port"], keepalive=30)
+    except OSError as error:
+        raise UsageError(f"cannot reach the broker {settings['host']}:{settings['port']}: "
+                         f"{error}") from None
+    client.subscribe([(topic.format(fleet=fleet), 1) for topic in topics])
+    client.loop_start()
+    if not subscribed.wait(10):
+        raise UsageError("the broker did not confirm the subscription")
+    time.sleep(RETAINED_SETTLE_S)
+    return bus
+
+
+# -- send -----------------------------------------------------------------------------------
+
+
+def parse_args_list(pairs: list[str]) -> dict[str, Any]:
+    """``k=v`` pairs (``guard.window_s=2`` nests); values are JSON when they parse."""
+    result: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--arg {pair}: expected key=value")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        node = result
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return result
+
+
+def target_of(text: str) -> tuple[str, str]:
+    """(envelope target, topic scope) for ``node``, ``group:G`` or ``all``."""
+    if text == "all":
+        return "all", "all"
+    if text.startswith("group:"):
+        return text, f"group/{text.removeprefix('group:')}"
+    return f"node:{text}", text
+
+
+def expected_nodes(bus: Bus, target: str) -> set[str]:
+    """Who should answer: the node itself, or the online members of the fleet or group."""
+    if target.startswith("node:"):
+        return {target.removeprefix("node:")}
+    group = target.removeprefix("group:") if target.startswith("group:") else None
+    found = set()
+    for node, facts in bus.nodes().items():
+        if (facts.get("state") or {}).get("state") not in ("online", "degraded"):
+            continue
+        if group is None or group in (facts.get("birth") or {}).get("groups", []):
+            found.add(node)
+    return found
+
+
+@dataclass
+class Outcome:
+    node: str
+    status: str = "no reply"
+    code: str = ""
+    message: str = ""
+    ms: float | None = None
+    result: Any = None
+    chunks: dict[int, str] = field(default_factory=dict)
+
+
+def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
+            timeout: float) -> dict[str, Outcome]:
+    """Replies by node until every expected node has a final one, or the timeout."""
+    outcomes = {node: Outcome(node) for node in expected}
+    seen = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        with bus.lock:
+            fresh, seen = bus.messages[seen:], len(bus.messages)
+        for topic, reply in fresh:
+            if not topic.endswith("/res") or reply.get("id") != command_id:
+                continue
+            outcome = outcomes.setdefault(reply.get("node_id", "?"),
+                                          Outcome(reply.get("node_id", "?")))
+            _absorb(outcome, reply, sent_at)
+        if all(o.status in FINAL for o in outcomes.values() if o.node in expected) and (
+                expected or time.monotonic() >= deadline):
+            return outcomes
+        if time.monotonic() >= deadline:
+            return outcomes
+        bus.changed.wait(0.05)
+        bus.changed.clear()
+
+
+def _absorb(outcome: Outcome, reply: dict[str, Any], sent_at: float) -> None:
+    if "chunk" in reply:
+        chunk = reply["chunk"]
+        outcome.chunks[chunk["index"]] = chunk["data"]
+        if len(outcome.chunks) < chunk["count"]:
+            return
+        reply = {**reply, "result": json.loads("".join(outcome.chunks[i]
+                                                       for i in range(chunk["count"])))}
+    if outcome.status in FINAL:
+        return
+    outcome.status = reply.get("status", "?")
+    outcome.code = reply.get("code", "")
+    outcome.message = reply.get("message") or reply.get("step") or ""
+    outcome.result = reply.get("result")
+    outcome.ms = round((time.time() - sent_at) * 1000, 1)
+
+
+def render(rows: list[tuple[str, ...]]) -> str:
+    """Columns padded to their widest cell; the header is the first row."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
+                     for row in rows)
+
+
+def table(outcomes: dict[str, Outcome]) -> str:
+    rows: list[tuple[str, ...]] = [("NODE", "STATUS", "CODE", "MS", "MESSAGE")]
+    rows += [(o.node, o.status, o.code, "" if o.ms is None else f"{o.ms:.0f}", o.message[:80])
+             for o in sorted(outcomes.values(), key=lambda o: o.node)]
+    return render(rows)
+
+
+def send(args: argparse.Namespace) -> int:
+    key = _private_key(args.key)
+    arguments = parse_args_list(args.arg or [])
+    if args.args_json:
+        try:
+            arguments.update(json.loads(args.args_json))
+        except ValueError as error:
+            raise UsageError(f"--args-json: {error}") from None
+    target, scope = target_of(args.target)
+    bus = connect(args, ["edge/v1/{fleet}/+/state", "edge/v1/{fleet}/+/birth",
+                         f"edge/v1/{{fleet}}/+/cmd/{args.command}/res"])
+    try:
+        expected = expected_nodes(bus, target)
+        envelope = sign(key, args.command, target, arguments, ttl_s=args.ttl)
+        sent_at = time.time()
+        bus.client.publish(f"edge/v1/{bus.fleet}/{scope}/cmd/{args.command}",
+                           json.dumps(envelope), qos=1).wait_for_publish(10)
+        outcomes = collect(bus, envelope["id"], expected, sent_at, args.timeout)
+    finally:
+        bus.client.loop_stop()
+        bus.client.disconnect()
+    if args.json:
+        print(json.dumps({"id": envelope["id"], "results": [
+            {"node": o.node, "status": o.status, "code": o.code, "message": o.message,
+             "ms": o.ms, "result": o.result} for o in outcomes.values()]}, indent=2))
+    else:
+        print(f"{args.command} {envelope['id']} -> {args.target}: "
+              f"{len(outcomes)} node(s)\n{table(outcomes)}")
+    return 0 if outcomes and all(o.status == "succeeded" for o in outcomes.values()) else 1
+
+
+# -- desired state --------------------------------------------------------------------------
+
+
+def desired(args: argparse.Namespace) -> int:
+    target, scope = target_of(args.target)
+    if target == "all":
+        raise UsageError("desired state is per node or per group, not for all")
+    wanted: dict[str, Any] = {}
+    if args.profile is not None:
+        wanted["profile"] = None if args.profile == "none" else args.profile
+    if args.model:
+        wanted["model"] = args.model
+    if args.sha256:
+        wanted["sha256"] = args.sha256
+    if not wanted and not args.clear:
+        raise UsageError("give --profile and/or --model (or --clear)")
+    bus = connect(args, [])
+    try:
+        topic = f"edge/v1/{bus.fleet}/{scope}/desired"
+        payload = b"" if args.clear else json.dumps(
+            sign(_private_key(args.key), "desired", target, wanted,
+                 ttl_s=args.ttl)).encode()
+        bus.client.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
+    finally:
+        bus.client.loop_stop()
+        bus.client.disconnect()
+    print(f"{'cleared' if args.clear else 'set'} desired state on {topic}")
+    return 0
+
+
+# -- watch ----------------------------------------------------------------------------------
+
+
+def _hottest(telemetry: dict[str, Any]) -> str:
+    zones = [z for z in (telemetry.get("metrics") or {}).get("thermal") or []
+             if z.get("temp_c") is not None]
+    return f"{max(z['temp_c'] for z in zones):.1f}" if zones else "-"
+
+
+def watch_rows(nodes: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [("NODE", "STATE", "PROFILE", "MODEL", "P99_MS",
+                                    "HOTTEST_C", "OUTBOX")]
+    for node, facts in sorted(nodes.items()):
+        birth, telemetry = facts.get("birth") or {}, facts.get("telemetry") or {}
+        metrics = telemetry.get("metrics") or {}
+        inference = metrics.get("inference") or {}
+        profile = (metrics.get("tuning") or {}).get("profile") or (
+            birth.get("profile") or {}).get("name")
+        model = inference.get("model") or (birth.get("model") or {}).get("name")
+        p99 = (inference.get("latency_ms") or {}).get("p99")
+        rows.append((node, (facts.get("state") or {}).get("state", "?"), profile or "-",
+                     model or "-", "-" if p99 is None else f"{p99:.2f}", _hottest(telemetry),
+                     str((metrics.get("outbox") or {}).get("depth", "-"))))
+    return rows
+
+
+def watch(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
+    bus = connect(args, ["edge/v1/{fleet}/+/state", "edge/v1/{fleet}/+/birth",
+                         "edge/v1/{fleet}/+/telemetry", "edge/v1/{fleet}/+/reported"])
+    try:
+        end = time.monotonic() + args.seconds if args.seconds else None
+        while True:
+            if args.once:
+                time.sleep(args.settle)
+                out(render(watch_rows(bus.nodes())))
+                return 0
+            out("\033[H\033[J" + render(watch_rows(bus.nodes())))
+            if end is not None and time.monotonic() >= end:
+                return 0
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        bus.client.loop_stop()
+        bus.client.disconnect()
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"keygen": keygen, "send": send, "desired": desired, "watch": watch}[
+        args.fleet_action](args)
+
+
+def main_entry(args: argparse.Namespace) -> int:
+    try:
+        return run(args)
+    except UsageError:
+        raise
+    except OSError as error:
+        print(f"edge-agent fleet {args.fleet_action}: {error}", file=sys.stderr)
+        return 1

@@ -1,0 +1,121 @@
+"""The service's tuning: the configured profile planned, applied, verified, switched."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agent.discovery.model import Topology
+from agent.fsroot import Root
+from agent.tuning.engine import Engine, TuningError
+from agent.tuning.errors import ProfileError
+from agent.tuning.journal import Journal
+from agent.tuning.profiles import ProfileStore
+from agent.tuning.rt import ThreadSched
+from agent.tuning.thp_dynamic import ThpDynamicController
+
+logger = logging.getLogger(__name__)
+
+
+class Tuning:
+    """The configured profile: planned always, applied and verified when the config says."""
+
+    def __init__(self, root: Root, topology: Topology, state_dir: Path, profile: str | None,
+                 apply: bool, on_event: Callable[..., None]) -> None:
+        self.engine = Engine(root, topology, Journal(state_dir), ProfileStore(root))
+        self.requested, self.apply_wanted, self.on_event = profile, apply, on_event
+        self.profile: str | None = None
+        self.applied = False
+        self.error: str | None = None
+        self.runtime: dict[str, Any] = {}
+        self.changes = 0
+        self.drift: int | None = None
+        self.verified_at: float | None = None
+        self._thp: ThpDynamicController | None = None
+        self._thp_stop = threading.Event()
+
+    def start(self) -> None:
+        if self.requested is None:
+            return
+        try:
+            plan = self.engine.plan(self.requested)
+            self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
+                plan.runtime
+            if self.apply_wanted:
+                self.engine.apply(self.requested)
+                self.applied = True
+                self.on_event("tuning_applied", profile=plan.profile, changes=len(plan.changes))
+                self.verify()
+                self._start_thp_controller()
+        except (ProfileError, TuningError, OSError) as error:
+            self.error = str(error)
+            logger.error("tuning: %s", error)
+
+    def switch(self, name: str, force: bool = False) -> int:
+        """Apply ``name`` now (a command or desired state); returns the number of changes.
+        Raises ProfileError or TuningError; the engine leaves nothing half-applied."""
+        self._stop_thp_controller()
+        plan = self.engine.plan(name, force=force)
+        self.engine.apply(name, force=force)
+        self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
+            plan.runtime
+        self.applied, self.error = True, None
+        self.on_event("tuning_applied", profile=plan.profile, changes=len(plan.changes))
+        self.verify()
+        self._start_thp_controller()
+        return len(plan.changes)
+
+    def rollback(self) -> str | None:
+        """Every original value back; returns the profile that was rolled back."""
+        self._stop_thp_controller()
+        profile, _notes = self.engine.rollback()
+        self.applied, self.drift, self.verified_at = False, None, None
+        self.on_event("tuning_rolled_back", profile=profile)
+        return profile
+
+    def _stop_thp_controller(self) -> None:
+        """The controller shares the journal: it stops before anything else writes it."""
+        self._thp_stop.set()
+        self._thp = None
+
+    def _start_thp_controller(self) -> None:
+        settings = self.runtime.get("thp_dynamic")
+        if not settings:
+            return
+        self._thp_stop = threading.Event()
+        self._thp = ThpDynamicController(
+            self.engine.root, self.engine.journal, settings,
+            lambda event: self.on_event(event.pop("type"), **event))
+        threading.Thread(target=self._thp.run, args=(self._thp_stop,), name="thp-dynamic",
+                         daemon=True).start()
+
+    def inference_sched(self) -> ThreadSched | None:
+        """The profile's scheduling for the inference thread, once it is applied."""
+        wanted = self.runtime.get("inference") if self.applied else None
+        if not wanted or "cpus" not in wanted:
+            return None
+        return ThreadSched(policy=wanted.get("policy", "other"),
+                           priority=int(wanted.get("priority", 0)), cpus=list(wanted["cpus"]))
+
+    def verify(self) -> None:
+        if self.applied:
+            self.drift = len(self.engine.verify())
+            self.verified_at = time.time()
+
+    def stop(self, rollback: bool) -> None:
+        self._stop_thp_controller()
+        if self.applied and rollback:
+            try:
+                self.rollback()
+            except (TuningError, OSError) as error:
+                logger.error("tuning: rollback failed: %s", error)
+
+    def metrics(self) -> dict[str, Any]:
+        return {"profile": self.profile, "applied": self.applied, "planned_changes":
+                self.changes, "drift": self.drift, "last_verify_ms": None if
+                self.verified_at is None else int(self.verified_at * 1000),
+                "error": self.error}

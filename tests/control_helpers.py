@@ -1,0 +1,172 @@
+"""Fleet-control test parts: an operator, simulated nodes and a whole agent on a fixture copy.
+
+A simulated node is the real link and the real controller with a ping handler, and nothing
+else (no inference, no sampler), so hundreds fit in one test process.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from mqtt_helpers import Broker, wait_until
+from paho.mqtt.enums import CallbackAPIVersion
+
+from agent.config import from_dict
+from agent.control.controller import Controller, Identity
+from agent.control.envelope import TrustedKeys, key_id, public_key_text, sign
+from agent.control.store import CommandStore
+from agent.link.mqtt import LinkSettings, MqttLink
+from agent.service import Service
+from agent.telemetry.outbox import Outbox
+from agent.telemetry.records import Sequence
+
+FLEET = "lab"
+
+
+def trusted(key: Ed25519PrivateKey) -> list[dict[str, str]]:
+    public = key.public_key()
+    return [{"id": key_id(public), "public_key": public_key_text(public)}]
+
+
+def raise_file_limit() -> None:
+    """Hundreds of nodes hold a socket and two SQLite files each."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class Operator:
+    """Publishes raw or signed commands and records every reply on the fleet's res topics."""
+
+    def __init__(self, broker: Broker, key: Ed25519PrivateKey) -> None:
+        self.key = key
+        self.replies: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2,
+                                  client_id=f"operator-{uuid.uuid4().hex[:8]}",
+                                  protocol=mqtt.MQTTv5)
+        self.client.on_message = self._record
+        subscribed = threading.Event()
+        self.client.on_subscribe = lambda *a: subscribed.set()
+        self.client.connect(broker.host, broker.port)
+        self.client.subscribe(f"edge/v1/{FLEET}/+/cmd/+/res", qos=1)
+        self.client.loop_start()
+        assert subscribed.wait(10)
+
+    def _record(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        with self.lock:
+            self.replies.append(json.loads(message.payload))
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
+        self.client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
+
+    def send(self, scope: str, command: str, args: dict[str, Any] | None = None,
+             target: str | None = None, **sign_options: Any) -> dict[str, Any]:
+        """Sign and send; ``scope`` is a node id, ``group/<g>`` or ``all``."""
+        target = target or ("all" if scope == "all" else scope.replace("/", ":")
+                            if scope.startswith("group/") else f"node:{scope}")
+        envelope = sign(self.key, command, target, args or {}, **sign_options)
+        self.publish(f"edge/v1/{FLEET}/{scope}/cmd/{command}", json.dumps(envelope).encode())
+        return envelope
+
+    def for_id(self, command_id: str | None) -> list[dict[str, Any]]:
+        with self.lock:
+            return [r for r in self.replies if r.get("id") == command_id]
+
+    def final(self, command_id: str | None, node: str | None = None,
+              seconds: float = 20) -> dict[str, Any]:
+        def found() -> dict[str, Any] | None:
+            return next((r for r in self.for_id(command_id) if r["status"] in
+                         ("succeeded", "failed", "rejected", "expired")
+                         and (node is None or r["node_id"] == node)), None)
+
+        assert wait_until(lambda: found() is not None, seconds), self.for_id(command_id)
+        result = found()
+        assert result is not None
+        return result
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+class SimulatedNode:
+    """The real link and controller of one node, answering ping."""
+
+    def __init__(self, name: str, broker: Broker, state: Path, keys: TrustedKeys,
+                 groups: tuple[str, ...] = ()) -> None:
+        identity = Identity(FLEET, name, groups)
+        self.outbox = Outbox(state / f"{name}.outbox", 1 << 20, 3600)
+        self.store = CommandStore(state / f"{name}.commands")
+        self.controller = Controller(
+            identity, keys, {"ping"}, self.store,
+            {"ping": lambda args, progress: {"pong": True}}, self._reply)
+        self.link = MqttLink(
+            LinkSettings(client_id=name, topic_root=identity.root, host=broker.host,
+                         port=broker.port, reconnect_min_s=0.2, reconnect_max_s=2),
+            self.outbox, Sequence(self.outbox.bump("session")), lambda session: [],
+            on_message=self.controller.on_message,
+            subscriptions=self.controller.subscriptions())
+
+    def _reply(self, topic: str, body: dict[str, Any], response_topic: str | None,
+               correlation: bytes | None) -> None:
+        self.link.publish_reply(topic, body, response_topic, correlation)
+
+    def start(self) -> None:
+        self.controller.start()
+        self.link.start()
+
+    def stop(self) -> None:
+        self.controller.stop()
+        self.link.stop(flush_s=0, timeout=5)
+        self.outbox.close()
+        self.store.close()
+
+
+@contextmanager
+def simulated_fleet(broker: Broker, state: Path, keys: TrustedKeys,
+                    count: int) -> Iterator[list[SimulatedNode]]:
+    raise_file_limit()
+    nodes = [SimulatedNode(f"sim-{i:04d}", broker, state, keys) for i in range(count)]
+    for node in nodes:
+        node.start()
+    try:
+        assert wait_until(lambda: all(n.link.status.state == "connected" for n in nodes), 60)
+        time.sleep(0.5)  # subscriptions confirmed after the connect
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def node_config(tmp_path: Path, root: Path, broker: Broker, key: Ed25519PrivateKey,
+                **control: Any) -> dict[str, Any]:
+    return {"node_id": "orin-1", "fleet": FLEET, "groups": ["line-a"],
+            "state_dir": str(tmp_path / "state"), "root": str(root),
+            "mqtt": {"host": broker.host, "port": broker.port,
+                     "reconnect": {"min_s": 0.1, "max_s": 0.5}},
+            "telemetry": {"interval_s": 0.2},
+            "control": {"trusted_keys": trusted(key), **control}}
+
+
+@contextmanager
+def running_node(config: dict[str, Any]) -> Iterator[Service]:
+    service = Service(from_dict(config))
+    service.start()
+    try:
+        assert wait_until(lambda: service.link is not None
+                          and service.link.status.state == "connected", 30)
+        time.sleep(0.3)  # the subscriptions are confirmed after the connect
+        yield service
+    finally:
+        service.stop(flush_s=0)

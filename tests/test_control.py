@@ -1,0 +1,239 @@
+"""Fleet control through a real Mosquitto: signed commands, every attack refused, guarded
+changes that undo themselves, desired state, a 200-node broadcast and the operator CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from control_helpers import (
+    FLEET,
+    Operator,
+    node_config,
+    running_node,
+    simulated_fleet,
+    trusted,
+)
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from mqtt_helpers import Broker, wait_until
+from tuning_helpers import copy_board, snapshot
+
+from agent.control.envelope import TrustedKeys, private_key_pem, sign
+from agent.service import Service
+
+BOARD = "jetson-agx-orin-jp6"
+
+
+@pytest.fixture()
+def key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+@pytest.fixture()
+def operator(broker: Broker, key: Ed25519PrivateKey) -> Iterator[Operator]:
+    client = Operator(broker, key)
+    yield client
+    client.close()
+
+
+@pytest.fixture()
+def node(tmp_path: Path, broker: Broker, key: Ed25519PrivateKey) -> Iterator[Service]:
+    root = copy_board(BOARD, tmp_path)
+    config = node_config(tmp_path, root, broker, key,
+                         allow=["ping", "get-status", "apply-profile", "rollback-profile",
+                                "set-model", "set-telemetry", "get-topology"],
+                         guard={"window_s": 0.5, "canary_s": 0.5})
+    with running_node(config) as service:
+        yield service
+
+
+def envelope_bytes(envelope: dict[str, object]) -> bytes:
+    return json.dumps(envelope).encode()
+
+
+def test_every_attack_is_refused_with_its_reason_and_changes_nothing(
+        tmp_path: Path, node: Service, operator: Operator, key: Ed25519PrivateKey) -> None:
+    root = Path(node.config.root)
+    before_tree, model = snapshot(root), node.inference.model_path  # type: ignore[union-attr]
+    topic = f"edge/v1/{FLEET}/orin-1/cmd/apply-profile"
+    apply = {"profile": "jetson-orin-latency"}
+    stranger = Ed25519PrivateKey.generate()
+    cases: dict[str, tuple[bytes, bool, str]] = {}
+
+    cases["unsigned"] = (envelope_bytes(
+        {**sign(key, "apply-profile", "node:orin-1", apply), "sig": ""}), False, "unsigned")
+    anonymous = sign(stranger, "apply-profile", "node:orin-1", apply)
+    del anonymous["key_id"]  # every trusted key is tried: none matches
+    cases["bad_signature"] = (envelope_bytes(anonymous), False, "bad_signature")
+    forged = sign(stranger, "apply-profile", "node:orin-1", apply)
+    forged["key_id"] = sign(key, "ping", "node:orin-1", {})["key_id"]  # claims a trusted key
+    cases["forged"] = (envelope_bytes(forged), False, "bad_signature")
+    cases["unknown_key"] = (envelope_bytes(sign(stranger, "apply-profile", "node:orin-1",
+                                                apply)), False, "unknown_key")
+    tampered = sign(key, "apply-profile", "node:orin-1", {"profile": "jetson-orin"})
+    tampered["args"] = apply
+    cases["tampered"] = (envelope_bytes(tampered), False, "bad_signature")
+    cases["expired"] = (envelope_bytes(sign(key, "apply-profile", "node:orin-1", apply,
+                                            now=time.time() - 120, ttl_s=60)), False,
+                        "expired")
+    cases["retained"] = (envelope_bytes(sign(key, "apply-profile", "node:orin-1", apply)),
+                         True, "retained")
+    cases["not_json"] = (b"{apply-profile", False, "malformed")
+    cases["missing"] = (b'{"id": "x1", "command": "apply-profile"}', False, "malformed")
+    cases["oversized"] = (envelope_bytes(sign(key, "apply-profile", "node:orin-1",
+                                              {"profile": "x" * 20000})), False, "oversized")
+    cases["wrong_target"] = (envelope_bytes(sign(key, "apply-profile", "node:orin-2", apply)),
+                             False, "wrong_target")
+    cases["other_command"] = (envelope_bytes(sign(key, "ping", "node:orin-1", {})), False,
+                              "malformed")
+    cases["bad_args"] = (envelope_bytes(sign(key, "apply-profile", "node:orin-1",
+                                             {"profile": "../../etc"})), False, "bad_args")
+    for payload, retain, _code in cases.values():
+        operator.publish(topic, payload, retain=retain)
+    operator.publish(topic, b"", retain=True)  # clear the retained one
+    not_allowed = operator.send("orin-1", "rebirth")
+    future = operator.send("orin-1", "ping", now=time.time() + 3600)
+
+    for name, (payload, _retain, code) in cases.items():
+        command_id = json.loads(payload).get("id") if payload.startswith(b"{\"") else None
+        if command_id is None:
+            continue
+        reply = operator.final(command_id)
+        assert reply["code"] == code, (name, reply)
+        assert reply["status"] == ("expired" if code == "expired" else "rejected")
+    assert operator.final(not_allowed["id"])["code"] == "not_allowed"
+    assert operator.final(future["id"])["code"] == "not_yet_valid"
+    assert wait_until(lambda: any(r["code"] == "malformed" and r["id"] is None
+                                  for r in operator.replies))  # the not-JSON one
+    time.sleep(0.5)
+    assert not [r for r in operator.replies if r["status"] in ("accepted", "succeeded")]
+    assert snapshot(root) == before_tree
+    assert node.inference.model_path == model  # type: ignore[union-attr]
+    assert node.tuning is not None and not node.tuning.applied
+
+
+def test_a_repeated_id_returns_the_stored_result(node: Service, operator: Operator) -> None:
+    first = operator.send("orin-1", "set-telemetry", {"interval_s": 0.5})
+    assert operator.final(first["id"])["status"] == "succeeded"
+    operator.publish(f"edge/v1/{FLEET}/orin-1/cmd/set-telemetry", envelope_bytes(first))
+    assert wait_until(lambda: any(r.get("duplicate") for r in operator.for_id(first["id"])))
+    again = next(r for r in operator.for_id(first["id"]) if r.get("duplicate"))
+    assert again["status"] == "succeeded" and again["code"] == "replayed"
+    assert again["result"] == {"interval_s": 0.5, "metrics": "all"}
+    accepted = [r for r in operator.for_id(first["id"]) if r["status"] == "accepted"]
+    assert len(accepted) == 1  # it ran once
+
+
+def test_apply_profile_commits_or_rolls_back_by_its_health_window(
+        node: Service, operator: Operator) -> None:
+    root = Path(node.config.root)
+    original = snapshot(root)
+    bad = operator.send("orin-1", "apply-profile",
+                        {"profile": "jetson-orin-latency", "guard": {"max_temp_c": 1}})
+    reply = operator.final(bad["id"])
+    assert reply["status"] == "failed" and reply["code"] == "health_check"
+    assert "above 1 °C; rolled back" in reply["message"]
+    steps = [r.get("step") for r in operator.for_id(bad["id"]) if r["status"] == "in_progress"]
+    assert steps == ["validating", "applying", "health_window", "rolling_back"]
+    assert snapshot(root) == original
+
+    good = operator.send("orin-1", "apply-profile", {"profile": "jetson-orin-latency"})
+    assert operator.final(good["id"])["status"] == "succeeded"
+    assert snapshot(root) != original and node.tuning is not None and node.tuning.applied
+    back = operator.send("orin-1", "rollback-profile")
+    assert operator.final(back["id"])["result"] == {"rolled_back": "jetson-orin-latency"}
+    assert snapshot(root) == original
+
+
+def test_set_model_is_bounded_to_the_model_directories(tmp_path: Path, node: Service,
+                                                       operator: Operator) -> None:
+    outside = operator.send("orin-1", "set-model", {"model": "/etc/passwd"})
+    reply = operator.final(outside["id"])
+    assert reply["status"] == "failed" and reply["code"] == "not_allowed"
+    models = Path(node.config.state_dir) / "models"
+    models.mkdir()
+    import shutil
+
+    from agent.inference.demo_model import DEMO_MODEL_PATH
+
+    shutil.copy(DEMO_MODEL_PATH, models / "next.onnx")
+    swap = operator.send("orin-1", "set-model", {"model": str(models / "next.onnx"),
+                                                 "guard": {"max_p99_ratio": 100}})
+    assert operator.final(swap["id"])["status"] == "succeeded"
+    assert node.inference is not None and node.inference.loop.active.name == "next.onnx"
+
+
+def test_desired_state_set_while_offline_is_applied_on_connect(
+        tmp_path: Path, broker: Broker, key: Ed25519PrivateKey, operator: Operator) -> None:
+    root = copy_board(BOARD, tmp_path)
+    original = snapshot(root)
+    wanted = sign(key, "desired", "node:orin-1", {"profile": "jetson-orin-latency"},
+                  ttl_s=86400)
+    operator.publish(f"edge/v1/{FLEET}/orin-1/desired", envelope_bytes(wanted), retain=True)
+    watcher = Operator(broker, key)
+    watcher.client.subscribe(f"edge/v1/{FLEET}/orin-1/reported", qos=1)
+    config = node_config(tmp_path, root, broker, key, guard={"window_s": 0.2})
+    try:
+        with running_node(config) as service:
+            assert wait_until(lambda: any(r.get("schema") == "reported/1"
+                                          for r in watcher.replies), 30)
+            reported = next(r for r in watcher.replies if r.get("schema") == "reported/1")
+            assert reported["desired_id"] == wanted["id"]
+            assert reported["status"] == "converged"
+            assert reported["profile"] == "jetson-orin-latency"
+            assert service.tuning is not None and service.tuning.applied
+            assert snapshot(root) != original
+    finally:
+        operator.publish(f"edge/v1/{FLEET}/orin-1/desired", b"", retain=True)
+        watcher.close()
+    assert snapshot(root) == original  # rolled back on stop (rollback_on_stop)
+
+
+def test_two_hundred_nodes_answer_a_fleet_wide_command(tmp_path: Path, broker: Broker,
+                                                       key: Ed25519PrivateKey,
+                                                       operator: Operator) -> None:
+    keys = TrustedKeys.from_config(trusted(key))
+    with simulated_fleet(broker, tmp_path, keys, 200) as nodes:
+        envelope = operator.send("all", "ping")
+        names = {n.controller.identity.node_id for n in nodes}
+
+        def finals() -> dict[str, str]:
+            return {r["node_id"]: r["status"] for r in operator.for_id(envelope["id"])
+                    if r["status"] != "accepted"}
+
+        assert wait_until(lambda: len(finals()) == 200, 60)
+        assert set(finals()) == names
+        assert set(finals().values()) == {"succeeded"}
+
+
+def test_operator_cli_send_and_watch(tmp_path: Path, node: Service, broker: Broker,
+                                     key: Ed25519PrivateKey) -> None:
+    key_file = tmp_path / "operator.key"
+    key_file.write_bytes(private_key_pem(key))
+    base = [sys.executable, "-m", "agent", "fleet"]
+    where = ["--broker", f"{broker.host}:{broker.port}", "--fleet", FLEET]
+    sent = subprocess.run(base + ["send", "all", "ping", "--key", str(key_file), *where],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert sent.returncode == 0, sent.stderr
+    lines = sent.stdout.splitlines()
+    assert lines[1].split() == ["NODE", "STATUS", "CODE", "MS", "MESSAGE"]
+    assert lines[2].split()[:3] == ["orin-1", "succeeded", "ok"]
+    topology = subprocess.run(base + ["send", "orin-1", "get-topology", "--key",
+                                      str(key_file), "--json", *where], capture_output=True,
+                              text=True, timeout=60, check=False)
+    result = json.loads(topology.stdout)["results"][0]["result"]
+    assert result["schema"] == "topology/1" and result["board"]["family"] == "jetson"
+    watched = subprocess.run(base + ["watch", "--once", "--settle", "1.5", *where],
+                             capture_output=True, text=True, timeout=60, check=False)
+    header, row = watched.stdout.splitlines()[:2]
+    assert header.split()[:3] == ["NODE", "STATE", "PROFILE"]
+    assert row.split()[:4] == ["orin-1", "online", "jetson-orin", "demo_cnn.onnx"]
+    refused = subprocess.run(base + ["send", "orin-1", "rebirth", "--key", str(key_file),
+                                     *where], capture_output=True, text=True, timeout=60,
+                             check=False)
+    assert refused.returncode == 1 and "not_allowed" in refused.stdout
