@@ -25,6 +25,7 @@ from agent.config import from_dict
 from agent.control.controller import Controller, Identity
 from agent.control.envelope import TrustedKeys, key_id, public_key_text, sign
 from agent.control.store import CommandStore
+from agent.fleet_cli import no_delay
 from agent.link.mqtt import LinkSettings, MqttLink
 from agent.service import Service
 from agent.telemetry.outbox import Outbox
@@ -52,6 +53,7 @@ class Operator:
         self.key = key
         self.replies: list[dict[str, Any]] = []
         self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2,
                                   client_id=f"operator-{uuid.uuid4().hex[:8]}",
                                   protocol=mqtt.MQTTv5)
@@ -59,13 +61,15 @@ class Operator:
         subscribed = threading.Event()
         self.client.on_subscribe = lambda *a: subscribed.set()
         self.client.connect(broker.host, broker.port)
+        no_delay(self.client)
         self.client.subscribe(f"edge/v1/{FLEET}/+/cmd/+/res", qos=1)
         self.client.loop_start()
         assert subscribed.wait(10)
 
     def _record(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        with self.lock:
+        with self.arrived:
             self.replies.append(json.loads(message.payload))
+            self.arrived.notify_all()
 
     def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
         self.client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
@@ -86,12 +90,14 @@ class Operator:
     def final(self, command_id: str | None, node: str | None = None,
               seconds: float = 20) -> dict[str, Any]:
         def found() -> dict[str, Any] | None:
-            return next((r for r in self.for_id(command_id) if r["status"] in
-                         ("succeeded", "failed", "rejected", "expired")
+            return next((r for r in self.replies if r.get("id") == command_id
+                         and r["status"] in ("succeeded", "failed", "rejected", "expired")
                          and (node is None or r["node_id"] == node)), None)
 
-        assert wait_until(lambda: found() is not None, seconds), self.for_id(command_id)
-        result = found()
+        with self.arrived:  # woken by each reply: no polling delay in a round trip
+            assert self.arrived.wait_for(lambda: found() is not None, seconds), \
+                self.replies[-5:]
+            result = found()
         assert result is not None
         return result
 

@@ -118,7 +118,10 @@ class Broker:
         lines = [f"user {pwd.getpwuid(os.geteuid()).pw_name}",
                  f"listener {self.port} 127.0.0.1", "persistence true",
                  f"persistence_location {directory}/", f"log_dest file {directory}/broker.log",
-                 "log_type error", "log_type warning", "log_type notice"]
+                 "log_type error", "log_type warning", "log_type notice",
+                 # as a fleet broker should: small command replies are not held back
+                 # by Nagle until a delayed ACK (README, "The broker side")
+                 "set_tcp_nodelay true"]
         if tls is not None:
             lines += [f"cafile {tls.ca}", f"certfile {tls.server_cert}",
                       f"keyfile {tls.server_key}", "require_certificate true"]

@@ -215,25 +215,23 @@ def test_operator_cli_send_and_watch(tmp_path: Path, node: Service, broker: Brok
                                      key: Ed25519PrivateKey) -> None:
     key_file = tmp_path / "operator.key"
     key_file.write_bytes(private_key_pem(key))
-    base = [sys.executable, "-m", "agent", "fleet"]
     where = ["--broker", f"{broker.host}:{broker.port}", "--fleet", FLEET]
-    sent = subprocess.run(base + ["send", "all", "ping", "--key", str(key_file), *where],
-                          capture_output=True, text=True, timeout=60, check=False)
+
+    def fleet(*words: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "agent", "fleet", *words, *where],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    sent = fleet("send", "all", "ping", "--key", str(key_file))
     assert sent.returncode == 0, sent.stderr
     lines = sent.stdout.splitlines()
     assert lines[1].split() == ["NODE", "STATUS", "CODE", "MS", "MESSAGE"]
     assert lines[2].split()[:3] == ["orin-1", "succeeded", "ok"]
-    topology = subprocess.run(base + ["send", "orin-1", "get-topology", "--key",
-                                      str(key_file), "--json", *where], capture_output=True,
-                              text=True, timeout=60, check=False)
+    topology = fleet("send", "orin-1", "get-topology", "--key", str(key_file), "--json")
     result = json.loads(topology.stdout)["results"][0]["result"]
     assert result["schema"] == "topology/1" and result["board"]["family"] == "jetson"
-    watched = subprocess.run(base + ["watch", "--once", "--settle", "1.5", *where],
-                             capture_output=True, text=True, timeout=60, check=False)
+    watched = fleet("watch", "--once", "--settle", "1.5")
     header, row = watched.stdout.splitlines()[:2]
     assert header.split()[:3] == ["NODE", "STATE", "PROFILE"]
     assert row.split()[:4] == ["orin-1", "online", "jetson-orin", "demo_cnn.onnx"]
-    refused = subprocess.run(base + ["send", "orin-1", "rebirth", "--key", str(key_file),
-                                     *where], capture_output=True, text=True, timeout=60,
-                             check=False)
+    refused = fleet("send", "orin-1", "rebirth", "--key", str(key_file))
     assert refused.returncode == 1 and "not_allowed" in refused.stdout

@@ -287,7 +287,13 @@ class Controller:
                                                                error.code, str(error)))
 
     def _send(self, incoming: Incoming, name: str, body: dict[str, Any]) -> None:
-        self.reply(f"{self.identity.root}/cmd/{name}/res", body, incoming.response_topic,
+        """The node's res topic always; the request's response topic only under the fleet's
+        operator tree, so a message cannot steer replies onto arbitrary topics."""
+        response = incoming.response_topic
+        if response is not None and not response.startswith(
+                f"edge/v1/{self.identity.fleet}/operator/"):
+            response = None
+        self.reply(f"{self.identity.root}/cmd/{name}/res", body, response,
                    incoming.correlation)
 
 

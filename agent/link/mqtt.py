@@ -163,10 +163,14 @@ class MqttLink:
             self._wake_w.send(b"\0")
 
     def _drain_wake(self) -> None:
-        self._wake_pending = False  # before reading: a wake from now on is not lost
+        """Read the wake bytes, then let the next wake() write one.  A wake() racing with
+        this either found the flag still set (its message, queued before, goes out in the
+        pump that follows) or wrote a byte that makes the next select return at once;
+        clearing the flag first could swallow that byte and leave the flag set for good."""
         with contextlib.suppress(OSError):  # BlockingIOError: drained
             while self._wake_r.recv(4096):
                 pass
+        self._wake_pending = False
 
     def publish_now(self, suffix: str, payload: dict[str, Any], retain: bool = False) -> None:
         """A message that is only worth sending live: not kept on disk."""
@@ -275,6 +279,10 @@ class MqttLink:
         try:
             client = self._new_client(self._candidate_session)
             client.connect(self.settings.host, self.settings.port, self.settings.keepalive_s)
+            sock: Any = client.socket()
+            # Replies and telemetry are small writes: Nagle would hold the second of two
+            # until the broker's delayed ACK (tens of ms) arrives.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except (OSError, ValueError) as error:
             message = f"cannot reach the broker {self.status.broker}: {error}"
             if message != self.status.last_error:
