@@ -65,3 +65,29 @@ def test_replies_go_to_response_topics_only_under_the_operator_tree(tmp_path: ob
             response_topic=response))
     assert sent == [("edge/v1/lab/n1/cmd/ping/res", "edge/v1/lab/operator/me/res"),
                     ("edge/v1/lab/n1/cmd/ping/res", None)]
+
+
+def test_keygen_writes_a_private_key_only_its_owner_reads(tmp_path: object) -> None:
+    import os
+    import stat
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from agent.config import from_dict
+    from agent.control.envelope import load_private_key
+
+    out = Path(str(tmp_path)) / "operator.key"
+    result = subprocess.run([sys.executable, "-m", "agent", "fleet", "keygen", "--out",
+                             str(out)], capture_output=True, text=True, timeout=60,
+                            check=True)
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    snippet = yaml.safe_load(result.stdout[result.stdout.index("control:"):])
+    config = from_dict(snippet)  # the printed entry is a valid config as it stands
+    trusted = TrustedKeys.from_config(config.control["trusted_keys"])
+    assert trusted.verify(sign(load_private_key(out.read_bytes()), "ping", "all", {}))
+    again = subprocess.run([sys.executable, "-m", "agent", "fleet", "keygen", "--out",
+                            str(out)], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "exists; --force replaces it" in again.stderr

@@ -259,6 +259,7 @@ class Service:
         """Inference and sampling first, then flush and say ``stopped``, then roll back."""
         if self.controller is not None:
             self.controller.stop()
+            self.controller.store.close()
         if self.inference is not None:
             self.inference.stop()
         if self.sampler is not None:
