@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from control_helpers import Operator, simulated_fleet, trusted  # the tests' parts, not copies
-from mqtt_helpers import Broker, wait_until
+from mqtt_helpers import Broker
 
 from agent.control.envelope import TrustedKeys
 
@@ -54,14 +54,9 @@ def broadcast(broker: Broker, scratch: Path, key: Ed25519PrivateKey, count: int,
     with simulated_fleet(broker, scratch / f"fleet-{count}", keys, count):
         for _ in range(rounds):
             start = time.perf_counter()
-            command_id = operator.send("all", "ping")["id"]
-
-            def answered(command_id: str = command_id) -> bool:
-                return sum(1 for r in operator.for_id(command_id)
-                           if r["status"] == "succeeded") >= count
-
-            if not wait_until(answered, 60, 0.002):
-                raise RuntimeError(f"only some of {count} nodes answered")
+            finals = operator.wait_finals(operator.send("all", "ping")["id"], count, 60)
+            if list(finals.values()).count("succeeded") < count:
+                raise RuntimeError(f"{len(finals)} of {count} nodes answered")
             durations.append(time.perf_counter() - start)
     operator.close()
     print(f"broadcast to {count} nodes: all answered in median {statistics.median(durations):.3f}"

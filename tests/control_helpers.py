@@ -52,6 +52,7 @@ class Operator:
     def __init__(self, broker: Broker, key: Ed25519PrivateKey) -> None:
         self.key = key
         self.replies: list[dict[str, Any]] = []
+        self.by_id: dict[Any, list[dict[str, Any]]] = {}
         self.lock = threading.Lock()
         self.arrived = threading.Condition(self.lock)
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2,
@@ -67,8 +68,10 @@ class Operator:
         assert subscribed.wait(10)
 
     def _record(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        reply = json.loads(message.payload)
         with self.arrived:
-            self.replies.append(json.loads(message.payload))
+            self.replies.append(reply)
+            self.by_id.setdefault(reply.get("id"), []).append(reply)
             self.arrived.notify_all()
 
     def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
@@ -85,13 +88,23 @@ class Operator:
 
     def for_id(self, command_id: str | None) -> list[dict[str, Any]]:
         with self.lock:
-            return [r for r in self.replies if r.get("id") == command_id]
+            return list(self.by_id.get(command_id, []))
+
+    def wait_finals(self, command_id: str, count: int, seconds: float) -> dict[str, str]:
+        """node -> final status, once ``count`` nodes have one (or the time is up)."""
+        def finals() -> dict[str, str]:
+            return {r["node_id"]: r["status"] for r in self.by_id.get(command_id, [])
+                    if r["status"] in ("succeeded", "failed", "rejected", "expired")}
+
+        with self.arrived:  # woken by each reply, not polling
+            self.arrived.wait_for(lambda: len(finals()) >= count, seconds)
+            return finals()
 
     def final(self, command_id: str | None, node: str | None = None,
               seconds: float = 20) -> dict[str, Any]:
         def found() -> dict[str, Any] | None:
-            return next((r for r in self.replies if r.get("id") == command_id
-                         and r["status"] in ("succeeded", "failed", "rejected", "expired")
+            return next((r for r in self.by_id.get(command_id, [])
+                         if r["status"] in ("succeeded", "failed", "rejected", "expired")
                          and (node is None or r["node_id"] == node)), None)
 
         with self.arrived:  # woken by each reply: no polling delay in a round trip

@@ -199,16 +199,9 @@ def test_two_hundred_nodes_answer_a_fleet_wide_command(tmp_path: Path, broker: B
                                                        operator: Operator) -> None:
     keys = TrustedKeys.from_config(trusted(key))
     with simulated_fleet(broker, tmp_path, keys, 200) as nodes:
-        envelope = operator.send("all", "ping")
-        names = {n.controller.identity.node_id for n in nodes}
-
-        def finals() -> dict[str, str]:
-            return {r["node_id"]: r["status"] for r in operator.for_id(envelope["id"])
-                    if r["status"] != "accepted"}
-
-        assert wait_until(lambda: len(finals()) == 200, 60)
-        assert set(finals()) == names
-        assert set(finals().values()) == {"succeeded"}
+        finals = operator.wait_finals(operator.send("all", "ping")["id"], 200, 60)
+        assert set(finals) == {n.controller.identity.node_id for n in nodes}
+        assert set(finals.values()) == {"succeeded"}
 
 
 def test_operator_cli_send_and_watch(tmp_path: Path, node: Service, broker: Broker,

@@ -446,10 +446,11 @@ class MqttLink:
             free -= 1
         if free <= 0:
             return
-        for record in self.outbox.pending(self._live_cursor, free):
-            self._send(client, record, record.payload)
-            self._live_cursor = record.id
-            free -= 1
+        if self.outbox.last_id() > self._live_cursor:  # no query when nothing new was put
+            for record in self.outbox.pending(self._live_cursor, free):
+                self._send(client, record, record.payload)
+                self._live_cursor = record.id
+                free -= 1
         now = time.monotonic()
         rate = self.settings.replay_per_s
         self._replay_tokens = min(float(IN_FLIGHT), self._replay_tokens
