@@ -1,26 +1,38 @@
 #!/usr/bin/env bash
 # edge-agent installer.
-#   ./install.sh --dev          workstation checkout: .venv with the package (editable) and the
-#                               test tools, plus the Debian packages the tests need
-#   ./install.sh [--prefix P]   device install into P (default /opt/edge-agent)
-# Only pip and apt packages are fetched; nothing else is downloaded.
+#   ./install.sh --dev            workstation checkout: .venv with the package (editable) and
+#                                 the test tools, plus the Debian packages the tests need
+#   ./install.sh [options]        device install (as root): venv in --prefix, config in
+#                                 /etc/edge-agent, the systemd unit, enabled and started
+#   ./install.sh --uninstall      stop, roll tuning back, remove what was installed; keep the
+#                                 config (add --purge to remove it and the state too)
+# Options: --prefix DIR (default /opt/edge-agent), --no-start, DESTDIR=... in the
+# environment for packaging (files only: systemd is not touched).
+# Idempotent: a second run changes nothing. Only pip and apt packages are fetched.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 prefix="/opt/edge-agent"
 mode="device"
+start=yes
+purge=no
+destdir="${DESTDIR:-}"
 
 usage() {
-    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 while [ $# -gt 0 ]; do
     case "$1" in
         --dev) mode="dev" ;;
+        --uninstall) mode="uninstall" ;;
+        --purge) purge=yes ;;
+        --no-start) start=no ;;
         --prefix) prefix="${2:?--prefix needs a directory}"; shift ;;
         --prefix=*) prefix="${1#--prefix=}" ;;
         -h|--help) usage; exit 0 ;;
-        *) echo "install.sh: unknown option '$1' (allowed: --dev, --prefix DIR, --help)" >&2
+        *) echo "install.sh: unknown option '$1' (allowed: --dev, --prefix DIR, --no-start," \
+                "--uninstall, --purge, --help)" >&2
            exit 2 ;;
     esac
     shift
@@ -38,6 +50,16 @@ case "$(uname -m)" in
        exit 1 ;;
 esac
 
+# Paths on the target system, and where they are written (DESTDIR for packaging).
+venv="$destdir$prefix"
+etc="$destdir/etc/edge-agent"
+state="$destdir/var/lib/edge-agent"
+unit="$destdir/etc/systemd/system/edge-agent.service"
+manifest="$venv/share/edge-agent/installed-files"
+with_systemd() {  # touch systemd only on a real install on a running systemd
+    [ -z "$destdir" ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null
+}
+
 # Debian packages: venv support always; the tests' system tools in --dev mode.
 apt_packages=()
 "$python" -c 'import ensurepip, venv' 2>/dev/null || apt_packages+=(python3-venv)
@@ -45,8 +67,10 @@ if [ "$mode" = dev ]; then
     dpkg -s libudev1 >/dev/null 2>&1 || apt_packages+=(libudev1)
     # the MQTT tests start a real broker (mosquitto, mosquitto_passwd)
     dpkg -s mosquitto >/dev/null 2>&1 || apt_packages+=(mosquitto)
+    # the unit test runs systemd-analyze verify
+    command -v systemd-analyze >/dev/null || apt_packages+=(systemd)
 fi
-if [ "${#apt_packages[@]}" -gt 0 ]; then
+if [ "$mode" != uninstall ] && [ "${#apt_packages[@]}" -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
         echo "install.sh: please install these Debian packages first: ${apt_packages[*]}" >&2
         exit 1
@@ -62,13 +86,88 @@ if [ "$mode" = dev ]; then
     "$venv/bin/python" -m pip install -q --upgrade pip
     "$venv/bin/python" -m pip install -q -e "$here[dev]"
     echo "edge-agent (dev) installed in $venv"
-else
-    venv="$prefix"
-    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --upgrade pip
-    "$venv/bin/python" -m pip install -q "$here"
-    # built-in profiles next to the venv, where the agent looks for them (sys.prefix)
-    mkdir -p "$venv/profiles"
-    cp "$here"/profiles/*.yaml "$venv/profiles/"
-    echo "edge-agent installed in $venv (command: $venv/bin/edge-agent)"
+    exit 0
 fi
+
+# -- uninstall ------------------------------------------------------------------------------
+if [ "$mode" = uninstall ]; then
+    if with_systemd; then
+        systemctl disable --now edge-agent.service 2>/dev/null || true
+    fi
+    if [ -x "$venv/bin/edge-agent" ] && [ -d "$state" ]; then
+        "$venv/bin/edge-agent" profile rollback --state-dir "$state" || \
+            echo "install.sh: tuning rollback failed; see 'edge-agent profile status'" >&2
+    fi
+    if [ -f "$manifest" ]; then
+        while IFS= read -r file; do rm -f "$destdir$file"; done < "$manifest"
+    fi
+    rm -f "$unit"
+    rm -rf "$venv" "$state"
+    with_systemd && systemctl daemon-reload
+    if [ "$purge" = yes ]; then
+        rm -rf "$etc"
+        echo "edge-agent removed, configuration and state included"
+    else
+        echo "edge-agent removed; configuration kept in $etc (--purge removes it)"
+    fi
+    exit 0
+fi
+
+# -- device install -------------------------------------------------------------------------
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+"$venv/bin/python" -m pip install -q "$here"
+
+# write_if_changed SRC DEST: copy only when different, so a rerun touches nothing
+write_if_changed() {
+    if ! cmp -s "$1" "$2"; then
+        mkdir -p "$(dirname "$2")"
+        cp "$1" "$2.tmp.$$" && mv "$2.tmp.$$" "$2"
+    fi
+}
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+
+# built-in profiles next to the venv, where the agent looks for them (sys.prefix)
+mkdir -p "$venv/profiles" "$venv/share/edge-agent"
+for profile in "$here"/profiles/*.yaml; do
+    write_if_changed "$profile" "$venv/profiles/$(basename "$profile")"
+done
+write_if_changed "$here/README.md" "$venv/share/edge-agent/README.md"
+
+# the unit, with this install's paths
+sed -e "s#/opt/edge-agent#$prefix#g" "$here/systemd/edge-agent.service" > "$scratch/unit"
+write_if_changed "$scratch/unit" "$unit"
+
+# the configuration: the board's profile, detected now; an edited file is never replaced
+profile="$("$venv/bin/edge-agent" profile list --json 2>/dev/null \
+           | "$venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["auto"])' \
+           2>/dev/null || echo auto)"
+cat > "$scratch/agent.yaml" <<EOF
+# edge-agent configuration. Every key has a default; see README "Running the agent".
+# Written by install.sh; an edited copy is kept, and a newer default lands beside it as
+# agent.yaml.dist.
+tuning:
+  profile: $profile     # detected for this board ("auto" picks the same)
+  apply: false
+mqtt:
+  host: localhost
+  port: 1883
+EOF
+if [ ! -f "$etc/agent.yaml" ]; then
+    write_if_changed "$scratch/agent.yaml" "$etc/agent.yaml"
+elif ! cmp -s "$scratch/agent.yaml" "$etc/agent.yaml"; then
+    write_if_changed "$scratch/agent.yaml" "$etc/agent.yaml.dist"
+fi
+
+printf '%s\n' /etc/systemd/system/edge-agent.service > "$scratch/manifest"
+write_if_changed "$scratch/manifest" "$manifest"
+
+if with_systemd; then
+    systemctl daemon-reload
+    systemctl enable edge-agent.service >/dev/null
+    if [ "$start" = yes ]; then
+        systemctl restart edge-agent.service
+    fi
+fi
+echo "edge-agent installed in $venv (profile $profile; config $etc/agent.yaml)"

@@ -91,6 +91,10 @@ def _add_profile_commands(
         if action == "apply":
             sub.add_argument("--dry-run", action="store_true",
                              help="show what would be written, write nothing (same as plan)")
+        if action == "rollback":
+            sub.add_argument("--after-failure", action="store_true",
+                             help="for the unit's ExecStopPost: roll back only when the "
+                             "service did not stop cleanly (systemd's SERVICE_RESULT)")
         sub.add_argument("--root", default="/", metavar="DIR",
                          help="operate on sysfs/procfs below DIR instead of /")
         sub.add_argument("--state-dir", metavar="DIR",
@@ -145,12 +149,20 @@ def _status(args: argparse.Namespace) -> int:
     return run_cli.status(args)
 
 
+def _selftest(args: argparse.Namespace) -> int:
+    from agent import run_cli
+
+    return run_cli.selftest(args)
+
+
 def _add_service_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``run`` (the main job) and ``status``."""
+    """``run`` (the main job), ``status`` and ``selftest``."""
     for name, handler, text in (
             ("run", _run, "the main job: discover, tune, infer and report over MQTT until "
              "SIGTERM"),
-            ("status", _status, "what the running agent last wrote to its state directory")):
+            ("status", _status, "what the running agent last wrote to its state directory"),
+            ("selftest", _selftest, "check discovery, profile, inference and MQTT on this "
+             "device; pass/fail/n/a per check")):
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--config", metavar="FILE",
                          help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
@@ -163,6 +175,9 @@ def _add_service_commands(commands: argparse._SubParsersAction[argparse.Argument
                              "stopped)")
         else:
             sub.add_argument("--json", action="store_true")
+        if name == "selftest":
+            sub.add_argument("--seconds", type=float, default=5.0,
+                             help="how long the probe may take to connect and infer")
         sub.set_defaults(handler=handler)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -115,6 +116,11 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
             {"path": c.path, "expected": c.desired, "actual": a, "key": c.key}
             for c, a in drift]}, _verify_text(drift))
         return 0 if not drift else 1
+    if args.action == "rollback" and args.after_failure and \
+            os.environ.get("SERVICE_RESULT", "success") == "success":
+        _emit(args, {"rolled_back": None, "notes": ["clean stop: nothing to roll back"]},
+              "clean stop: nothing to roll back")
+        return 0
     if args.action == "rollback":
         profile, notes = engine.rollback()
         _emit(args, {"rolled_back": profile, "notes": notes}, "\n".join(

@@ -60,31 +60,101 @@ def status_line(status: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def _serve(service: Any, seconds: float | None, terminal: TextIO | None) -> None:
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda number, frame: stop.set())
-    deadline = None if seconds is None else time.monotonic() + seconds
-    while not stop.is_set():
-        service.tick()
-        if terminal is not None:
-            terminal.write("\r\033[K" + status_line(service.status())[:200])
-            terminal.flush()
-        if deadline is not None and time.monotonic() >= deadline:
-            break
-        stop.wait(1.0 if deadline is None else max(0.0, min(1.0, deadline
-                                                             - time.monotonic())))
-    if terminal is not None:
-        terminal.write("\n")
+STATUS_EVERY_S = 5.0
+
+
+class Runner:
+    """The main job's life: start, serve, reload on SIGHUP, stop on SIGTERM/SIGINT.
+
+    systemd hears READY=1 once the service started, STATUS= as it runs, WATCHDOG=1 only while
+    it is healthy, RELOADING=1 then READY=1 around a reload and STOPPING=1 on the way out.
+    A reload builds the whole service again from the new file; a file that does not load
+    leaves the running service as it is and reports a ``config_rejected`` event.
+    """
+
+    def __init__(self, args: argparse.Namespace, config: Config, service: Any,
+                 notifier: Any, terminal: TextIO | None) -> None:
+        self.args, self.config, self.service = args, config, service
+        self.notifier, self.terminal = notifier, terminal
+        self.stop = threading.Event()
+        self.reload = threading.Event()
+        self.watchdog: Any = None
+
+    def install_signals(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda number, frame: self.stop.set())
+        signal.signal(signal.SIGHUP, lambda number, frame: self.reload.set())
+
+    def start_watchdog(self) -> None:
+        from agent.service.systemd import Watchdog, watchdog_interval_s
+
+        interval = watchdog_interval_s()
+        if interval is not None:
+            self.watchdog = Watchdog(self.notifier, lambda: self.service.health_problem(),
+                                     interval)
+            self.watchdog.start()
+
+    def serve(self, seconds: float | None) -> None:
+        deadline = None if seconds is None else time.monotonic() + seconds
+        last_status = 0.0
+        while not self.stop.is_set():
+            if self.reload.is_set():
+                self.reload.clear()
+                self._reload()
+            self.service.tick()
+            line = status_line(self.service.status())
+            if time.monotonic() - last_status >= STATUS_EVERY_S:
+                self.notifier.notify(STATUS=line[:200])
+                last_status = time.monotonic()
+            if self.terminal is not None:
+                self.terminal.write("\r\033[K" + line[:200])
+                self.terminal.flush()
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            self.stop.wait(1.0 if deadline is None else
+                           max(0.0, min(1.0, deadline - time.monotonic())))
+        if self.terminal is not None:
+            self.terminal.write("\n")
+
+    def _reload(self) -> None:
+        from agent.service import Service, ServiceError
+
+        self.notifier.notify(RELOADING=1, STATUS="reloading the configuration")
+        try:
+            config = _config(self.args)
+        except (ConfigError, UsageError) as error:
+            logger.error("reload: %s; the running configuration stays", error)
+            self.service.event("config_rejected", error=str(error))
+            self.notifier.notify(READY=1, STATUS=f"configuration rejected: {error}"[:200])
+            return
+        self.service.stop(rollback=False)  # the new service plans its profile as a switch
+        try:
+            replacement = Service(config, notifier=self.notifier)
+            replacement.start()
+        except ServiceError as error:  # the state directory went away: nothing to run
+            logger.error("reload: %s", error)
+            self.stop.set()
+            return
+        self.service, self.config = replacement, config
+        self.service.event("config_reloaded", source=config.source)
+        self.notifier.notify(READY=1, STATUS="running (configuration reloaded)")
+
+    def shut_down(self) -> None:
+        self.notifier.notify(STOPPING=1, STATUS="stopping")
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        self.service.stop()
 
 
 def run(args: argparse.Namespace) -> int:
     from agent.service import Service, ServiceError
+    from agent.service.systemd import Notifier
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    notifier = Notifier()
     try:
         config = _config(args)
-        service = Service(config)
+        service = Service(config, notifier=notifier)
     except ConfigError as error:
         raise UsageError(str(error)) from None
     except ServiceError as error:
@@ -94,16 +164,21 @@ def run(args: argparse.Namespace) -> int:
     logger.info("node %s, fleet %s, broker %s:%d, state %s (config: %s)", config.node_id,
                 config.fleet, config.mqtt.host, config.mqtt.port, service.state_dir,
                 config.source)
+    runner = Runner(args, config, service, notifier, terminal)
+    runner.install_signals()
+    notifier.notify(STATUS="starting: discovery, tuning, model")
     try:
         service.start()
     except ServiceError as error:
         print(f"edge-agent run: {error}", file=sys.stderr)
         return 1
+    notifier.notify(READY=1, STATUS="running")
+    runner.start_watchdog()
     try:
-        _serve(service, args.seconds, terminal)
+        runner.serve(args.seconds)
     finally:
-        service.stop()
-    final = service.final_status
+        runner.shut_down()
+    final = runner.service.final_status
     if final is not None:
         logger.info("stopped: %d records acknowledged by the broker, %d waiting in the "
                     "outbox", final["link"]["acked"], final["outbox"]["depth"])
@@ -144,3 +219,19 @@ def status(args: argparse.Namespace) -> int:
     for problem in state.get("problems") or []:
         print(f"problem: {problem}")
     return 0 if running else 1
+
+
+def selftest(args: argparse.Namespace) -> int:
+    """``edge-agent selftest``: pass, fail or n/a per check; exit 1 when one fails."""
+    from agent.selftest import run_selftest
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    report = run_selftest(_config(args), seconds=args.seconds)
+    failed = any(check["status"] == "fail" for check in report["checks"])
+    if args.json:
+        print(json.dumps({**report, "ok": not failed}, indent=2))
+    else:
+        for check in report["checks"]:
+            print(f"{check['status']:<5} {check['name']:<10} {check['detail']}")
+        print("selftest " + ("FAILED" if failed else "passed"))
+    return 1 if failed else 0

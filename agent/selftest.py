@@ -33,6 +33,11 @@ def run_checks(service: Service) -> dict[str, Any]:
                              f"{inference.loop.active.name} on {', '.join(inference.providers)}"
                              f": {stats['count']} calls, {stats['errors']} errors"))
     tuning = service.tuning
+    if tuning is not None and tuning.error:
+        checks.append(_check("profile", "fail", tuning.error))
+    elif tuning is not None and tuning.profile:
+        checks.append(_check("profile", "pass", f"{tuning.profile} plans cleanly: "
+                             f"{tuning.changes} change(s)"))
     if tuning is None or not tuning.applied:
         checks.append(_check("tuning", "n/a", "no profile applied"))
     else:
@@ -42,6 +47,36 @@ def run_checks(service: Service) -> dict[str, Any]:
     link = service.link
     if link is not None:
         connected = link.status.state == "connected"
-        checks.append(_check("mqtt", "pass" if connected else "fail",
-                             f"{link.status.state} to {link.status.broker}"))
+        detail = (f"connected to {link.status.broker}" if connected else
+                  link.status.last_error or f"{link.status.state}: {link.status.broker}")
+        checks.append(_check("mqtt", "pass" if connected else "fail", detail))
     return {"checks": checks}
+
+
+def run_selftest(config: Any, seconds: float = 3.0) -> dict[str, Any]:
+    """Start the agent beside any running one (its own state directory and MQTT client id,
+    nothing applied), let it work for ``seconds``, check it, stop it."""
+    import dataclasses
+    import tempfile
+    import time
+
+    from agent.service import Service
+
+    with tempfile.TemporaryDirectory(prefix="edge-agent-selftest-") as scratch:
+        probe = dataclasses.replace(
+            config, node_id=f"{config.node_id}-selftest"[:64], state_dir=scratch,
+            tuning=dataclasses.replace(config.tuning, apply=False),
+            control={**config.control, "enabled": False}, prometheus_listen=None,
+            home_assistant_enabled=False)
+        service = Service(probe)
+        service.start()
+        try:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and not (
+                    service.link is not None and service.link.status.state == "connected"
+                    and service.inference is not None and service.inference.loop is not None
+                    and service.inference.loop.completions > 10):
+                time.sleep(0.1)
+            return run_checks(service)
+        finally:
+            service.stop(flush_s=0, rollback=False)

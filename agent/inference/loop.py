@@ -118,6 +118,10 @@ class InferenceLoop:
         self._thread = threading.Thread(target=self._run, name="inference", daemon=True)
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         if self._thread is not None:

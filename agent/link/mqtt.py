@@ -86,10 +86,11 @@ class LinkStatus:
     replayed: int = 0
     rejected: int = 0
     sessions_ended: dict[int, int] = field(default_factory=dict)  # session -> records taken
+    heartbeat: float = field(default_factory=time.monotonic)  # the link thread's last round
 
     def to_dict(self) -> dict[str, Any]:
         fields = dict(self.__dict__)
-        del fields["sessions_ended"]
+        del fields["sessions_ended"], fields["heartbeat"]
         return fields
 
 
@@ -206,6 +207,10 @@ class MqttLink:
     def topic(self, suffix: str) -> str:
         return f"{self.settings.topic_root}/{suffix}"
 
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     # -- the thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -225,7 +230,10 @@ class MqttLink:
                                   self.settings.reconnect_max_s)
             attempt += 1
             self._set_state("disconnected")
-            self._stop.wait(delay)
+            until = time.monotonic() + delay
+            while not self._stop.wait(max(0.0, min(1.0, until - time.monotonic()))) and \
+                    time.monotonic() < until:
+                self.status.heartbeat = time.monotonic()  # waiting is not hanging
         self._set_state("stopped")
 
     def _set_state(self, state: str, error: str | None = None) -> None:
@@ -334,6 +342,7 @@ class MqttLink:
                 client.loop_write()
         if client.socket() is sock:
             client.loop_misc()  # keepalive pings
+        self.status.heartbeat = time.monotonic()
         return client.socket() is sock
 
     def _wait_s(self, accepted: bool) -> float:

@@ -28,6 +28,7 @@ from agent.link.homeassistant import discovery_messages
 from agent.link.mqtt import LinkSettings, MqttLink
 from agent.service.commands import ServiceCommands
 from agent.service.inference import Inference
+from agent.service.systemd import Notifier
 from agent.service.tuning import Tuning
 from agent.telemetry.collectors import build_collectors
 from agent.telemetry.outbox import Outbox, OutboxBusy
@@ -54,9 +55,17 @@ def _state_dir(path: str) -> Path:
     return directory
 
 
+MODEL_LOAD_ALLOWANCE_S = 300  # EXTEND_TIMEOUT_USEC while a (large) model loads
+LINK_STALL_S = 10.0
+INFERENCE_STALL_S = 10.0
+
+
 class Service:
-    def __init__(self, config: Config, state_dir: str | None = None) -> None:
+    def __init__(self, config: Config, state_dir: str | None = None,
+                 notifier: Notifier | None = None) -> None:
         self.config = config
+        self.notifier = notifier or Notifier(address="")
+        self._progress = (0, time.monotonic())  # inference completions, when they last rose
         self.state_dir = _state_dir(state_dir or config.state_dir)
         self.root = Root(config.root)
         self.started = time.monotonic()
@@ -87,6 +96,8 @@ class Service:
         self.tuning.start()
         self.inference = Inference(config, self.topology, self.state_dir,
                                    self.tuning.inference_sched(), self.event)
+        self.notifier.notify(STATUS=f"loading {config.inference.model}",
+                             EXTEND_TIMEOUT_USEC=MODEL_LOAD_ALLOWANCE_S * 1_000_000)
         self.inference.start()
         self.controller = self._controller()
         self._start_link()
@@ -235,6 +246,28 @@ class Service:
     def last(self) -> dict[str, Any] | None:
         return self.sampler.last if self.sampler is not None else None
 
+    def health_problem(self) -> str | None:
+        """Why the agent must not tell systemd it is alive, or None (see systemd.Watchdog)."""
+        now = time.monotonic()
+        loop = self.inference.loop if self.inference is not None else None
+        if loop is not None:
+            if not loop.alive:
+                return "the inference loop has ended"
+            if loop.active.stats.stuck(time.perf_counter_ns()):
+                return f"an inference call on {loop.active.name} is stuck"
+            completions, since = self._progress
+            if loop.completions != completions:
+                self._progress = (loop.completions, now)
+            elif now - since > max(INFERENCE_STALL_S, 5 * loop.period_ns / 1e9):
+                return f"no inference call completed for {now - since:.0f} s"
+        if self.link is not None:
+            if not self.link.alive:
+                return "the MQTT link has ended"
+            quiet = now - self.link.status.heartbeat
+            if quiet > LINK_STALL_S:
+                return f"the MQTT link made no progress for {quiet:.0f} s"
+        return None
+
     def status(self, stopped: bool = False) -> dict[str, Any]:
         """What ``edge-agent status`` reads back from ``status.json``."""
         assert self.outbox is not None and self.link is not None
@@ -255,8 +288,9 @@ class Service:
 
     # -- stop -------------------------------------------------------------------------------
 
-    def stop(self, flush_s: float = 5.0) -> None:
-        """Inference and sampling first, then flush and say ``stopped``, then roll back."""
+    def stop(self, flush_s: float = 5.0, rollback: bool | None = None) -> None:
+        """Inference and sampling first, then flush and say ``stopped``, then roll back
+        (``rollback`` None: as ``tuning.rollback_on_stop`` says)."""
         if self.controller is not None:
             self.controller.stop()
             self.controller.store.close()
@@ -269,7 +303,8 @@ class Service:
         if self.link is not None:
             self.link.stop(flush_s=flush_s)
         if self.tuning is not None:
-            self.tuning.stop(self.config.tuning.rollback_on_stop)
+            self.tuning.stop(self.config.tuning.rollback_on_stop if rollback is None
+                             else rollback)
         if self.outbox is not None and self.link is not None:
             self.final_status = self.status(stopped=True)
             write_status(self.state_dir, self.final_status)

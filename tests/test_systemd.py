@@ -1,0 +1,256 @@
+"""The production service: systemd unit, sd_notify and watchdog, signals, installer, selftest."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from mqtt_helpers import Broker, wait_until
+from onnx_models import mlp
+from tuning_helpers import copy_board, snapshot
+
+import agent.service as service_module
+from agent.config import from_dict
+from agent.inference.io import QueueSource, SyntheticSource
+from agent.inference.loop import InferenceLoop, LoadedModel
+from agent.service import Service
+from agent.service.systemd import Notifier, Watchdog, watchdog_interval_s
+
+REPO = Path(__file__).resolve().parents[1]
+UNIT = REPO / "systemd" / "edge-agent.service"
+BOARD = "jetson-agx-orin-jp6"
+
+
+def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    """Verified as installed: install.sh rewrites /opt/edge-agent to the prefix."""
+    unit = tmp_path / "edge-agent.service"
+    unit.write_text(UNIT.read_text().replace("/opt/edge-agent/bin/edge-agent",
+                                             str(Path(sys.executable).with_name("edge-agent"))))
+    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    text = UNIT.read_text()
+    for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=30", "Restart=on-failure",
+                 "Delegate=yes", "After=network-online.target",
+                 "ExecStopPost=/opt/edge-agent/bin/edge-agent profile rollback "
+                 "--after-failure"):
+        assert line in text
+
+
+def config_file(tmp_path: Path, broker: Broker, root: Path, **extra: Any) -> Path:
+    path = tmp_path / "agent.yaml"
+    document = {"node_id": "orin-1", "fleet": "lab", "state_dir": str(tmp_path / "state"),
+                "root": str(root), "telemetry": {"interval_s": 0.2},
+                "mqtt": {"host": broker.host, "port": broker.port,
+                         "reconnect": {"min_s": 0.1, "max_s": 0.5}}, **extra}
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def start(config: Path, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **env})
+
+
+def status(config: Path) -> dict[str, Any]:
+    """Read through the state directory: the config file may be broken on purpose."""
+    result = subprocess.run([sys.executable, "-m", "agent", "status", "--state-dir",
+                             str(config.parent / "state"), "--json"], capture_output=True,
+                            text=True, timeout=60, check=False)
+    return json.loads(result.stdout) if result.stdout.strip() else {}
+
+
+def test_notify_sequence_ready_status_watchdog_stopping(tmp_path: Path,
+                                                         broker: Broker) -> None:
+    address = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(address)
+    listener.settimeout(0.2)
+    messages: list[str] = []
+
+    def receive_until(predicate: Any, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                messages.extend(listener.recv(4096).decode().splitlines())
+            if predicate():
+                return True
+        return False
+
+    agent = start(config_file(tmp_path, broker, copy_board(BOARD, tmp_path)),
+                  NOTIFY_SOCKET=address, WATCHDOG_USEC="1000000")
+    try:
+        assert receive_until(lambda: messages.count("WATCHDOG=1") >= 2, 60), messages
+        agent.send_signal(signal.SIGTERM)
+        assert receive_until(lambda: "STOPPING=1" in messages, 30), messages
+        assert agent.wait(30) == 0
+    finally:
+        agent.kill()
+        listener.close()
+    first = {m: messages.index(m) for m in ("READY=1", "WATCHDOG=1", "STOPPING=1")}
+    assert any(m.startswith("EXTEND_TIMEOUT_USEC=") for m in messages[:first["READY=1"]])
+    assert first["READY=1"] < first["WATCHDOG=1"] < first["STOPPING=1"]
+    assert any(m.startswith("STATUS=") for m in messages[:first["READY=1"]])
+
+
+def test_watchdog_interval_is_half_of_watchdog_usec() -> None:
+    assert watchdog_interval_s({"WATCHDOG_USEC": "30000000"}) == 15.0
+    assert watchdog_interval_s({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}) is None
+    assert watchdog_interval_s({}) is None
+
+
+class RecordingNotifier(Notifier):
+    def __init__(self) -> None:
+        super().__init__(address="")
+        self.sent: list[dict[str, object]] = []
+
+    def notify(self, **fields: object) -> None:
+        self.sent.append(fields)
+
+
+def test_a_hung_inference_loop_stops_the_watchdog_pings(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxruntime as ort
+
+    monkeypatch.setattr(service_module, "INFERENCE_STALL_S", 0.5)
+    session = ort.InferenceSession(str(mlp(tmp_path / "m.onnx")),
+                                   providers=["CPUExecutionProvider"])
+    service = Service(from_dict({"state_dir": str(tmp_path / "state")}))
+    notifier = RecordingNotifier()
+    watchdog = Watchdog(notifier, service.health_problem, interval_s=0.1)
+    for source, healthy in ((SyntheticSource(session.get_inputs()), True),
+                            (QueueSource(), False)):  # nothing ever arrives: it hangs
+        loop = InferenceLoop(LoadedModel("m", session), source)
+        service.inference = SimpleNamespace(loop=loop)  # type: ignore[assignment]
+        service._progress = (0, time.monotonic())
+        loop.start()
+        time.sleep(1.0)
+        pinged = watchdog.check_once()
+        assert pinged is healthy
+        assert service.health_problem() is None if healthy else \
+            "no inference call completed" in str(service.health_problem())
+        loop.stop(timeout=0.1)
+    assert {"WATCHDOG": 1} in notifier.sent
+    assert notifier.sent[-1]["STATUS"].startswith("unhealthy: no inference call")  # type: ignore[union-attr]
+
+
+def test_sigterm_restores_the_tuned_tree(tmp_path: Path, broker: Broker) -> None:
+    root = copy_board(BOARD, tmp_path)
+    original = snapshot(root)
+    config = config_file(tmp_path, broker, root,
+                         tuning={"profile": "jetson-orin-latency", "apply": True})
+    agent = start(config)
+    try:
+        assert wait_until(lambda: ((status(config).get("last_sample") or {}).get("metrics")
+                                   or {}).get("tuning", {}).get("applied") is True, 60)
+        assert snapshot(root) != original
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(60) == 0
+    finally:
+        agent.kill()
+    assert snapshot(root) == original
+
+
+def test_sighup_reloads_and_a_broken_config_keeps_the_old(tmp_path: Path,
+                                                          broker: Broker) -> None:
+    config = config_file(tmp_path, broker, copy_board(BOARD, tmp_path))
+    good = config.read_text()
+    agent = start(config)
+    try:
+        assert wait_until(lambda: status(config).get("link", {}).get("state") == "connected",
+                          60)
+        config.write_text("mqtt: {port: not-a-port}\n")
+        agent.send_signal(signal.SIGHUP)
+        time.sleep(2)
+        assert agent.poll() is None
+        assert status(config)["link"]["state"] == "connected"
+        config.write_text(good.replace("interval_s: 0.2", "interval_s: 0.3"))
+        agent.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: status(config).get("link", {}).get("session", 0) > 0, 30)
+        agent.send_signal(signal.SIGTERM)
+        output, _ = agent.communicate(timeout=60)
+    finally:
+        agent.kill()
+    assert agent.returncode == 0
+    assert "reload: " in output and "mqtt.port: 'not-a-port' is not allowed" in output
+    assert "the running configuration stays" in output
+    assert "event config_reloaded" in output
+
+
+def installed_files(root: Path) -> dict[str, bytes]:
+    """Everything the installer wrote, but the venv's own Python files."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "/lib/" not in str(p) and "/bin/" not in str(p)
+            and "pyvenv.cfg" not in p.name}
+
+
+def test_install_twice_uninstall_and_purge(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    env = {**os.environ, "DESTDIR": str(dest), "PIP_NO_DEPS": "1"}
+
+    def install(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(REPO / "install.sh"), *options], capture_output=True,
+                              text=True, timeout=600, env=env, check=False)
+
+    first = install("--no-start")
+    assert first.returncode == 0, first.stderr
+    unit = (dest / "etc/systemd/system/edge-agent.service").read_text()
+    assert "ExecStart=/opt/edge-agent/bin/edge-agent run" in unit
+    config = dest / "etc/edge-agent/agent.yaml"
+    assert "profile:" in config.read_text()
+    assert (dest / "opt/edge-agent/profiles/jetson-orin.yaml").exists()
+    before = installed_files(dest)
+    assert install("--no-start").returncode == 0
+    assert installed_files(dest) == before  # a second run changes nothing
+
+    config.write_text(config.read_text() + "telemetry: {interval_s: 5}\n")  # edited
+    edited = config.read_bytes()
+    assert install("--no-start").returncode == 0
+    assert config.read_bytes() == edited
+    assert (dest / "etc/edge-agent/agent.yaml.dist").exists()
+
+    removed = install("--uninstall")
+    assert removed.returncode == 0, removed.stderr
+    left = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert left == ["etc/edge-agent/agent.yaml", "etc/edge-agent/agent.yaml.dist"]
+    assert install("--uninstall", "--purge").returncode == 0
+    assert not [p for p in dest.rglob("*") if p.is_file()]
+
+
+def test_selftest_reports_honestly_on_this_machine(tmp_path: Path, broker: Broker) -> None:
+    config = config_file(tmp_path, broker, Path("/"))
+    result = subprocess.run([sys.executable, "-m", "agent", "selftest", "--config",
+                             str(config), "--json"], capture_output=True, text=True,
+                            timeout=120, check=False)
+    report = json.loads(result.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["discovery"]["status"] == "pass"
+    assert checks["inference"]["status"] == "pass"
+    assert "CPUExecutionProvider" in checks["inference"]["detail"]
+    assert checks["mqtt"]["status"] == "pass"
+    assert checks["tuning"]["status"] == "n/a"  # selftest never applies a profile
+    assert report["ok"] is True and result.returncode == 0
+    broker.stop()
+    offline = subprocess.run([sys.executable, "-m", "agent", "selftest", "--config",
+                              str(config), "--seconds", "1"], capture_output=True, text=True,
+                             timeout=120, check=False)
+    assert offline.returncode == 1
+    assert "fail  mqtt" in offline.stdout and "cannot reach the broker" in offline.stdout
+
+
+def test_the_installer_is_executable() -> None:
+    assert os.access(REPO / "install.sh", os.X_OK)
+    assert shutil.which("systemd-analyze"), "install.sh --dev installs systemd"
