@@ -101,3 +101,13 @@ def nan_model(path: Path) -> Path:
 def incompatible_model(path: Path) -> Path:
     """Input ``x`` [1,32] instead of [1,64]: a hot swap must refuse it."""
     return _save(finish_model(_mlp_graph("incompatible_model", 1, 32, 128, 10)), path)
+
+
+def sqrt_model(path: Path) -> Path:
+    """Input ``x`` [1,64] like ``mlp``; the output is ``sqrt(x)``: finite for x >= 0, NaN for
+    negative inputs, so it passes a warm-up and then fails on other data."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])
+    graph = helper.make_graph([helper.make_node("Sqrt", ["x"], ["y"])], "sqrt_model", [x],
+                              [y])
+    return _save(finish_model(graph), path)

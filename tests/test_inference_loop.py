@@ -299,3 +299,27 @@ def test_infer_cli_draws_a_live_progress_line(tmp_path: Path, models: dict[str, 
 def test_infer_cli_after_needs_swap_to(tmp_path: Path) -> None:
     result = infer_cli("--after", "1", "--state-dir", str(tmp_path))
     assert result.returncode == 2 and "--after needs --swap-to" in result.stderr
+
+
+def test_non_finite_outputs_during_the_canary_roll_the_swap_back(
+        tmp_path: Path, models: dict[str, Path]) -> None:
+    from onnx_models import sqrt_model
+
+    first, fragile = load(models["a"]), load(sqrt_model(tmp_path / "sqrt.onnx"))
+    positive = SyntheticSource(first.session.get_inputs()).next()
+    negative = {name: -array - 1 for name, array in positive.items()}
+
+    class Source:
+        """Data the new model cannot take arrives only once it is switched in."""
+
+        def next(self) -> dict[str, np.ndarray]:
+            return negative if loop.active is fragile else positive
+
+    loop = InferenceLoop(first, Source())
+    loop.start()
+    wait_for(lambda: loop.completions > 50)
+    result = loop.swap(fragile, canary_s=0.5, warmup_calls=3, max_p99_ratio=100)
+    loop.stop()
+    assert result.rolled_back and "error rate 100.00% above 0.30%" in result.reason
+    assert loop.active is first and result.new["errors"] > 0 and result.new["count"] == 0
+    assert fragile.check_finite is False

@@ -33,6 +33,7 @@ class LoadedModel:
     providers: list[str] = field(default_factory=list)
     threads: tuple[int, int] = (0, 0)
     worker_tids: frozenset[int] = frozenset()  # ORT's intra-op workers (BuiltSession)
+    check_finite: bool = False  # count non-finite outputs as errors (a swap's canary)
 
     def __post_init__(self) -> None:
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -63,6 +64,11 @@ class LoadedModel:
             return buffers
 
         return run
+
+
+def all_finite(outputs: Sequence[np.ndarray]) -> bool:
+    """No NaN or infinity in any floating-point output."""
+    return all(o.dtype.kind != "f" or bool(np.isfinite(o).all()) for o in outputs)
 
 
 class SwapRejected(ValueError):
@@ -168,6 +174,8 @@ class InferenceLoop:
                     self._failing.add(model.name)
                     logger.warning("inference on %s failed: %s", model.name, error)
             end = clock()
+            if model.check_finite and outputs is not None and not all_finite(outputs):
+                outputs = None  # a canary's NaN/inf is an error, not a result
             stats.record(end - start, outputs is not None)
             if end - last_end > self.max_gap_ns:
                 self.max_gap_ns = end - last_end
@@ -200,15 +208,16 @@ class InferenceLoop:
             raise SwapRejected("the loop has not run yet: nothing to check the model against")
         check_compatible(new.session, feeds)
         for _ in range(warmup_calls):
-            for output in new.run(feeds):
-                if output.dtype.kind == "f" and not np.isfinite(output).all():
-                    raise SwapRejected(f"{new.name}: warm-up outputs are not finite")
+            if not all_finite(new.run(feeds)):
+                raise SwapRejected(f"{new.name}: warm-up outputs are not finite")
         old_stats = old.stats.snapshot()
         new.stats.reset()
         self._schedule(sorted(new.worker_tids))
+        new.check_finite = True  # during the canary only: it costs a pass over the outputs
         self.active = new
         self.on_event({"type": "model_swapped", "from": old.name, "to": new.name})
         self._stop.wait(canary_s)
+        new.check_finite = False
         new_stats = new.stats.snapshot()
         reason = self._canary_verdict(old_stats, new_stats, max_error_rate, max_p99_ratio,
                                       max_p99_ms)
