@@ -12,6 +12,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -232,10 +233,28 @@ def _session(model: bytes, options: ort.SessionOptions,
 
 # -- optimised-graph cache ---------------------------------------------------------------------
 
+@functools.cache
+def cpu_identity() -> str:
+    """The CPU the optimised graph was laid out for: ORT picks kernels and layouts by ISA
+    (AVX-512 on x86, the Arm feature list), so a state directory copied to another machine
+    must not reuse it."""
+    try:
+        with open("/proc/cpuinfo") as handle:  # the running CPU's, whatever --root says
+            text = handle.read()
+    except OSError:
+        text = ""
+    wanted = ("model name", "flags", "Features", "CPU part", "CPU implementer")
+    lines = sorted({line.split(":", 1)[1].strip() for line in text.splitlines()
+                    if ":" in line and line.split(":", 1)[0].strip() in wanted})
+    return _sha256("|".join([platform.machine(), *lines]).encode())[:16]
+
+
 def cache_key(model_sha256: str, providers: Sequence[str],
               graph_optimization: GraphOptimization) -> str:
-    """What the optimised graph depends on: the model, this ORT, the EPs and the level."""
-    parts = [model_sha256, ort.__version__, ",".join(providers), graph_optimization]
+    """What the optimised graph depends on: the model, this ORT, the EPs, the level and the
+    CPU."""
+    parts = [model_sha256, ort.__version__, ",".join(providers), graph_optimization,
+             cpu_identity()]
     return _sha256("|".join(parts).encode())[:32]
 
 
