@@ -67,8 +67,12 @@ if [ "$mode" = dev ]; then
     dpkg -s libudev1 >/dev/null 2>&1 || apt_packages+=(libudev1)
     # the MQTT tests start a real broker (mosquitto, mosquitto_passwd)
     dpkg -s mosquitto >/dev/null 2>&1 || apt_packages+=(mosquitto)
+    # the overlay tests compile and apply real overlays (dtc, fdtoverlay)
+    dpkg -s device-tree-compiler >/dev/null 2>&1 || apt_packages+=(device-tree-compiler)
     # the unit test runs systemd-analyze verify
     command -v systemd-analyze >/dev/null || apt_packages+=(systemd)
+    # the overlay tests compile and apply device trees (dtc, fdtoverlay)
+    dpkg -s device-tree-compiler >/dev/null 2>&1 || apt_packages+=(device-tree-compiler)
 fi
 if [ "$mode" != uninstall ] && [ "${#apt_packages[@]}" -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
@@ -134,6 +138,11 @@ for profile in "$here"/profiles/*.yaml; do
     write_if_changed "$profile" "$venv/profiles/$(basename "$profile")"
 done
 write_if_changed "$here/README.md" "$venv/share/edge-agent/README.md"
+# overlay sources, where `edge-agent overlay` looks for named entries (<prefix>/dts-overlays)
+mkdir -p "$venv/dts-overlays"
+for source in "$here"/dts-overlays/*; do
+    write_if_changed "$source" "$venv/dts-overlays/$(basename "$source")"
+done
 
 # the unit, with this install's paths
 sed -e "s#/opt/edge-agent#$prefix#g" "$here/systemd/edge-agent.service" > "$scratch/unit"

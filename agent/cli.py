@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_infer_command(commands)
     _add_service_commands(commands)
     _add_fleet_commands(commands)
+    _add_overlay_commands(commands)
     return parser
 
 
@@ -227,6 +228,50 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
                              help="with --once: seconds to collect before printing")
             sub.add_argument("--seconds", type=float, help="stop after N seconds")
     fleet.set_defaults(handler=_fleet)
+
+
+def _overlay(args: argparse.Namespace) -> int:
+    from agent import overlay_cli
+
+    return overlay_cli.run(args)
+
+
+def _add_overlay_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``overlay``; YAML and the overlay tools load only when it runs."""
+    overlay = commands.add_parser("overlay", help="build, validate, install and remove "
+                                  "device-tree overlays for OPP tables (DVFS)")
+    actions = overlay.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (("build", "compile an overlay (.dtbo) from a table, entry or profile"),
+                         ("validate", "check a table or overlay against the SoC's limits"),
+                         ("install", "register an overlay with the boot loader (no reboot)"),
+                         ("remove", "unregister an overlay edge-agent installed"),
+                         ("list", "the overlays the boot configuration applies")):
+        sub = actions.add_parser(action, help=text)
+        if action in ("build", "validate", "install"):
+            sub.add_argument("name", nargs="?", help="a dts-overlays/ entry, or a .dtbo/.dts "
+                             "file")
+            sub.add_argument("--profile", metavar="NAME", help="the entry named by a "
+                             "profile's overlay.dvfs")
+        if action in ("build", "validate"):
+            sub.add_argument("--table", metavar="FILE.yaml", help="an OPP table to generate "
+                             "the overlay from")
+            sub.add_argument("--soc", help="with --table: rk3588 (or soc: in the table)")
+            sub.add_argument("--flavour", help="with --table: vendor or mainline kernel")
+            sub.add_argument("--target", help="with --table: cpu-little, cpu-big0, cpu-big1, "
+                             "gpu or npu")
+        if action == "build":
+            sub.add_argument("--out", metavar="FILE", help="output (default: NAME.dtbo, or "
+                             "stdout with --dts)")
+            sub.add_argument("--dts", action="store_true", help="write the overlay source "
+                             "instead of the compiled .dtbo")
+        if action == "remove":
+            sub.add_argument("name", help="the overlay's name")
+        if action in ("install", "remove", "list"):
+            sub.add_argument("--root", default="/", metavar="DIR",
+                             help="the board's files below DIR (/boot, /proc/device-tree)")
+        if action in ("validate", "list"):
+            sub.add_argument("--json", action="store_true", help="machine-readable output")
+        sub.set_defaults(handler=_overlay)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

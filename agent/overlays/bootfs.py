@@ -1,0 +1,90 @@
+"""Boot-loader files below ``<root>/boot``: confined, and written atomically.
+
+Boot files are not kernel knobs, so they stay out of :class:`agent.fsroot.Root`'s sysfs
+allowlist and its single-write(2) semantics: a boot config must be replaced whole (temp file,
+fsync, rename, fsync of the directory) so a power cut leaves the old file or the new one,
+never half of one.  Paths are resolved with ``Root.resolve`` (links followed inside the
+root, ``..`` above it refused) and must still lie below ``/boot`` afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import tempfile
+
+from agent.fsroot import PathEscapesRoot, Root, WriteRefused
+
+BOOT = "/boot"
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BootFiles:
+    """Reads and atomically replaces files below ``/boot`` of a root, and nothing else."""
+
+    def __init__(self, root: Root) -> None:
+        self.root = root
+
+    def host_path(self, path: str) -> str:
+        """The host path of a logical ``/boot/...`` path; refused if it leaves ``/boot``."""
+        if ".." in path.split("/") or not path.startswith(BOOT + "/"):
+            raise WriteRefused(errno.EPERM, f"{path}: only files below {BOOT} are boot files")
+        resolved = self.root.resolve(path)
+        if not resolved.startswith(BOOT + "/"):
+            raise PathEscapesRoot(errno.EACCES, f"{path}: resolves to {resolved}, outside "
+                                  f"{BOOT}")
+        return self.root.host_path(resolved)
+
+    def read(self, path: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist."""
+        try:
+            with open(self.host_path(path), "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+    def write(self, path: str, data: bytes) -> bool:
+        """Replace the file atomically; False (and nothing written) when it already holds it."""
+        if self.read(path) == data:
+            return False
+        target = self.host_path(path)
+        directory = os.path.dirname(target)
+        os.makedirs(directory, exist_ok=True)
+        try:
+            mode = stat.S_IMODE(os.stat(target).st_mode)
+        except FileNotFoundError:
+            mode = 0o644
+        fd, temp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.",
+                                    suffix=".edge-agent-tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(temp, mode)
+            os.replace(temp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            raise
+        _fsync_dir(directory)
+        return True
+
+    def remove(self, path: str) -> bool:
+        """Delete the file; False when it was not there."""
+        target = self.host_path(path)
+        try:
+            os.unlink(target)
+        except FileNotFoundError:
+            return False
+        _fsync_dir(os.path.dirname(target))
+        return True

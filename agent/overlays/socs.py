@@ -1,0 +1,100 @@
+"""SoC facts the overlay generator and checks rely on: OPP tables, their labels and limits.
+
+One place for every number, so a table is judged by the same facts whether it comes from a
+YAML file or from a compiled overlay.  Sources: shared/hardware-reference.md §3.2 (OPP
+tables, mainline max cells, clock latency, vendor triples and bins) and §5 (labels,
+``__symbols__``); node paths as the vendor BSP (5.10/6.1) and mainline trees spell them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+FLAVOURS = ("vendor", "mainline")
+MHZ = 1_000_000
+
+# The lowest voltage RK3588 board device trees allow on the CPU/GPU/NPU rails
+# (regulator-min-microvolt of the RK806/RK8602 rails).  Not in the hardware reference:
+# confirm on a board with /sys/class/regulator/*/min_microvolts.
+RK3588_RAIL_MIN_UV = 550_000
+
+
+@dataclass(frozen=True)
+class OppTarget:
+    """One OPP table an overlay may change, and the limits a table for it must keep."""
+
+    name: str
+    label: str                  # the DT label an overlay fragment targets (&label)
+    paths: Mapping[str, str]    # flavour -> node path; a missing flavour has no such table
+    min_hz: int
+    max_hz: int
+    min_uv: int
+    max_uv: int                 # the highest cell the SoC's own tables use
+    clock_latency_ns: int | None = None
+    # flavour -> frequency above which the stock table gates OPPs by opp-supported-hw
+    gated_above_hz: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Soc:
+    name: str
+    compatibles: tuple[str, ...]   # the first is written into generated overlays
+    targets: Mapping[str, OppTarget]
+    supplies: Mapping[str, int] = field(default_factory=dict)  # µV triples per OPP, by flavour
+    # flavour -> per-bin property suffixes (opp-microvolt-<bin>) the kernel prefers when
+    # present; an overlay that sets a voltage must set these too or a bin wins over it
+    voltage_bins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    note: str = ""                 # why a SoC offers no OPP targets
+
+
+def _cpu(name: str, cluster: int, max_hz: int, max_uv: int,
+         gated: Mapping[str, int] | None = None) -> OppTarget:
+    return OppTarget(name=name, label=f"cluster{cluster}_opp_table",
+                     paths={"vendor": f"/cluster{cluster}-opp-table",
+                            "mainline": f"/opp-table-cluster{cluster}"},
+                     min_hz=408 * MHZ, max_hz=max_hz, min_uv=RK3588_RAIL_MIN_UV, max_uv=max_uv,
+                     clock_latency_ns=40_000, gated_above_hz=gated or {})
+
+
+RK3588 = Soc(
+    name="rk3588",
+    compatibles=("rockchip,rk3588", "rockchip,rk3588s"),
+    targets={
+        "cpu-little": _cpu("cpu-little", 0, 1800 * MHZ, 950_000),
+        "cpu-big0": _cpu("cpu-big0", 1, 2400 * MHZ, 1_000_000, {"vendor": 2208 * MHZ}),
+        "cpu-big1": _cpu("cpu-big1", 2, 2400 * MHZ, 1_000_000, {"vendor": 2208 * MHZ}),
+        "gpu": OppTarget(name="gpu", label="gpu_opp_table",
+                         paths={"vendor": "/gpu-opp-table",
+                                "mainline": "/gpu@fb000000/opp-table"},
+                         min_hz=300 * MHZ, max_hz=1000 * MHZ, min_uv=RK3588_RAIL_MIN_UV,
+                         max_uv=850_000),
+        # mainline has no NPU OPP table (reference §3.2): vendor only
+        "npu": OppTarget(name="npu", label="npu_opp_table", paths={"vendor": "/npu-opp-table"},
+                         min_hz=300 * MHZ, max_hz=1000 * MHZ, min_uv=RK3588_RAIL_MIN_UV,
+                         max_uv=850_000),
+    },
+    # vendor OPPs carry two triples (the rail, then its SRAM rail) and per-bin voltages
+    supplies={"vendor": 2, "mainline": 1},
+    voltage_bins={"vendor": tuple(f"L{n}" for n in range(8))},
+)
+
+TEGRA234 = Soc(
+    name="tegra234",
+    compatibles=("nvidia,tegra234",),
+    targets={},
+    note="Jetson CPU operating points come from BPMP firmware, not from device-tree OPP "
+         "tables (hardware reference §5), so there is no OPP table to overlay; cap them at "
+         "runtime (profile dvfs, nvpmodel). dts-overlays/jetson-orin-cpu-alert.dts shows what "
+         "an overlay can change there: a thermal trip point",
+)
+
+SOCS: dict[str, Soc] = {soc.name: soc for soc in (RK3588, TEGRA234)}
+
+
+def soc_for_compatible(compatibles: list[str]) -> Soc | None:
+    """The SoC whose compatible string appears in a device tree's (or overlay's) list."""
+    for soc in SOCS.values():
+        if any(c in soc.compatibles for c in compatibles):
+            return soc
+    return None

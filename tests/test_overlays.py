@@ -1,0 +1,777 @@
+"""Device-tree overlays: shipped sources, the generator, validation and the boot installer.
+
+Real ``dtc`` and ``fdtoverlay`` (Debian's device-tree-compiler, installed by
+``install.sh --dev``) compile, decompile and apply every overlay onto small base trees that
+carry the real RK3588/Jetson node paths and labels; boot layouts are built in tmp_path.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.fsroot import Root
+from agent.overlays import build, installer
+from agent.overlays.check import inspect
+from agent.overlays.dtc import DtcMissing
+from agent.overlays.errors import InstallRefused, OverlayError
+from agent.overlays.table import load_table
+
+REPO = Path(__file__).resolve().parents[1]
+OVERLAYS = REPO / "dts-overlays"
+MHZ = 1_000_000
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} not found: install Debian's device-tree-compiler "
+                    "(./install.sh --dev installs it; CI does)")
+    return path
+
+
+def compile_dts(source: str, tmp: Path, name: str = "x") -> Path:
+    (tmp / f"{name}.dts").write_text(source)
+    out = tmp / f"{name}.dtb"
+    subprocess.run([tool("dtc"), "-@", "-I", "dts", "-O", "dtb", "-o", str(out),
+                    str(tmp / f"{name}.dts")], check=True, capture_output=True)
+    return out
+
+
+def decompile(blob: Path) -> dict[str, dict[str, str]]:
+    """node path -> {property: raw value} from ``dtc -I dtb -O dts`` output."""
+    text = subprocess.run([tool("dtc"), "-I", "dtb", "-O", "dts", str(blob)], check=True,
+                          capture_output=True, text=True).stdout
+    nodes: dict[str, dict[str, str]] = {}
+    stack: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.endswith("{"):
+            name = line[:-1].strip()
+            stack.append("" if name == "/" else name)
+            nodes["/" + "/".join(stack[1:])] = {}
+        elif line == "};":
+            stack.pop()
+        elif line.endswith(";") and stack:
+            key, _, value = line[:-1].partition(" = ")
+            nodes["/" + "/".join(stack[1:])][key] = value
+    return nodes
+
+
+def cells(value: str) -> list[int]:
+    return [int(v, 16) for v in re.findall(r"0x[0-9a-f]+", value)]
+
+
+def points(nodes: dict[str, dict[str, str]], table: str) -> dict[int, dict[str, object]]:
+    """hz -> {microvolt cells, disabled, flags} for the OPP nodes directly below ``table``."""
+    found: dict[int, dict[str, object]] = {}
+    for path, props in nodes.items():
+        if path.rsplit("/", 1)[0] != table or "opp-hz" not in props:
+            continue
+        high, low = cells(props["opp-hz"])
+        found[high << 32 | low] = {
+            "microvolt": cells(props.get("opp-microvolt", "")),
+            "disabled": props.get("status") == '"disabled"',
+            "suspend": "opp-suspend" in props, "turbo": "turbo-mode" in props,
+            "bins": {k: cells(v) for k, v in props.items() if k.startswith("opp-microvolt-")}}
+    return found
+
+
+def apply(base: Path, overlay: Path, tmp: Path) -> dict[str, dict[str, str]]:
+    merged = tmp / "merged.dtb"
+    subprocess.run([tool("fdtoverlay"), "-i", str(base), "-o", str(merged), str(overlay)],
+                   check=True, capture_output=True)
+    return decompile(merged)
+
+
+def opp(hz: int, uv: int, extra: str = "") -> str:
+    return (f"opp-{hz} {{ opp-hz = /bits/ 64 <{hz}>; opp-microvolt = <{uv} {uv} 1000000>; "
+            f"clock-latency-ns = <40000>; {extra}}};")
+
+
+def vendor_opp(hz: int, uv: int) -> str:
+    return (f"opp-{hz} {{ opp-hz = /bits/ 64 <{hz}>; opp-microvolt = <{uv} {uv} 1000000>, "
+            f"<{uv} {uv} 1000000>; opp-microvolt-L2 = <{uv - 25000} {uv - 25000} 1000000>, "
+            f"<{uv - 25000} {uv - 25000} 1000000>; }};")
+
+
+# Small base trees with the real node paths and labels of each kernel flavour.
+MAINLINE_BASE = f"""/dts-v1/;
+/ {{
+    compatible = "radxa,rock-5b", "rockchip,rk3588";
+    cluster0_opp_table: opp-table-cluster0 {{ compatible = "operating-points-v2"; opp-shared;
+        {opp(1608 * MHZ, 850000)} {opp(1800 * MHZ, 950000)} }};
+    cluster1_opp_table: opp-table-cluster1 {{ compatible = "operating-points-v2"; opp-shared;
+        {opp(408 * MHZ, 675000, "opp-suspend; ")} {opp(2208 * MHZ, 987500)}
+        {opp(2400 * MHZ, 1000000)} }};
+    cluster2_opp_table: opp-table-cluster2 {{ compatible = "operating-points-v2"; opp-shared;
+        {opp(2208 * MHZ, 987500)} {opp(2400 * MHZ, 1000000)} }};
+    gpu: gpu@fb000000 {{
+        compatible = "rockchip,rk3588-mali", "arm,mali-valhall-csf";
+        operating-points-v2 = <&gpu_opp_table>;
+        gpu_opp_table: opp-table {{ compatible = "operating-points-v2";
+            {opp(900 * MHZ, 800000)} {opp(1000 * MHZ, 850000)} }};
+    }};
+}};
+"""
+VENDOR_BASE = f"""/dts-v1/;
+/ {{
+    compatible = "radxa,rock-5b", "rockchip,rk3588";
+    cluster1_opp_table: cluster1-opp-table {{ compatible = "operating-points-v2";
+        {vendor_opp(2208 * MHZ, 987500)} }};
+    gpu_opp_table: gpu-opp-table {{ compatible = "operating-points-v2";
+        {vendor_opp(900 * MHZ, 800000)} }};
+    npu_opp_table: npu-opp-table {{ compatible = "operating-points-v2";
+        {vendor_opp(800 * MHZ, 750000)} {vendor_opp(900 * MHZ, 800000)}
+        {vendor_opp(1000 * MHZ, 850000)} }};
+}};
+"""
+JETSON_BASE = """/dts-v1/;
+/ {
+    compatible = "nvidia,p3768-0000+p3767-0005", "nvidia,tegra234";
+    thermal-zones { cpu-thermal { polling-delay = <0>; trips {
+        cpu-hot { temperature = <99000>; hysteresis = <0>; type = "hot"; }; }; }; };
+};
+"""
+
+TABLE = """\
+opps:
+  - {hz: 408000000, microvolt: 675000, opp-suspend: true}
+  - {hz: 1800000000, microvolt: [837500, 825000, 1000000]}
+  - {hz: 2208000000, microvolt: [975000, 962500, 1000000], turbo-mode: true}
+  - {hz: 2400000000, disabled: true}
+"""
+
+
+def expected_points(supplies: int) -> dict[int, dict[str, object]]:
+    """What TABLE asks for, as decompiled: one triple per supply, disabled points bare."""
+    def point(microvolt: list[int], disabled: bool = False, suspend: bool = False,
+              turbo: bool = False) -> dict[str, object]:
+        return {"microvolt": microvolt * supplies, "disabled": disabled, "suspend": suspend,
+                "turbo": turbo}
+    return {408 * MHZ: point([675000] * 3, suspend=True),
+            1800 * MHZ: point([837500, 825000, 1000000]),
+            2208 * MHZ: point([975000, 962500, 1000000], turbo=True),
+            2400 * MHZ: point([], disabled=True)}
+
+
+def without_bins(found: dict[int, dict[str, object]]) -> dict[int, dict[str, object]]:
+    return {hz: {k: v for k, v in p.items() if k != "bins"} for hz, p in found.items()}
+
+
+# -- shipped sources ----------------------------------------------------------------------
+
+SHIPPED = sorted(OVERLAYS.glob("*.dts"))
+
+
+def test_dts_overlays_holds_sources_only() -> None:
+    assert {p.name for p in OVERLAYS.iterdir()} - {p.name for p in SHIPPED} == {"README.md"}
+
+
+@pytest.mark.parametrize("source", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_overlay_compiles(source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.dtbo"
+    result = subprocess.run([tool("dtc"), "-@", "-I", "dts", "-O", "dtb", "-o", str(out),
+                             str(source)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes()[:4] == bytes.fromhex("d00dfeed")
+
+
+def test_shipped_overlays_cover_every_rk3588_table_and_jetson() -> None:
+    covered = {(t.flavour, t.target.name) for p in SHIPPED
+               for t in build.from_entry(p.stem).overlay.tables}
+    assert covered == {("mainline", "cpu-little"), ("mainline", "cpu-big0"),
+                       ("mainline", "cpu-big1"), ("mainline", "gpu"), ("vendor", "npu")}
+    jetson = build.from_entry("jetson-orin-cpu-alert").overlay
+    assert jetson.compatibles == ["nvidia,tegra234"]
+    assert [f.path for f in jetson.fragments] == ["/thermal-zones/cpu-thermal"]
+
+
+@pytest.mark.parametrize(("name", "base", "table", "expected"), [
+    ("rk3588-mainline-cpu-big0-capped", MAINLINE_BASE, "/opp-table-cluster1",
+     {2208 * MHZ: [975000, 975000, 1000000], 2400 * MHZ: []}),
+    ("rk3588-mainline-cpu-big1-capped", MAINLINE_BASE, "/opp-table-cluster2",
+     {2208 * MHZ: [975000, 975000, 1000000], 2400 * MHZ: []}),
+    ("rk3588-mainline-cpu-little-capped", MAINLINE_BASE, "/opp-table-cluster0",
+     {1608 * MHZ: [837500, 837500, 950000], 1800 * MHZ: []}),
+    ("rk3588-mainline-gpu-capped", MAINLINE_BASE, "/gpu@fb000000/opp-table",
+     {900 * MHZ: [787500, 787500, 850000], 1000 * MHZ: []}),
+    ("rk3588-vendor-npu-capped", VENDOR_BASE, "/npu-opp-table",
+     {800 * MHZ: [737500, 737500, 850000] * 2, 900 * MHZ: [787500, 787500, 850000] * 2,
+      1000 * MHZ: []}),
+])
+def test_shipped_rk3588_overlay_applies_onto_its_flavour(
+        name: str, base: str, table: str, expected: dict[int, list[int]],
+        tmp_path: Path) -> None:
+    overlay = tmp_path / f"{name}.dtbo"
+    overlay.write_bytes(build.from_entry(name).dtbo)
+    merged = points(apply(compile_dts(base, tmp_path), overlay, tmp_path), table)
+    for hz, microvolt in expected.items():
+        assert merged[hz]["microvolt"] == (microvolt or merged[hz]["microvolt"])
+        assert merged[hz]["disabled"] is (not microvolt)
+    if "vendor" in name:  # the stock per-bin voltage no longer undercuts the overlay's
+        assert merged[900 * MHZ]["bins"]["opp-microvolt-L2"] == [787500, 787500, 850000] * 2
+
+
+def test_jetson_overlay_adds_a_trip_point(tmp_path: Path) -> None:
+    overlay = tmp_path / "alert.dtbo"
+    overlay.write_bytes(build.from_entry("jetson-orin-cpu-alert").dtbo)
+    merged = apply(compile_dts(JETSON_BASE, tmp_path), overlay, tmp_path)
+    trip = merged["/thermal-zones/cpu-thermal/trips/edge-agent-alert"]
+    assert cells(trip["temperature"]) == [85000]
+    assert trip["type"] == '"passive"'
+    assert cells(merged["/thermal-zones/cpu-thermal/trips/cpu-hot"]["temperature"]) == [99000]
+
+
+# -- the generator ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flavour", ["mainline", "vendor"])
+def test_generated_overlay_decompiles_to_exactly_the_requested_points(
+        flavour: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "big0.yaml").write_text(TABLE)
+    out = tmp_path / "big0.dtbo"
+    assert main(["overlay", "build", "--soc", "rk3588", "--flavour", flavour, "--target",
+                 "cpu-big0", "--table", str(tmp_path / "big0.yaml"), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"wrote {out}"
+    nodes = decompile(out)
+    assert nodes["/"]["compatible"] == '"rockchip,rk3588"'
+    assert nodes["/__fixups__"] == {"cluster1_opp_table": '"/fragment@0:target:0"'}
+    found = points(nodes, "/fragment@0/__overlay__")
+    assert without_bins(found) == expected_points(2 if flavour == "vendor" else 1)
+    for hz, point in found.items():
+        expected_bins = {f"opp-microvolt-L{n}": point["microvolt"] for n in range(8)} \
+            if flavour == "vendor" and not point["disabled"] else {}
+        assert point["bins"] == expected_bins, hz
+
+
+@pytest.mark.parametrize(("flavour", "base", "table"), [
+    ("mainline", MAINLINE_BASE, "/opp-table-cluster1"),
+    ("vendor", VENDOR_BASE, "/cluster1-opp-table")])
+def test_fdtoverlay_applies_a_generated_overlay(flavour: str, base: str, table: str,
+                                                tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text(TABLE)
+    built = build.from_table(load_table(tmp_path / "t.yaml", "rk3588", flavour, "cpu-big0"),
+                             "t")
+    (tmp_path / "t.dtbo").write_bytes(built.dtbo)
+    merged = points(apply(compile_dts(base, tmp_path), tmp_path / "t.dtbo", tmp_path), table)
+    supplies = 2 if flavour == "vendor" else 1
+    assert merged[2208 * MHZ]["microvolt"] == [975000, 962500, 1000000] * supplies
+    assert merged[2208 * MHZ]["turbo"] is True
+    assert merged[1800 * MHZ]["microvolt"] == [837500, 825000, 1000000] * supplies  # added
+    if flavour == "mainline":
+        assert merged[2400 * MHZ]["disabled"] is True
+        assert merged[2400 * MHZ]["microvolt"] == [1000000] * 3  # stock values stay below it
+    else:
+        assert merged[2208 * MHZ]["bins"]["opp-microvolt-L2"] == [975000, 962500, 1000000] * 2
+
+
+def test_generated_source_is_what_gets_compiled(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("soc: rk3588\nflavour: mainline\ntarget: gpu\nopps:\n"
+                                     "  - {hz: 800000000, microvolt: 737500}\n")
+    built = build.from_table(load_table(tmp_path / "t.yaml"), "t")
+    assert built.source is not None
+    assert "&gpu_opp_table {" in built.source
+    assert "\t\topp-microvolt = <737500 737500 737500>;" in built.source
+    assert "clock-latency-ns" not in built.source  # CPU tables only
+
+
+# -- validation ---------------------------------------------------------------------------
+
+BAD_TABLES = {
+    "duplicate frequency": (
+        "opps:\n  - {hz: 1800000000, microvolt: 850000}\n  - {hz: 1800000000, microvolt: "
+        "850000}\n",
+        "opps[1].hz: 1800000000 is not allowed: opps[0] has the same frequency (each "
+        "frequency once)"),
+    "frequency above the SoC's range": (
+        "opps:\n  - {hz: 2600000000, microvolt: 1000000}\n",
+        "opps[0].hz: 2600000000 is not allowed: expected a frequency 408000000..2400000000 Hz "
+        "for rk3588 cpu-big0"),
+    "frequency below the SoC's range": (
+        "opps:\n  - {hz: 96000000, microvolt: 675000}\n",
+        "opps[0].hz: 96000000 is not allowed: expected a frequency 408000000..2400000000 Hz "
+        "for rk3588 cpu-big0"),
+    "voltage above the regulator's range": (
+        "opps:\n  - {hz: 2400000000, microvolt: [1000000, 1000000, 1100000]}\n",
+        "opps[0].microvolt[2]: 1100000 is not allowed: expected µV 550000..1000000 (the rk3588 "
+        "cpu-big0 rail)"),
+    "voltage below the regulator's range": (
+        "opps:\n  - {hz: 408000000, microvolt: 500000}\n",
+        "opps[0].microvolt: 500000 is not allowed: expected µV 550000..1000000 (the rk3588 "
+        "cpu-big0 rail)"),
+    "voltage falling as frequency rises": (
+        "opps:\n  - {hz: 2208000000, microvolt: 950000}\n  - {hz: 1800000000, microvolt: "
+        "975000}\n",
+        "opps[0].microvolt: 950000 is not allowed: below the 975000 µV of opps[1] at "
+        "1800000000 Hz (1800 MHz) (voltage must not fall as frequency rises)"),
+    "triple out of order": (
+        "opps:\n  - {hz: 1800000000, microvolt: [850000, 900000, 1000000]}\n",
+        "opps[0].microvolt: [850000, 900000, 1000000] is not allowed: expected [target, min, "
+        "max] with min <= target <= max"),
+    "entry not a mapping": (
+        "opps:\n  - 1800000000\n",
+        "opps[0]: expected a mapping with keys hz, microvolt, opp-suspend, turbo-mode, "
+        "disabled"),
+    "unknown field": (
+        "opps:\n  - {freq: 1800000000, microvolt: 850000}\n",
+        "opps[0].freq: unknown key (allowed: hz, microvolt, opp-suspend, turbo-mode, "
+        "disabled)"),
+    "malformed voltage": (
+        "opps:\n  - {hz: 1800000000, microvolt: [850000, 900000]}\n",
+        "opps[0].microvolt: [850000, 900000] is not allowed: expected a voltage in µV, or a "
+        "[target, min, max] triple in µV"),
+    "missing voltage": (
+        "opps:\n  - {hz: 1800000000}\n",
+        "opps[0]: missing microvolt (µV, or a [target, min, max] triple)"),
+    "missing frequency": (
+        "opps:\n  - {microvolt: 850000}\n", "opps[0]: missing hz (the frequency in Hz)"),
+    "disabled point with a voltage": (
+        "opps:\n  - {hz: 2400000000, disabled: true, microvolt: 1000000}\n",
+        "opps[0].microvolt: a disabled operating point takes only hz"),
+    "two suspend points": (
+        "opps:\n  - {hz: 408000000, microvolt: 675000, opp-suspend: true}\n"
+        "  - {hz: 600000000, microvolt: 675000, opp-suspend: true}\n",
+        "opps[1].opp-suspend: opps[0] is already the suspend point (one per table)"),
+    "no points": ("opps: []\n", "opps: no operating points: list at least one"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_TABLES, ids=str)
+def test_validation_names_the_bad_entry(case: str, tmp_path: Path) -> None:
+    text, message = BAD_TABLES[case]
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(OverlayError) as caught:
+        load_table(tmp_path / "bad.yaml", "rk3588", "mainline", "cpu-big0")
+    assert str(caught.value) == f"{tmp_path / 'bad.yaml'}: {message}"
+
+
+@pytest.mark.parametrize(("soc", "flavour", "target", "key", "message"), [
+    ("rk3588", "mainline", "npu", "target", "'npu' is not allowed: rk3588 mainline kernels "
+     "have no npu OPP table (it exists on: vendor)"),
+    ("rk3588", "vendor", "cpu-mid", "target", "'cpu-mid' is not allowed: expected one of "
+     "cpu-little, cpu-big0, cpu-big1, gpu, npu for rk3588"),
+    ("rk3588", "bsp", "gpu", "flavour", "'bsp' is not allowed: expected one of vendor, "
+     "mainline (the vendor BSP kernel or mainline)"),
+    ("rk3399", "mainline", "gpu", "soc", "'rk3399' is not allowed: expected one of rk3588, "
+     "tegra234"),
+])
+def test_unknown_target_for_the_soc_or_flavour_is_refused(
+        soc: str, flavour: str, target: str, key: str, message: str, tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("opps:\n  - {hz: 800000000, microvolt: 750000}\n")
+    with pytest.raises(OverlayError) as caught:
+        load_table(tmp_path / "t.yaml", soc, flavour, target)
+    assert (caught.value.key, caught.value.message) == (key, message)
+
+
+def test_jetson_has_no_opp_tables_and_says_why(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("opps:\n  - {hz: 800000000, microvolt: 750000}\n")
+    with pytest.raises(OverlayError) as caught:
+        load_table(tmp_path / "t.yaml", "tegra234", "mainline", "cpu-big0")
+    assert caught.value.key == "soc"
+    assert "BPMP firmware" in caught.value.message
+
+
+def test_table_and_flags_must_agree(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("target: gpu\nopps:\n  - {hz: 800000000, microvolt: "
+                                     "750000}\n")
+    with pytest.raises(OverlayError) as caught:
+        load_table(tmp_path / "t.yaml", "rk3588", "mainline", "npu")
+    assert str(caught.value) == (f"{tmp_path / 't.yaml'}: target: the table says 'gpu' but "
+                                 "--target says 'npu'")
+
+
+def test_vendor_points_above_the_bin_gate_are_warned_about(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("opps:\n  - {hz: 2400000000, microvolt: 1000000}\n")
+    vendor = load_table(tmp_path / "t.yaml", "rk3588", "vendor", "cpu-big1")
+    mainline = load_table(tmp_path / "t.yaml", "rk3588", "mainline", "cpu-big1")
+    assert vendor.warnings == ("opps[0]: 2400000000 Hz (2400 MHz) is bin-gated by "
+                               "opp-supported-hw in the vendor rk3588 cpu-big1 table: on a chip "
+                               "outside the bin it silently does not appear; check "
+                               "scaling_available_frequencies after the reboot",)
+    assert mainline.warnings == ()
+
+
+def test_a_hand_written_overlay_is_held_to_the_same_limits(tmp_path: Path) -> None:
+    source = ('/dts-v1/;\n/plugin/;\n/ { compatible = "rockchip,rk3588"; };\n'
+              "&cluster1_opp_table {\n"
+              "  opp-1800000000 { opp-hz = /bits/ 64 <1800000000>; "
+              "opp-microvolt = <900000 900000 1000000>; };\n"
+              "  opp-2208000000 { opp-hz = /bits/ 64 <2208000000>; "
+              "opp-microvolt = <850000 850000 1000000>; };\n};\n")
+    with pytest.raises(OverlayError) as caught:
+        inspect(compile_dts(source, tmp_path).read_bytes(), "hand.dts")
+    assert str(caught.value) == (
+        "hand.dts: &cluster1_opp_table/opp-2208000000.microvolt: 850000 is not allowed: below "
+        "the 900000 µV of &cluster1_opp_table/opp-1800000000 at 1800000000 Hz (1800 MHz) "
+        "(voltage must not fall as frequency rises)")
+
+
+def test_cli_validate_reports_the_entry_and_exits_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "t.yaml").write_text("opps:\n  - {hz: 3000000000, microvolt: 900000}\n")
+    assert main(["overlay", "validate", "--table", str(tmp_path / "t.yaml"), "--soc", "rk3588",
+                 "--flavour", "mainline", "--target", "cpu-little"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"edge-agent overlay validate: {tmp_path / 't.yaml'}: opps[0].hz: 3000000000 is not "
+        "allowed: expected a frequency 408000000..1800000000 Hz for rk3588 cpu-little")
+
+
+def test_missing_dtc_is_named_with_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(DtcMissing, match="device-tree-compiler"):
+        build.from_entry("rk3588-mainline-gpu-capped")
+
+
+def test_discover_does_not_load_the_overlay_tools() -> None:
+    code = ("import sys; from agent.cli import main; main(['discover', '--json']); "
+            "print(sorted(m for m in sys.modules if m.startswith('agent.overlay')), "
+            "file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=REPO, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "[]"
+
+
+# -- the installer ------------------------------------------------------------------------
+
+ARMBIAN_ENV = """\
+verbosity=1
+bootlogo=false
+console=both
+overlay_prefix=rockchip-rk3588
+fdtfile=rockchip/rk3588-rock-5b.dtb
+rootdev=UUID=0b7cc0ef-5d6e-4e5b-9c7a-1e2f3a4b5c6d
+rootfstype=ext4
+overlays=panthor-gpu
+usbstoragequirks=0x2537:0x1066:u,0x2537:0x1068:u
+"""
+RADXA_EXTLINUX = """\
+## /boot/extlinux/extlinux.conf
+##
+## IMPORTANT WARNING
+##
+## The configuration of this file is generated automatically.
+## Do not edit this file manually, use: u-boot-update
+
+default l0
+menu title U-Boot menu
+prompt 1
+timeout 10
+
+
+label l0
+\tmenu label Debian GNU/Linux 12 (bookworm) 6.1.84-1-rk2410
+\tlinux /boot/vmlinuz-6.1.84-1-rk2410
+\tinitrd /boot/initrd.img-6.1.84-1-rk2410
+\tfdtdir /usr/lib/linux-image-6.1.84-1-rk2410/
+\tfdtoverlays  /boot/dtbo/rk3588-uart7-m2.dtbo
+\t
+\tappend root=UUID=2f1e3d4c rw console=ttyFIQ0,1500000n8 quiet splash
+
+label l0r
+\tmenu label Debian GNU/Linux 12 (bookworm) 6.1.84-1-rk2410 (rescue target)
+\tlinux /boot/vmlinuz-6.1.84-1-rk2410
+\tinitrd /boot/initrd.img-6.1.84-1-rk2410
+\tfdtdir /usr/lib/linux-image-6.1.84-1-rk2410/
+\t
+\tappend root=UUID=2f1e3d4c rw console=ttyFIQ0,1500000n8 single
+"""
+JETSON_EXTLINUX = """\
+TIMEOUT 30
+DEFAULT primary
+
+MENU TITLE L4T boot options
+
+LABEL primary
+      MENU LABEL primary kernel
+      LINUX /boot/Image
+      FDT /boot/dtb/kernel_tegra234-p3768-0000+p3767-0005-nv.dtb
+      INITRD /boot/initrd
+      APPEND ${cbootargs} root=PARTUUID=1b2c3d4e rw rootwait rootfstype=ext4
+
+# When testing a custom kernel, it is recommended that you create a backup of
+# the original kernel and add a new entry to this file so that the device can
+# fallback to the original kernel.
+"""
+JETSON_RELEASE = "# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64\n"
+
+RK3588 = "radxa,rock-5b\0rockchip,rk3588\0"
+TEGRA = "nvidia,p3768-0000+p3767-0005\0nvidia,p3767-0005\0nvidia,tegra234\0"
+MAINLINE_SYMBOLS = {"cluster1_opp_table": "/opp-table-cluster1",
+                    "gpu_opp_table": "/gpu@fb000000/opp-table"}
+VENDOR_SYMBOLS = {"cluster1_opp_table": "/cluster1-opp-table", "npu_opp_table": "/npu-opp-table"}
+
+
+def board(root: Path, files: dict[str, str], compatible: str,
+          symbols: dict[str, str] | None = None, nodes: tuple[str, ...] = ()) -> Path:
+    """A fake root: boot files, and a running device tree with compatible and __symbols__."""
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    dt = root / "proc/device-tree"
+    dt.mkdir(parents=True)
+    (dt / "compatible").write_text(compatible)
+    if symbols is not None:
+        (dt / "__symbols__").mkdir()
+        for label, path in symbols.items():
+            (dt / "__symbols__" / label).write_text(path + "\0")
+    for node in nodes:
+        (dt / node.lstrip("/")).mkdir(parents=True)
+    return root
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file below /boot and /etc, byte for byte (temp files included, were any left)."""
+    return {str(p.relative_to(root)): p.read_bytes() for top in ("boot", "etc")
+            for p in sorted((root / top).rglob("*")) if p.is_file()}
+
+
+def armbian(root: Path) -> Path:
+    return board(root, {"boot/armbianEnv.txt": ARMBIAN_ENV}, RK3588, MAINLINE_SYMBOLS)
+
+
+def radxa(root: Path) -> Path:
+    return board(root, {"boot/extlinux/extlinux.conf": RADXA_EXTLINUX,
+                        "boot/dtbo/rk3588-uart7-m2.dtbo": "stock overlay",
+                        "etc/default/u-boot": 'U_BOOT_FDT_OVERLAYS_DIR="/boot/dtbo/"\n'},
+                 RK3588, VENDOR_SYMBOLS)
+
+
+def jetson(root: Path, extlinux: str = JETSON_EXTLINUX, release: str = JETSON_RELEASE) -> Path:
+    return board(root, {"boot/extlinux/extlinux.conf": extlinux,
+                        "etc/nv_tegra_release": release}, TEGRA, {},
+                 ("/thermal-zones/cpu-thermal",))
+
+
+ARMBIAN_AFTER = ARMBIAN_ENV + "user_overlays=rk3588-mainline-cpu-big0-capped\n"
+RADXA_AFTER = RADXA_EXTLINUX.replace("default l0\n", "default edge-agent\n").replace(
+    "\nlabel l0\n", """
+# edge-agent overlays: a copy of LABEL l0; removing the last one restores DEFAULT l0
+label edge-agent
+\tmenu label Debian GNU/Linux 12 (bookworm) 6.1.84-1-rk2410 + edge-agent overlays
+\tlinux /boot/vmlinuz-6.1.84-1-rk2410
+\tinitrd /boot/initrd.img-6.1.84-1-rk2410
+\tfdtdir /usr/lib/linux-image-6.1.84-1-rk2410/
+\tfdtoverlays  /boot/dtbo/rk3588-uart7-m2.dtbo /boot/dtbo/rk3588-vendor-npu-capped.dtbo
+\t
+\tappend root=UUID=2f1e3d4c rw console=ttyFIQ0,1500000n8 quiet splash
+
+label l0
+""")
+JETSON_AFTER = JETSON_EXTLINUX.replace("DEFAULT primary", "DEFAULT edge-agent").replace(
+    "\nLABEL primary\n", """
+# edge-agent overlays: a copy of LABEL primary; removing the last one restores DEFAULT primary
+LABEL edge-agent
+      MENU LABEL primary kernel + edge-agent overlays
+      LINUX /boot/Image
+      FDT /boot/dtb/kernel_tegra234-p3768-0000+p3767-0005-nv.dtb
+      OVERLAYS /boot/jetson-orin-cpu-alert.dtbo
+      INITRD /boot/initrd
+      APPEND ${cbootargs} root=PARTUUID=1b2c3d4e rw rootwait rootfstype=ext4
+
+LABEL primary
+""")
+
+LAYOUTS = {
+    "armbian": (armbian, "rk3588-mainline-cpu-big0-capped", "boot/armbianEnv.txt",
+                ARMBIAN_AFTER, "boot/overlay-user/rk3588-mainline-cpu-big0-capped.dtbo"),
+    "radxa-extlinux": (radxa, "rk3588-vendor-npu-capped", "boot/extlinux/extlinux.conf",
+                       RADXA_AFTER, "boot/dtbo/rk3588-vendor-npu-capped.dtbo"),
+    "jetson-extlinux": (jetson, "jetson-orin-cpu-alert", "boot/extlinux/extlinux.conf",
+                        JETSON_AFTER, "boot/jetson-orin-cpu-alert.dtbo"),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_install_is_idempotent_and_remove_restores_byte_for_byte(
+        layout: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make, name, config, after, dtbo = LAYOUTS[layout]
+    root = make(tmp_path)
+    before = snapshot(root)
+
+    assert main(["overlay", "install", name, "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "reboot to apply it: edge-agent never reboots the board" in out
+    assert (root / config).read_text() == after
+    assert (root / dtbo).read_bytes() == build.from_entry(name).dtbo
+    assert (root / f"{config}.edge-agent-{name}.bak").read_bytes() == before[config]
+    installed = snapshot(root)
+    assert set(installed) - set(before) == {dtbo, f"{config}.edge-agent-{name}.bak"}
+
+    assert main(["overlay", "install", name, "--root", str(root)]) == 0
+    assert f"{name} is already installed: nothing changed" in capsys.readouterr().out
+    assert snapshot(root) == installed
+
+    assert main(["overlay", "list", "--root", str(root)]) == 0
+    listing = capsys.readouterr().out
+    assert re.search(rf"^  \* {re.escape(name)} +/{re.escape(dtbo)}$", listing, re.MULTILINE)
+
+    assert main(["overlay", "remove", name, "--root", str(root)]) == 0
+    assert "reboot to apply it" in capsys.readouterr().out
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("layout", ["radxa-extlinux", "jetson-extlinux", "armbian"])
+def test_two_overlays_removed_out_of_order_restore_the_original(
+        layout: str, tmp_path: Path) -> None:
+    make, name, config, _, _ = LAYOUTS[layout]
+    root = Root(make(tmp_path))
+    before = snapshot(tmp_path)
+    first = build.from_entry(name)
+    second = build.Built("extra", first.source, first.dtbo, first.overlay, [])
+    installer.install(root, first)
+    installer.install(root, second)
+    text = (tmp_path / config).read_text()
+    assert text.count("extra") == 1 and text.count(name) == 1
+    installer.remove(root, name)
+    assert name not in (tmp_path / config).read_text()
+    installer.remove(root, "extra")
+    assert snapshot(tmp_path) == before
+
+
+def test_armbian_appends_to_an_existing_user_overlays_line(tmp_path: Path) -> None:
+    env = ARMBIAN_ENV + "user_overlays=fan-control\n"
+    root = Root(board(tmp_path, {"boot/armbianEnv.txt": env}, RK3588, MAINLINE_SYMBOLS))
+    installer.install(root, build.from_entry("rk3588-mainline-gpu-capped"))
+    assert (tmp_path / "boot/armbianEnv.txt").read_text().endswith(
+        "user_overlays=fan-control rk3588-mainline-gpu-capped\n")
+    layout, items = installer.listed(root)
+    assert layout.kind == "armbian"
+    assert [(i["name"], i["edge_agent"], i["present"]) for i in items] == [
+        ("fan-control", False, False), ("rk3588-mainline-gpu-capped", True, True),
+        ("panthor-gpu", False, False)]
+    assert items[2]["path"] == "/boot/dtb/rockchip/overlay/rockchip-rk3588-panthor-gpu.dtbo"
+
+
+def test_jetson_entry_without_fdt_gets_the_one_dtb_in_the_copy(tmp_path: Path) -> None:
+    fdt = "      FDT /boot/dtb/kernel_tegra234-p3768-0000+p3767-0005-nv.dtb\n"
+    stock = JETSON_EXTLINUX.replace(fdt, "")
+    root = jetson(tmp_path, stock)
+    with pytest.raises(InstallRefused, match="LABEL primary has no FDT line"):
+        installer.install(Root(root), build.from_entry("jetson-orin-cpu-alert"))
+    assert (root / "boot/extlinux/extlinux.conf").read_text() == stock
+    (root / "boot/dtb").mkdir()
+    (root / "boot/dtb/kernel_tegra234-p3768-0000+p3767-0005-nv.dtb").write_text("dtb")
+    installer.install(Root(root), build.from_entry("jetson-orin-cpu-alert"))
+    # the copy names the DTB; the original entry stays as it was
+    assert (root / "boot/extlinux/extlinux.conf").read_text() == JETSON_AFTER.replace(
+        fdt + "      INITRD", "      INITRD")
+
+
+def test_jetpack_5_is_refused(tmp_path: Path) -> None:
+    root = jetson(tmp_path, release="# R35 (release), REVISION: 5.0, GCID: 1, BOARD: t186ref\n")
+    with pytest.raises(InstallRefused, match=r"L4T R35\.5\.0: extlinux OVERLAYS arrived with "
+                       r"R36\.2"):
+        installer.install(Root(root), build.from_entry("jetson-orin-cpu-alert"))
+
+
+def test_unknown_boot_layout_is_refused_with_a_clear_message(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = board(tmp_path, {"boot/boot.scr": "script"}, RK3588, MAINLINE_SYMBOLS)
+    before = snapshot(root)
+    assert main(["overlay", "install", "rk3588-mainline-gpu-capped", "--root", str(root)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"edge-agent overlay install: unrecognised boot layout below {root}: expected "
+        "/boot/armbianEnv.txt (Armbian) or /boot/extlinux/extlinux.conf (U-Boot extlinux, or "
+        "Jetson JetPack 6+); nothing was changed")
+    assert snapshot(root) == before
+
+
+def test_both_layouts_at_once_are_refused(tmp_path: Path) -> None:
+    root = board(tmp_path, {"boot/armbianEnv.txt": ARMBIAN_ENV,
+                            "boot/extlinux/extlinux.conf": RADXA_EXTLINUX}, RK3588,
+                 MAINLINE_SYMBOLS)
+    with pytest.raises(InstallRefused, match="which one the boot loader reads is unknown"):
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+
+
+@pytest.mark.parametrize(("compatible", "symbols", "message"), [
+    (TEGRA, MAINLINE_SYMBOLS, "rk3588-mainline-gpu-capped is for rockchip,rk3588, "
+     "rockchip,rk3588s; this board is nvidia,p3768-0000+p3767-0005, nvidia,p3767-0005, "
+     "nvidia,tegra234"),
+    (RK3588, None, "rk3588-mainline-gpu-capped targets labels (gpu_opp_table) but the running "
+     "device tree has no __symbols__: the base DTB was not built with dtc -@, so they cannot "
+     "resolve"),
+    (RK3588, {"cluster1_opp_table": "/opp-table-cluster1"}, "rk3588-mainline-gpu-capped "
+     "targets gpu_opp_table, which the running device tree does not have"),
+    (RK3588, {"gpu_opp_table": "/gpu-opp-table"}, "rk3588-mainline-gpu-capped is for "
+     "mainline kernels, but &gpu_opp_table is /gpu-opp-table here: a vendor kernel"),
+])
+def test_the_running_device_tree_must_take_the_overlay(
+        compatible: str, symbols: dict[str, str] | None, message: str, tmp_path: Path) -> None:
+    root = board(tmp_path, {"boot/armbianEnv.txt": ARMBIAN_ENV}, compatible, symbols)
+    before = snapshot(root)
+    with pytest.raises(InstallRefused) as caught:
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+    assert str(caught.value).startswith(message)
+    assert snapshot(root) == before
+
+
+def test_a_boot_config_linked_out_of_boot_is_refused(tmp_path: Path) -> None:
+    root = board(tmp_path, {"etc/armbianEnv.txt": ARMBIAN_ENV}, RK3588, MAINLINE_SYMBOLS)
+    (root / "boot").mkdir()
+    (root / "boot/armbianEnv.txt").symlink_to("/etc/armbianEnv.txt")
+    with pytest.raises(OSError, match=r"resolves to /etc/armbianEnv\.txt, outside /boot"):
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+    assert (root / "etc/armbianEnv.txt").read_text() == ARMBIAN_ENV
+    assert not (root / "boot/overlay-user").exists()
+
+
+def test_a_foreign_dtbo_of_the_same_name_is_not_overwritten(tmp_path: Path) -> None:
+    root = armbian(tmp_path)
+    (root / "boot/overlay-user").mkdir()
+    (root / "boot/overlay-user/rk3588-mainline-gpu-capped.dtbo").write_text("someone else's")
+    with pytest.raises(InstallRefused, match="was not installed by edge-agent"):
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+    assert (root / "boot/armbianEnv.txt").read_text() == ARMBIAN_ENV
+
+
+def test_remove_refuses_what_edge_agent_did_not_install(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = radxa(tmp_path)
+    assert main(["overlay", "remove", "rk3588-uart7-m2", "--root", str(root)]) == 1
+    assert "rk3588-uart7-m2 was not installed by edge-agent" in capsys.readouterr().err
+    assert (root / "boot/extlinux/extlinux.conf").read_text() == RADXA_EXTLINUX
+
+
+def test_remove_after_u_boot_update_rewrote_the_config(tmp_path: Path) -> None:
+    """Radxa regenerates extlinux.conf from the overlay directory: the copy is gone."""
+    root = radxa(tmp_path)
+    installer.install(Root(root), build.from_entry("rk3588-vendor-npu-capped"))
+    regenerated = RADXA_EXTLINUX.replace(
+        "rk3588-uart7-m2.dtbo\n", "rk3588-uart7-m2.dtbo /boot/dtbo/rk3588-vendor-npu-capped.dtbo\n")
+    (root / "boot/extlinux/extlinux.conf").write_text(regenerated)
+    installer.remove(Root(root), "rk3588-vendor-npu-capped")
+    assert (root / "boot/extlinux/extlinux.conf").read_text() == RADXA_EXTLINUX
+    assert not (root / "boot/dtbo/rk3588-vendor-npu-capped.dtbo").exists()
+
+
+def test_install_the_overlay_a_profile_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = armbian(tmp_path)
+    (root / "etc/edge-agent/profiles").mkdir(parents=True)
+    (root / "etc/edge-agent/profiles/site-gpu.yaml").write_text(
+        "match: {soc: rk3588}\noverlay: {dvfs: rk3588-mainline-gpu-capped}\n")
+    assert main(["overlay", "install", "--profile", "site-gpu", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "rk3588-mainline-gpu-capped: /boot/overlay-user/rk3588-mainline-gpu-capped.dtbo, "
+        "registered in /boot/armbianEnv.txt (armbian)")
+    assert (root / "boot/armbianEnv.txt").read_text() == (
+        ARMBIAN_ENV + "user_overlays=rk3588-mainline-gpu-capped\n")
+
+
+def test_remove_restores_the_backup_where_undoing_the_edit_would_differ(tmp_path: Path) -> None:
+    """An empty user_overlays= line: taking the name out again would drop the whole line."""
+    env = ARMBIAN_ENV + "user_overlays=\n"
+    root = Root(board(tmp_path, {"boot/armbianEnv.txt": env}, RK3588, MAINLINE_SYMBOLS))
+    installer.install(root, build.from_entry("rk3588-mainline-gpu-capped"))
+    assert (tmp_path / "boot/armbianEnv.txt").read_text() == (
+        ARMBIAN_ENV + "user_overlays=rk3588-mainline-gpu-capped\n")
+    installer.remove(root, "rk3588-mainline-gpu-capped")
+    assert (tmp_path / "boot/armbianEnv.txt").read_text() == env
