@@ -432,3 +432,16 @@ def test_built_session_reports_what_ort_used(tmp_path: Path) -> None:
     assert built.providers == [AZURE, CPU]
     assert built.model_sha256 == digest(model)
     assert built.load_ms > 0
+
+
+def test_another_cpu_misses_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ORT lays graphs out for the CPU's ISA: a copied state directory must not be reused."""
+    from agent.inference import session as session_module
+
+    identity = session_module.cpu_identity()
+    assert len(identity) == 16 and int(identity, 16) >= 0  # a digest of this CPU's ISA
+    model, cache = mlp(tmp_path), tmp_path / "cache"
+    assert build(model, cache, [CPU]).cache == "miss"
+    assert build(model, cache, [CPU]).cache == "hit"
+    monkeypatch.setattr(session_module, "cpu_identity", lambda: "another-cpu")
+    assert build(model, cache, [CPU]).cache == "miss"
