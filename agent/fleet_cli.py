@@ -31,6 +31,8 @@ from agent.control.envelope import (
     public_key_text,
     sign,
 )
+from agent.link.mqtt import read_password
+from agent.telemetry.records import hottest_c
 
 FINAL = ("succeeded", "failed", "rejected", "expired")
 RETAINED_SETTLE_S = 0.5  # retained messages arrive right after subscribing
@@ -148,10 +150,7 @@ def connect(args: argparse.Namespace, topics: list[str]) -> Bus:
         tls = settings["tls"]
         client.tls_set(ca_certs=tls.ca, certfile=tls.cert, keyfile=tls.key)
     if settings["username"]:
-        password = None
-        if settings["password_file"]:
-            password = Path(settings["password_file"]).read_text().rstrip("\n")
-        client.username_pw_set(settings["username"], password)
+        client.username_pw_set(settings["username"], read_password(settings["password_file"]))
     bus = Bus(fleet=fleet, client=client)
     subscribed = threading.Event()
     client.on_message = bus.on_message
@@ -345,25 +344,21 @@ def desired(args: argparse.Namespace) -> int:
 # -- watch ----------------------------------------------------------------------------------
 
 
-def _hottest(telemetry: dict[str, Any]) -> str:
-    zones = [z for z in (telemetry.get("metrics") or {}).get("thermal") or []
-             if z.get("temp_c") is not None]
-    return f"{max(z['temp_c'] for z in zones):.1f}" if zones else "-"
-
-
 def watch_rows(nodes: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = [("NODE", "STATE", "PROFILE", "MODEL", "P99_MS",
                                     "HOTTEST_C", "OUTBOX")]
     for node, facts in sorted(nodes.items()):
         birth, telemetry = facts.get("birth") or {}, facts.get("telemetry") or {}
         metrics = telemetry.get("metrics") or {}
+        hottest = hottest_c(metrics)
         inference = metrics.get("inference") or {}
         profile = (metrics.get("tuning") or {}).get("profile") or (
             birth.get("profile") or {}).get("name")
         model = inference.get("model") or (birth.get("model") or {}).get("name")
         p99 = (inference.get("latency_ms") or {}).get("p99")
         rows.append((node, (facts.get("state") or {}).get("state", "?"), profile or "-",
-                     model or "-", "-" if p99 is None else f"{p99:.2f}", _hottest(telemetry),
+                     model or "-", "-" if p99 is None else f"{p99:.2f}",
+                     "-" if hottest is None else f"{hottest:.1f}",
                      str((metrics.get("outbox") or {}).get("depth", "-"))))
     return rows
 

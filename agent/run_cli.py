@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from agent.cli import UsageError
 from agent.config import Config, ConfigError, from_dict, load_config
+from agent.telemetry.records import hottest_c
 
 logger = logging.getLogger(__name__)
 USER_STATE_DIR = Path.home() / ".local" / "state" / "edge-agent"
@@ -51,10 +52,9 @@ def status_line(status: dict[str, Any]) -> str:
     if "latency_ms" in inference:
         parts.append(f"inference {inference['throughput_per_s']:.0f}/s "
                      f"p99 {inference['latency_ms']['p99']:.2f} ms")
-    temperatures = [z["temp_c"] for z in metrics.get("thermal") or []
-                    if z.get("temp_c") is not None]
-    if temperatures:
-        parts.append(f"hottest {max(temperatures):.1f} °C")
+    hottest = hottest_c(metrics)
+    if hottest is not None:
+        parts.append(f"hottest {hottest:.1f} °C")
     if link["state"] != "connected" and link.get("last_error"):
         parts.append(f"buffering: {link['last_error']}")
     return " | ".join(parts)
@@ -101,8 +101,7 @@ class Runner:
             if self.reload.is_set():
                 self.reload.clear()
                 self._reload()
-            self.service.tick()
-            line = status_line(self.service.status())
+            line = status_line(self.service.tick())
             if time.monotonic() - last_status >= STATUS_EVERY_S:
                 self.notifier.notify(STATUS=line[:200])
                 last_status = time.monotonic()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from agent_process import agent_config
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, wait_until
 from paho.mqtt.enums import CallbackAPIVersion
@@ -170,12 +171,8 @@ def simulated_fleet(broker: Broker, state: Path, keys: TrustedKeys,
 
 def node_config(tmp_path: Path, root: Path, broker: Broker, key: Ed25519PrivateKey,
                 **control: Any) -> dict[str, Any]:
-    return {"node_id": "orin-1", "fleet": FLEET, "groups": ["line-a"],
-            "state_dir": str(tmp_path / "state"), "root": str(root),
-            "mqtt": {"host": broker.host, "port": broker.port,
-                     "reconnect": {"min_s": 0.1, "max_s": 0.5}},
-            "telemetry": {"interval_s": 0.2},
-            "control": {"trusted_keys": trusted(key), **control}}
+    return agent_config(tmp_path, broker.port, root, groups=["line-a"],
+                        control={"trusted_keys": trusted(key), **control})
 
 
 @contextmanager

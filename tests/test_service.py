@@ -2,43 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import urllib.request
 from pathlib import Path
-from typing import Any
 
-import yaml
+from agent_process import start_agent, status, write_config
 from mqtt_helpers import Broker, Subscriber, free_port, wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOPIC = "edge/v1/lab/orin-1"
-
-
-def write_config(tmp_path: Path, port: int, **extra: Any) -> Path:
-    config = {"node_id": "orin-1", "fleet": "lab", "state_dir": str(tmp_path / "state"),
-              "root": str(FIXTURES / "jetson-agx-orin-jp6"),
-              "mqtt": {"host": "127.0.0.1", "port": port,
-                       "reconnect": {"min_s": 0.1, "max_s": 0.5}},
-              "telemetry": {"interval_s": 0.2}, **extra}
-    path = tmp_path / "agent.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def start_agent(config: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-
-
-def status(config: Path) -> tuple[int, dict[str, Any]]:
-    result = subprocess.run([sys.executable, "-m", "agent", "status", "--config", str(config),
-                             "--json"], capture_output=True, text=True, timeout=60, check=False)
-    return result.returncode, json.loads(result.stdout) if result.stdout else {}
 
 
 def test_run_reports_and_the_last_will_names_the_birth_session(tmp_path: Path,

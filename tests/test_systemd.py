@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import yaml
+from agent_process import start_agent, status, write_config
 from mqtt_helpers import Broker, wait_until
 from onnx_models import mlp
 from tuning_helpers import copy_board, snapshot
@@ -49,30 +49,6 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
         assert line in text
 
 
-def config_file(tmp_path: Path, broker: Broker, root: Path, **extra: Any) -> Path:
-    path = tmp_path / "agent.yaml"
-    document = {"node_id": "orin-1", "fleet": "lab", "state_dir": str(tmp_path / "state"),
-                "root": str(root), "telemetry": {"interval_s": 0.2},
-                "mqtt": {"host": broker.host, "port": broker.port,
-                         "reconnect": {"min_s": 0.1, "max_s": 0.5}}, **extra}
-    path.write_text(yaml.safe_dump(document))
-    return path
-
-
-def start(config: Path, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **env})
-
-
-def status(config: Path) -> dict[str, Any]:
-    """Read through the state directory: the config file may be broken on purpose."""
-    result = subprocess.run([sys.executable, "-m", "agent", "status", "--state-dir",
-                             str(config.parent / "state"), "--json"], capture_output=True,
-                            text=True, timeout=60, check=False)
-    return json.loads(result.stdout) if result.stdout.strip() else {}
-
-
 def test_notify_sequence_ready_status_watchdog_stopping(tmp_path: Path,
                                                          broker: Broker) -> None:
     address = str(tmp_path / "notify.sock")
@@ -90,7 +66,7 @@ def test_notify_sequence_ready_status_watchdog_stopping(tmp_path: Path,
                 return True
         return False
 
-    agent = start(config_file(tmp_path, broker, copy_board(BOARD, tmp_path)),
+    agent = start_agent(write_config(tmp_path, broker.port, copy_board(BOARD, tmp_path)),
                   NOTIFY_SOCKET=address, WATCHDOG_USEC="1000000")
     try:
         assert receive_until(lambda: messages.count("WATCHDOG=1") >= 2, 60), messages
@@ -150,11 +126,11 @@ def test_a_hung_inference_loop_stops_the_watchdog_pings(
 def test_sigterm_restores_the_tuned_tree(tmp_path: Path, broker: Broker) -> None:
     root = copy_board(BOARD, tmp_path)
     original = snapshot(root)
-    config = config_file(tmp_path, broker, root,
+    config = write_config(tmp_path, broker.port, root,
                          tuning={"profile": "jetson-orin-latency", "apply": True})
-    agent = start(config)
+    agent = start_agent(config)
     try:
-        assert wait_until(lambda: ((status(config).get("last_sample") or {}).get("metrics")
+        assert wait_until(lambda: ((status(config)[1].get("last_sample") or {}).get("metrics")
                                    or {}).get("tuning", {}).get("applied") is True, 60)
         assert snapshot(root) != original
         agent.send_signal(signal.SIGTERM)
@@ -166,20 +142,20 @@ def test_sigterm_restores_the_tuned_tree(tmp_path: Path, broker: Broker) -> None
 
 def test_sighup_reloads_and_a_broken_config_keeps_the_old(tmp_path: Path,
                                                           broker: Broker) -> None:
-    config = config_file(tmp_path, broker, copy_board(BOARD, tmp_path))
+    config = write_config(tmp_path, broker.port, copy_board(BOARD, tmp_path))
     good = config.read_text()
-    agent = start(config)
+    agent = start_agent(config)
     try:
-        assert wait_until(lambda: status(config).get("link", {}).get("state") == "connected",
+        assert wait_until(lambda: status(config)[1].get("link", {}).get("state") == "connected",
                           60)
         config.write_text("mqtt: {port: not-a-port}\n")
         agent.send_signal(signal.SIGHUP)
         time.sleep(2)
         assert agent.poll() is None
-        assert status(config)["link"]["state"] == "connected"
+        assert status(config)[1]["link"]["state"] == "connected"
         config.write_text(good.replace("interval_s: 0.2", "interval_s: 0.3"))
         agent.send_signal(signal.SIGHUP)
-        assert wait_until(lambda: status(config).get("link", {}).get("session", 0) > 0, 30)
+        assert wait_until(lambda: status(config)[1].get("link", {}).get("session", 0) > 0, 30)
         agent.send_signal(signal.SIGTERM)
         output, _ = agent.communicate(timeout=60)
     finally:
@@ -231,7 +207,7 @@ def test_install_twice_uninstall_and_purge(tmp_path: Path) -> None:
 
 
 def test_selftest_reports_honestly_on_this_machine(tmp_path: Path, broker: Broker) -> None:
-    config = config_file(tmp_path, broker, Path("/"))
+    config = write_config(tmp_path, broker.port, Path("/"))
     result = subprocess.run([sys.executable, "-m", "agent", "selftest", "--config",
                              str(config), "--json"], capture_output=True, text=True,
                             timeout=120, check=False)

@@ -7,12 +7,12 @@ retained ``state`` topic, so a node that dies goes unavailable through its Last 
 
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING, Any
 
 from agent import __version__
 from agent.discovery.model import Topology
+from agent.telemetry.records import encode
 
 if TYPE_CHECKING:
     from agent.config import Config
@@ -49,7 +49,7 @@ def _sensor(config: Config, device: dict[str, Any], object_id: str, name: str,
     if device_class:
         payload["device_class"] = device_class
     topic = f"{config.home_assistant_prefix}/sensor/{node}/{object_id}/config"
-    return topic, json.dumps(payload, separators=(",", ":")).encode()
+    return topic, encode(payload)
 
 
 def discovery_messages(config: Config, topology: Topology) -> list[tuple[str, bytes]]:

@@ -101,6 +101,15 @@ def backoff_delay(attempt: int, low: float, high: float) -> float:
     return float(ceiling / 2 + random.uniform(0, ceiling / 2))
 
 
+def read_password(path: str | None) -> str | None:
+    """The password in ``path`` without its trailing newline; read at every connect, so a
+    rotated file is picked up."""
+    if path is None:
+        return None
+    with open(path) as handle:
+        return handle.read().rstrip("\n")
+
+
 def _reason_failed(code: Any) -> bool:
     return bool(getattr(code, "is_failure", False))
 
@@ -218,11 +227,8 @@ class MqttLink:
         while not self._stop.is_set():
             client = self._connect()
             if client is not None:
-                accepted = self._serve(client)
-                if accepted:
+                if self._serve(client):
                     attempt = 0
-                if accepted and self._stop.is_set():
-                    self._shut_down(client)
                 client.disconnect()  # written at once (no paho thread); no-op when gone
                 if self._stop.is_set():
                     break
@@ -262,20 +268,13 @@ class MqttLink:
         if s.tls:
             client.tls_set(ca_certs=s.tls_ca, certfile=s.tls_cert, keyfile=s.tls_key)
         if s.username is not None:
-            client.username_pw_set(s.username, self._password())
+            client.username_pw_set(s.username, read_password(s.password_file))  # rotation
         events = self._events
         client.on_connect = lambda c, u, flags, code, props: events.append(("connack", code))
         client.on_disconnect = lambda c, u, flags, code, props: events.append(("gone", code))
         client.on_publish = lambda c, u, mid, code, props: events.append(("ack", mid, code))
         client.on_message = lambda c, u, message: events.append(("message", message))
         return client
-
-    def _password(self) -> str | None:
-        """Read on every connect, so a rotated password file is picked up."""
-        if self.settings.password_file is None:
-            return None
-        with open(self.settings.password_file) as handle:
-            return handle.read().rstrip("\n")
 
     def _connect(self) -> mqtt.Client | None:
         """A fresh client with its Last Will, TCP/TLS connected and CONNECT sent."""
@@ -300,7 +299,8 @@ class MqttLink:
         return client
 
     def _serve(self, client: mqtt.Client) -> bool:
-        """Run one connection until it ends or the agent stops; True once it was accepted."""
+        """Run one connection until it ends or the agent stops (then flush and say
+        ``stopped`` on it); True once it was accepted."""
         accepted = False
         self._inflight = {}
         self._live_cursor = self._replay_cursor = 0
@@ -322,6 +322,7 @@ class MqttLink:
                     return accepted
                 if accepted:
                     self._pump(client)
+            self._shut_down(client, sock, selector)
         return accepted
 
     def _step(self, client: mqtt.Client, sock: Any, selector: selectors.BaseSelector,
@@ -488,33 +489,28 @@ class MqttLink:
         self._inflight[info.mid] = record
         self.status.published += 1
 
-    def _shut_down(self, client: mqtt.Client) -> None:
+    def _shut_down(self, client: mqtt.Client, sock: Any,
+                   selector: selectors.BaseSelector) -> None:
         """Flush for a bounded time, then say ``stopped`` (the caller disconnects cleanly,
         so the broker drops the Last Will)."""
-        sock = client.socket()
-        if sock is None:
-            return
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._wake_r, selectors.EVENT_READ)
-            selector.register(sock, selectors.EVENT_READ)
-            deadline = time.monotonic() + self._flush_s
-            while time.monotonic() < deadline and (
-                    self._inflight or self.outbox.pending(self._live_cursor, 1)
-                    or self._replay_cursor + 1 < self._replay_below):
-                if not self._step(client, sock, selector, 0.05) or \
-                        self._handle_events() == "gone":
-                    return
-                self._pump(client)
-            self._forget_acked()
-            info = client.publish(self.topic("state"),
-                                  self._state_payload("stopped", self.status.session), qos=1,
-                                  retain=True)
-            deadline = time.monotonic() + _STOP_ACK_S
-            while not info.is_published() and time.monotonic() < deadline:
-                if not self._step(client, sock, selector, 0.05):
-                    return
-            self._handle_events()
-            self._forget_acked()
+        deadline = time.monotonic() + self._flush_s
+        while time.monotonic() < deadline and (
+                self._inflight or self.outbox.last_id() > self._live_cursor
+                or self._replay_cursor + 1 < self._replay_below):
+            if not self._step(client, sock, selector, 0.05) or \
+                    self._handle_events() == "gone":
+                return
+            self._pump(client)
+        self._forget_acked()
+        info = client.publish(self.topic("state"),
+                              self._state_payload("stopped", self.status.session), qos=1,
+                              retain=True)
+        deadline = time.monotonic() + _STOP_ACK_S
+        while not info.is_published() and time.monotonic() < deadline:
+            if not self._step(client, sock, selector, 0.05):
+                return
+        self._handle_events()
+        self._forget_acked()
 
 
 def _as_historical(payload: bytes) -> bytes:

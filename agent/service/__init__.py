@@ -9,7 +9,6 @@ Stopping runs the same order backwards, and rolls tuning back if the config says
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -157,7 +156,7 @@ class Service:
         if len(encode(body)) <= limit or "result" not in body:
             self.link.publish_reply(topic, body, response_topic, correlation)
             return
-        text = json.dumps(body["result"], separators=(",", ":"))
+        text = encode(body["result"]).decode()
         size = max(1024, limit - 2048)  # room for the envelope of each chunk
         parts = [text[i:i + size] for i in range(0, len(text), size)]
         head = {k: v for k, v in body.items() if k != "result"}
@@ -278,13 +277,16 @@ class Service:
                 "link": self.link.status.to_dict(), "outbox": self.outbox.stats(),
                 "problems": self.problems(), "last_sample": self.last}
 
-    def tick(self) -> None:
-        """Once a second from the main thread: status file, periodic verify."""
+    def tick(self) -> dict[str, Any]:
+        """Once a second from the main thread: periodic verify, the status file; returns the
+        status it wrote."""
         if self.tuning is not None and self.tuning.applied and (
                 self.tuning.verified_at is None
                 or time.time() - self.tuning.verified_at >= VERIFY_INTERVAL_S):
             self.tuning.verify()
-        write_status(self.state_dir, self.status())
+        status = self.status()
+        write_status(self.state_dir, status)
+        return status
 
     # -- stop -------------------------------------------------------------------------------
 

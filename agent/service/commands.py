@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.control.controller import CommandFailed, Handler, Progress
 from agent.inference.demo_model import DEMO_MODEL_PATH
+from agent.telemetry.records import hottest_c
 from agent.tuning.engine import TuningError
 from agent.tuning.errors import ProfileError
 
@@ -40,18 +41,11 @@ def _health(service: Service, before: Any, guard: dict[str, Any]) -> str | None:
             if before.count and window.count and new_p99 > guard["max_p99_ratio"] * old_p99:
                 return (f"inference p99 {new_p99 / 1e6:.3f} ms above {guard['max_p99_ratio']}x "
                         f"the {old_p99 / 1e6:.3f} ms before")
-    hottest = _hottest_c(service)
+    hottest = hottest_c((service.last or {}).get("metrics") or {})
     if guard.get("max_temp_c") is not None and hottest is not None and \
             hottest > guard["max_temp_c"]:
         return f"hottest thermal zone {hottest:.1f} °C above {guard['max_temp_c']} °C"
     return None
-
-
-def _hottest_c(service: Service) -> float | None:
-    metrics = (service.last or {}).get("metrics") or {}
-    temperatures = [z["temp_c"] for z in metrics.get("thermal") or []
-                    if z.get("temp_c") is not None]
-    return max(temperatures) if temperatures else None
 
 
 class ServiceCommands:

@@ -70,6 +70,7 @@ class Outbox:
             raise OutboxBusy(f"{self.path}: {error} (is another edge-agent using this "
                              "state directory?)") from error
         self._recount()
+        self._dropped = self.counter("dropped")  # kept in memory: status reads it each second
         # Ids come from here, not SQLite: they must never repeat within a run (the link's
         # cursors rely on it), and AUTOINCREMENT would cost a second table write per put.
         self._next_id = int(self._db.execute(
@@ -143,7 +144,7 @@ class Outbox:
 
     @property
     def dropped(self) -> int:
-        return self.counter("dropped")
+        return self._dropped
 
     def stats(self) -> dict[str, int]:
         """The outbox metric group of telemetry."""
@@ -177,6 +178,7 @@ class Outbox:
         self._db.execute("BEGIN")
         self._db.execute("DELETE FROM outbox WHERE id <= ?", (last_id,))
         self._add(self._db, "dropped", count)
+        self._dropped += count
         self._db.execute("COMMIT")
         self._depth -= count
         self._bytes -= freed

@@ -57,6 +57,14 @@ def encode(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
+def hottest_c(metrics: dict[str, Any]) -> float | None:
+    """The hottest thermal zone of a record's ``metrics`` (None without a reading): what
+    the status line, the health guard and ``fleet watch`` all show."""
+    temperatures = [zone["temp_c"] for zone in metrics.get("thermal") or []
+                    if zone.get("temp_c") is not None]
+    return max(temperatures) if temperatures else None
+
+
 class Sequence:
     """The current session and the next ``seq``; shared by the sampler and the link."""
 

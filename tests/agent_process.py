@@ -1,0 +1,45 @@
+"""``edge-agent run`` as a real process in tests: its config, its start, its status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def agent_config(tmp_path: Path, port: int, root: Path | None = None,
+                 **extra: Any) -> dict[str, Any]:
+    """Node orin-1 of fleet lab on a fixture AGX Orin, a fast sampler and fast reconnects."""
+    return {"node_id": "orin-1", "fleet": "lab", "state_dir": str(tmp_path / "state"),
+            "root": str(root or FIXTURES / "jetson-agx-orin-jp6"),
+            "mqtt": {"host": "127.0.0.1", "port": port,
+                     "reconnect": {"min_s": 0.1, "max_s": 0.5}},
+            "telemetry": {"interval_s": 0.2}, **extra}
+
+
+def write_config(tmp_path: Path, port: int, root: Path | None = None, **extra: Any) -> Path:
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(agent_config(tmp_path, port, root, **extra)))
+    return path
+
+
+def start_agent(config: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, **env})
+
+
+def status(config: Path) -> tuple[int, dict[str, Any]]:
+    """Exit status and JSON of ``edge-agent status``, read through the state directory
+    next to ``config`` (the config file itself may be broken on purpose)."""
+    result = subprocess.run([sys.executable, "-m", "agent", "status", "--state-dir",
+                             str(config.parent / "state"), "--json"], capture_output=True,
+                            text=True, timeout=60, check=False)
+    return result.returncode, json.loads(result.stdout) if result.stdout.strip() else {}
