@@ -4,9 +4,11 @@
     baseline doing the same reads (per-CPU times and frequencies, load, memory, swap,
     temperatures, fans, disks, network) plus the files psutil has no call for (PSI, cgroup,
     THP), interleaved;
-(2) publish rate through the agent's link with the outbox on (put, publish, PUBACK, delete)
-    against a raw paho QoS 1 publish loop on the same Mosquitto, interleaved rounds;
-(3) CPU of `edge-agent run` sampling at 1 Hz with inference off, connected to the broker.
+(2) publish rate through the agent's link with the outbox on (put, commit, publish, PUBACK,
+    delete) against a raw paho QoS 1 publish loop on the same Mosquitto, interleaved rounds;
+(3) how long a record handed to the outbox waits before it is on disk (what a killed agent
+    could lose), one put every 10 ms;
+(4) CPU of `edge-agent run` sampling at 1 Hz with inference off, connected to the broker.
 
 Targets (issue 5): a sample <= 2 ms CPU; link >= 0.8x raw paho; idle <= 1 % of one core.
 Needs Mosquitto (installed by `./install.sh --dev`).
@@ -109,8 +111,8 @@ def raw_paho(broker: Broker, payload: bytes, count: int, protocol: str) -> float
 
 def agent_link(broker: Broker, payload: bytes, count: int, scratch: Path,
                protocol: str) -> float:
-    """Messages per second through outbox put -> link publish -> PUBACK.  The ack batch's
-    delete from the outbox follows within ACK_BATCH_S; it is checked, not timed."""
+    """Messages per second through outbox put -> commit -> link publish -> PUBACK.  The ack
+    batch's delete from the outbox follows within ACK_BATCH_S; it is checked, not timed."""
     outbox = Outbox(scratch / f"outbox-{time.monotonic_ns()}.sqlite", 1 << 30, 3600)
     link = MqttLink(LinkSettings(client_id="bench-agent", topic_root="bench/agent",
                                  host=broker.host, port=broker.port, protocol=protocol), outbox,
@@ -120,7 +122,6 @@ def agent_link(broker: Broker, payload: bytes, count: int, scratch: Path,
     start = time.perf_counter()
     for _ in range(count):
         outbox.put("bench/agent/telemetry", payload)
-        link.wake()
     wait_until(lambda: link.status.acked >= count, 120, 0.001)
     elapsed = time.perf_counter() - start
     if not wait_until(lambda: outbox.depth == 0, 10):
@@ -141,6 +142,27 @@ def link_rate(broker: Broker, rounds: int, count: int, protocol: str) -> None:
     print(f"link, MQTT {protocol}: agent (outbox on) {a:.0f} msg/s, raw paho {r:.0f} msg/s, "
           f"ratio {a / r:.2f} (>= 0.8); {rounds} rounds of {count} QoS 1 messages of "
           f"{len(payload)} bytes")
+
+
+def write_lag(samples: int) -> None:
+    payload = b'{"schema":"telemetry/1","metrics":' + b"1" * 1000 + b"}"
+    lags = []
+    with tempfile.TemporaryDirectory() as scratch:
+        outbox = Outbox(Path(scratch) / "o.sqlite", 1 << 30, 3600)
+        stored = threading.Event()
+        outbox.listen(stored.set)  # called after the writer's round has committed
+        for _ in range(samples):
+            stored.clear()
+            start = time.perf_counter()
+            outbox.put("bench/agent/telemetry", payload)
+            if not stored.wait(5):
+                raise RuntimeError("the outbox writer did not store a record within 5 s")
+            lags.append((time.perf_counter() - start) * 1000)
+            time.sleep(0.01)
+        outbox.close()
+    lags.sort()
+    print(f"outbox: a record is on disk {statistics.median(lags):.2f} ms after put (p99 "
+          f"{lags[int(len(lags) * 0.99)]:.2f} ms, max {lags[-1]:.2f} ms; {samples} puts)")
 
 
 def idle_cpu(broker: Broker, seconds: float) -> None:
@@ -172,6 +194,7 @@ def main() -> int:
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     args = parser.parse_args()
     sample_cost(args.rounds)
+    write_lag(300)
     with tempfile.TemporaryDirectory() as scratch:
         broker = Broker(Path(scratch) / "broker")
         broker.start()

@@ -1,4 +1,4 @@
-"""The MQTT link and the outbox against a real Mosquitto on a free loopback port."""
+"""The MQTT link with its outbox against a real Mosquitto on a free loopback port."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class Agent:
                                  {"schema": "birth/1", "session": session}))])
         self.sampler = Sampler([FunctionCollector("count", lambda: next(self.counter))],
                                self.outbox, self.sequence, f"{ROOT}/telemetry", interval_s,
-                               64 * 1024, on_record=self.link.wake)
+                               64 * 1024)
 
     def start(self) -> None:
         self.link.start()
@@ -135,33 +135,6 @@ def test_a_restart_delivers_what_the_outbox_kept(tmp_path: Path, broker: Broker)
     assert all(r["historical"] for r in replayed)
 
 
-def test_outbox_bounds_drop_the_oldest_and_count_them(tmp_path: Path) -> None:
-    outbox = Outbox(tmp_path / "o.sqlite", max_bytes=10 * 110, max_age_s=3600)
-    ids = [outbox.put("t", bytes(109)) for _ in range(15)]  # 110 bytes each with the topic
-    assert outbox.depth == 10 and outbox.size_bytes == 1100
-    assert outbox.dropped == 5
-    assert [r.id for r in outbox.pending(0, 100)] == ids[5:]
-    outbox.delete(outbox.pending(0, 3))
-    assert outbox.depth == 7 and outbox.size_bytes == 770
-    outbox.close()
-    reopened = Outbox(tmp_path / "o.sqlite", max_bytes=10 * 110, max_age_s=3600)
-    assert reopened.depth == 7 and reopened.dropped == 5  # both persist
-    reopened.close()
-
-
-def test_outbox_drops_records_older_than_max_age(tmp_path: Path) -> None:
-    now = [1000.0]
-    outbox = Outbox(tmp_path / "o.sqlite", max_bytes=1 << 20, max_age_s=60,
-                    clock=lambda: now[0])
-    for _ in range(3):
-        outbox.put("t", b"old")
-    now[0] += 61
-    outbox.put("t", b"new")  # the age check runs on put
-    assert [r.payload for r in outbox.pending(0, 10)] == [b"new"]
-    assert outbox.stats() == {"depth": 1, "bytes": 4, "dropped": 3}
-    outbox.close()
-
-
 def test_tls_with_client_certificates(tmp_path: Path) -> None:
     tls: TlsFiles = make_test_ca(tmp_path / "ca")
     server = Broker(tmp_path / "tls-broker", tls=tls)
@@ -205,16 +178,6 @@ def test_backoff_grows_with_jitter_and_stays_bounded() -> None:
     assert all(15 <= d <= 30 for d in delays[7:])
     spread = {round(backoff_delay(3, 0.5, 30), 6) for _ in range(20)}
     assert len(spread) > 10 and all(2 <= d <= 4 for d in spread)
-
-
-def test_ids_never_repeat_once_the_outbox_empties(tmp_path: Path) -> None:
-    """The link's cursors assume rising ids: an emptied table must not restart at 1."""
-    outbox = Outbox(tmp_path / "o.sqlite", max_bytes=1 << 20, max_age_s=3600)
-    first = [outbox.put("t", b"a") for _ in range(3)]
-    outbox.delete(outbox.pending(0, 10))
-    assert outbox.depth == 0
-    assert outbox.put("t", b"b") == first[-1] + 1
-    outbox.close()
 
 
 def test_a_record_above_the_payload_limit_is_refused(tmp_path: Path) -> None:

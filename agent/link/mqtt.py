@@ -150,12 +150,14 @@ class MqttLink:
     # -- API for other threads --------------------------------------------------------------
 
     def start(self) -> None:
+        self.outbox.listen(self.wake)  # new records on disk: publish them
         self._thread = threading.Thread(target=self._run, name="mqtt-link", daemon=True)
         self._thread.start()
 
     def stop(self, flush_s: float = 2.0, timeout: float = 15.0) -> None:
         """Flush the outbox for up to ``flush_s``, publish ``stopped``, disconnect cleanly."""
         self._flush_s = flush_s
+        self.outbox.unlisten(self.wake)
         self._stop.set()
         self.wake()
         if self._thread is not None:

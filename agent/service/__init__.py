@@ -178,7 +178,7 @@ class Service:
                                f"{self.config.topic_root}/telemetry",
                                self.config.telemetry.interval_s,
                                self.config.mqtt.max_payload_kb * 1024,
-                               self.config.telemetry.metrics, on_record=self.link.wake)
+                               self.config.telemetry.metrics)
         self.sampler.start()
 
     # -- what the link announces, events -------------------------------------------------------
@@ -189,6 +189,8 @@ class Service:
             found.append(f"tuning: {self.tuning.error}")
         if self.inference is not None and self.inference.error:
             found.append(self.inference.error)
+        if self.outbox is not None and self.outbox.last_error:
+            found.append(f"outbox: {self.outbox.last_error}")  # records wait in memory
         return found
 
     def link_health(self, state: str, reason: str | None) -> None:
@@ -236,8 +238,6 @@ class Service:
             return
         payload = encode(stamp("event/1", session=self.sequence.session, type=kind, **fields))
         self.outbox.put(f"{self.config.topic_root}/event", payload)
-        if self.link is not None:
-            self.link.wake()
 
     # -- while running ------------------------------------------------------------------------
 

@@ -34,13 +34,11 @@ class FunctionCollector:
 class Sampler:
     def __init__(self, collectors: Iterable[Collector], outbox: Outbox, sequence: Sequence,
                  topic: str, interval_s: float, max_payload_bytes: int,
-                 metrics: Iterable[str] | None = None,
-                 on_record: Callable[[], None] = lambda: None) -> None:
+                 metrics: Iterable[str] | None = None) -> None:
         self.collectors = list(collectors)
         self.outbox, self.sequence, self.topic = outbox, sequence, topic
         self.interval_s, self.max_payload_bytes = interval_s, max_payload_bytes
         self.metrics = set(metrics) if metrics is not None else None
-        self.on_record = on_record
         self.last: dict[str, Any] | None = None  # the latest record, for status and /metrics
         self.oversized = 0
         self._failing: set[str] = set()
@@ -80,7 +78,6 @@ class Sampler:
                          seq, len(payload))
         else:
             self.outbox.put(self.topic, payload)
-            self.on_record()
         self.last = record
         return record
 
