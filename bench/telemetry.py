@@ -133,15 +133,26 @@ def agent_link(broker: Broker, payload: bytes, count: int, scratch: Path,
 
 def link_rate(broker: Broker, rounds: int, count: int, protocol: str) -> None:
     payload = b'{"schema":"telemetry/1","metrics":' + b"1" * 1000 + b"}"  # ~1 KB, typical
-    raw, agent = [], []
+    assert broker.process is not None
+    mosquitto = psutil.Process(broker.process.pid)
+    raw, agent, raw_broker, agent_broker = [], [], [], []
+
+    def broker_us(run: Callable[[], float], rates: list[float], cpu: list[float]) -> None:
+        before = sum(mosquitto.cpu_times()[:2])
+        rates.append(run())
+        cpu.append((sum(mosquitto.cpu_times()[:2]) - before) / count * 1e6)
+
     with tempfile.TemporaryDirectory() as scratch:
         for _ in range(rounds):
-            raw.append(raw_paho(broker, payload, count, protocol))
-            agent.append(agent_link(broker, payload, count, Path(scratch), protocol))
+            broker_us(lambda: raw_paho(broker, payload, count, protocol), raw, raw_broker)
+            broker_us(lambda: agent_link(broker, payload, count, Path(scratch), protocol),
+                      agent, agent_broker)
     r, a = statistics.median(raw), statistics.median(agent)
     print(f"link, MQTT {protocol}: agent (outbox on) {a:.0f} msg/s, raw paho {r:.0f} msg/s, "
-          f"ratio {a / r:.2f} (>= 0.8); {rounds} rounds of {count} QoS 1 messages of "
-          f"{len(payload)} bytes")
+          f"ratio {a / r:.2f} (>= 0.8); the broker's CPU per message "
+          f"{statistics.median(agent_broker):.0f} us (agent), "
+          f"{statistics.median(raw_broker):.0f} us (raw); {rounds} rounds of {count} QoS 1 "
+          f"messages of {len(payload)} bytes")
 
 
 def write_lag(samples: int) -> None:

@@ -178,14 +178,12 @@ class Outbox:
 
     def _from_disk(self, after_id: int, limit: int, upper: int) -> list[Record]:
         with self._db_lock:
-            with self._mem_lock:
-                forgotten = {r.id for r in self._forget}
+            with self._mem_lock:  # acknowledged, not yet deleted: skipped, not counted
+                forgotten = {r.id for r in self._forget if after_id < r.id < upper}
             rows = self._db.execute(
                 "SELECT id, topic, payload, created_ms FROM outbox WHERE id > ? AND id < ? "
                 "ORDER BY id LIMIT ?", (after_id, upper, limit + len(forgotten))).fetchall()
-        records = [Record(int(i), str(t), bytes(p), int(c)) for i, t, p, c in rows
-                   if int(i) not in forgotten]
-        return records[:limit]
+        return [Record(*row) for row in rows if row[0] not in forgotten][:limit]
 
     def listen(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (cheap, never raising) after each round that stored records."""
