@@ -196,8 +196,12 @@ class Outbox:
     def flush(self) -> bool:
         """Do a writer round now; False when the disk refused it (the work stays queued)."""
         with self._db_lock:
-            stored = self._store_queued()
-            forgot = self._forget_queued()
+            try:
+                stored = self._store_queued()
+                forgot = self._forget_queued()
+            except sqlite3.Error as error:  # the bounds' own deletes; tried again next round
+                self._refused(error, "drop records beyond the size and age bounds")
+                return False
         if stored:
             for callback in list(self._listeners):
                 callback()
@@ -238,13 +242,14 @@ class Outbox:
             if self._closing:
                 return
 
-    def _refused(self, error: sqlite3.Error, what: str, count: int) -> None:
+    def _refused(self, error: sqlite3.Error, what: str) -> None:
         if self._db.in_transaction:
             self._db.rollback()
         self.write_errors += 1
         message = f"{self.path}: cannot {what}: {error}"
         if message != self.last_error:
-            logger.error("outbox: %s; keeping %d in memory and retrying", message, count)
+            logger.error("outbox: %s; retrying (%d records wait in memory)", message,
+                         len(self._queue))
         self.last_error = message
 
     def _store_queued(self) -> int | None:
@@ -276,7 +281,7 @@ class Outbox:
                 self._queued_bytes += queued_bytes
                 self._unstored_drops += drops
                 self._storing = self._storing_bytes = 0
-            self._refused(error, "store records", len(self._queue))
+            self._refused(error, "store records")
             return None
         self.last_error = None
         with self._mem_lock:
@@ -312,7 +317,7 @@ class Outbox:
         except sqlite3.Error as error:
             with self._mem_lock:
                 self._forget[:0] = wanted
-            self._refused(error, "delete acknowledged records", len(wanted))
+            self._refused(error, "delete acknowledged records")
             return False
         if deleted == len(wanted):
             with self._mem_lock:
