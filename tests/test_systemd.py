@@ -153,9 +153,12 @@ def test_sighup_reloads_and_a_broken_config_keeps_the_old(tmp_path: Path,
         time.sleep(2)
         assert agent.poll() is None
         assert status(config)[1]["link"]["state"] == "connected"
+        session = status(config)[1]["link"]["session"]
         config.write_text(good.replace("interval_s: 0.2", "interval_s: 0.3"))
         agent.send_signal(signal.SIGHUP)
-        assert wait_until(lambda: status(config)[1].get("link", {}).get("session", 0) > 0, 30)
+        # The reloaded service connects again: a new session says the reload is done.
+        assert wait_until(lambda: status(config)[1].get("link", {}).get("session", 0)
+                          > session, 30)
         agent.send_signal(signal.SIGTERM)
         output, _ = agent.communicate(timeout=60)
     finally:
