@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from mqtt_helpers import wait_until
 
 from agent.telemetry.outbox import WRITE_RETRY_S, Outbox
@@ -29,6 +31,43 @@ def test_bounds_drop_the_oldest_and_count_them(tmp_path: Path) -> None:
     assert reopened.depth == 7 and reopened.dropped == 5  # both persist
     assert [r.id for r in reopened.pending(0, 100)] == ids[8:]
     reopened.close()
+
+
+def test_acknowledged_records_make_room_before_the_size_bound_is_checked(
+        tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path / "o.sqlite", max_bytes=10 * 110, max_age_s=3600)
+    ids = [outbox.put("t", bytes(109)) for _ in range(10)]  # full
+    assert outbox.flush()
+    with outbox._db_lock:  # hold the writer back: one round gets the delete and the put
+        outbox.delete(outbox.pending(ids[-2], 1))
+        newer = outbox.put("t", bytes(109))
+    assert outbox.flush()
+    assert [r.id for r in outbox.pending(0, 100)] == [*ids[:-1], newer]
+    assert outbox.dropped == 0 and outbox.depth == 10
+    outbox.close()
+
+
+def test_a_refused_bounds_delete_is_retried_and_the_link_still_told(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    outbox = Outbox(tmp_path / "o.sqlite", max_bytes=5 * 110, max_age_s=3600)
+    told: list[int] = []
+    outbox.listen(lambda: told.append(outbox.last_id()))
+    refusals = [sqlite3.OperationalError("disk I/O error")]
+    forget_through = Outbox._forget_through
+
+    def once_refused(self: Outbox, *args: int) -> None:
+        if refusals:
+            raise refusals.pop()
+        forget_through(self, *args)
+
+    monkeypatch.setattr(Outbox, "_forget_through", once_refused)
+    ids = [outbox.put("t", bytes(109)) for _ in range(8)]
+    assert wait_until(lambda: outbox.write_errors == 1 and told, 5)
+    assert told[0] == ids[-1]  # stored and announced although the bound was refused
+    assert wait_until(lambda: outbox.size_bytes <= 5 * 110, WRITE_RETRY_S * 5)
+    assert outbox.dropped == 3 and outbox.last_error is None
+    assert [r.id for r in outbox.pending(0, 100)] == ids[3:]
+    outbox.close()
 
 
 def test_records_older_than_max_age_are_dropped(tmp_path: Path) -> None:

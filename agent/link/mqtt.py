@@ -500,6 +500,7 @@ class MqttLink:
                    selector: selectors.BaseSelector) -> None:
         """Flush for a bounded time, then say ``stopped`` (the caller disconnects cleanly,
         so the broker drops the Last Will)."""
+        self.outbox.flush()  # what was handed over last (the sampler has stopped) goes too
         deadline = time.monotonic() + self._flush_s
         while time.monotonic() < deadline and (
                 self._inflight or self.outbox.last_id() > self._live_cursor

@@ -194,18 +194,26 @@ class Outbox:
             self._listeners.remove(callback)
 
     def flush(self) -> bool:
-        """Do a writer round now; False when the disk refused it (the work stays queued)."""
+        """Do a writer round now; False when the disk refused part of it (the rest of the
+        work stays queued, and the next round tries again)."""
         with self._db_lock:
+            # Deletes first: acknowledged records must not count against the size bound
+            # when the new ones are checked against it.
+            forgot = self._forget_queued()
+            stored = self._store_queued()
             try:
-                stored = self._store_queued()
-                forgot = self._forget_queued()
-            except sqlite3.Error as error:  # the bounds' own deletes; tried again next round
+                self._enforce_bounds()
+                bounded = True
+            except sqlite3.Error as error:
                 self._refused(error, "drop records beyond the size and age bounds")
-                return False
+                bounded = False
+            done = forgot and stored is not None and bounded
+            if done:
+                self.last_error = None
         if stored:
             for callback in list(self._listeners):
                 callback()
-        return stored is not None and forgot
+        return done
 
     def last_id(self) -> int:
         """The newest committed id: records up to it are the backlog of a connect."""
@@ -213,11 +221,13 @@ class Outbox:
 
     @property
     def depth(self) -> int:
-        return self._depth + self._storing + len(self._queue)
+        with self._mem_lock:
+            return self._depth + self._storing + len(self._queue)
 
     @property
     def size_bytes(self) -> int:
-        return self._bytes + self._storing_bytes + self._queued_bytes
+        with self._mem_lock:
+            return self._bytes + self._storing_bytes + self._queued_bytes
 
     @property
     def dropped(self) -> int:
@@ -226,9 +236,11 @@ class Outbox:
     def stats(self) -> dict[str, int]:
         """The outbox metric group of telemetry (``unwritten``: handed over, not yet on
         disk; it grows only while the disk refuses writes)."""
-        return {"depth": self.depth, "bytes": self.size_bytes, "dropped": self.dropped,
-                "unwritten": len(self._queue) + self._storing,
-                "write_errors": self.write_errors}
+        with self._mem_lock:
+            return {"depth": self._depth + self._storing + len(self._queue),
+                    "bytes": self._bytes + self._storing_bytes + self._queued_bytes,
+                    "dropped": self._dropped, "unwritten": len(self._queue) + self._storing,
+                    "write_errors": self.write_errors}
 
     # -- the writer -------------------------------------------------------------------------
 
@@ -283,7 +295,6 @@ class Outbox:
                 self._storing = self._storing_bytes = 0
             self._refused(error, "store records")
             return None
-        self.last_error = None
         with self._mem_lock:
             self._depth += len(batch)
             self._bytes += queued_bytes
@@ -291,11 +302,6 @@ class Outbox:
                 self._remember(record)
             self._committed_id = batch[-1].id
             self._storing = self._storing_bytes = 0
-        if self._bytes > self.max_bytes:
-            self._drop_oldest_until_within_size()
-        now = self._clock()
-        if now - self._last_age_check >= AGE_CHECK_INTERVAL_S:
-            self._drop_expired(now)
         return len(batch)
 
     def _forget_queued(self) -> bool:
@@ -361,6 +367,16 @@ class Outbox:
             self._dropped += 1
             self._unstored_drops += 1  # persisted with the next batch that is stored
 
+    def _enforce_bounds(self) -> None:
+        """Drop the oldest records beyond the size bound, and (every so often) the expired
+        ones; a refused delete leaves the check to the next round."""
+        if self._bytes > self.max_bytes:
+            self._drop_oldest_until_within_size()
+        now = self._clock()
+        if now - self._last_age_check >= AGE_CHECK_INTERVAL_S:
+            self._drop_expired(now)
+            self._last_age_check = now
+
     def _drop_oldest_until_within_size(self) -> None:
         excess, last, count = self._bytes - self.max_bytes, 0, 0
         freed = 0
@@ -372,7 +388,6 @@ class Outbox:
         self._forget_through(last, count, freed)
 
     def _drop_expired(self, now: float) -> None:
-        self._last_age_check = now
         cutoff = int((now - self.max_age_s) * 1000)
         last, count, freed = self._db.execute(
             "SELECT COALESCE(MAX(id), 0), COUNT(*), "
