@@ -219,15 +219,21 @@ class Outbox:
         """The newest committed id: records up to it are the backlog of a connect."""
         return self._committed_id
 
+    def _totals(self) -> tuple[int, int, int]:
+        """Depth, bytes and records not yet on disk, read together: a round moves records
+        from the queue to the table between two unlocked reads."""
+        with self._mem_lock:
+            unwritten = len(self._queue) + self._storing
+            return (self._depth + unwritten,
+                    self._bytes + self._storing_bytes + self._queued_bytes, unwritten)
+
     @property
     def depth(self) -> int:
-        with self._mem_lock:
-            return self._depth + self._storing + len(self._queue)
+        return self._totals()[0]
 
     @property
     def size_bytes(self) -> int:
-        with self._mem_lock:
-            return self._bytes + self._storing_bytes + self._queued_bytes
+        return self._totals()[1]
 
     @property
     def dropped(self) -> int:
@@ -236,11 +242,9 @@ class Outbox:
     def stats(self) -> dict[str, int]:
         """The outbox metric group of telemetry (``unwritten``: handed over, not yet on
         disk; it grows only while the disk refuses writes)."""
-        with self._mem_lock:
-            return {"depth": self._depth + self._storing + len(self._queue),
-                    "bytes": self._bytes + self._storing_bytes + self._queued_bytes,
-                    "dropped": self._dropped, "unwritten": len(self._queue) + self._storing,
-                    "write_errors": self.write_errors}
+        depth, size, unwritten = self._totals()
+        return {"depth": depth, "bytes": size, "dropped": self._dropped,
+                "unwritten": unwritten, "write_errors": self.write_errors}
 
     # -- the writer -------------------------------------------------------------------------
 
