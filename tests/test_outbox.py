@@ -185,3 +185,18 @@ def test_a_full_disk_keeps_records_in_memory_and_retries(tmp_path: Path) -> None
     assert outbox.last_error is None
     assert [r.id for r in outbox.pending(0, 100)] == ids
     outbox.close()
+
+
+def test_records_handed_to_delete_no_longer_count_as_waiting(tmp_path: Path) -> None:
+    """The depth a person sees is what still waits for the broker: an acknowledged record
+    leaves it on hand-over, before the writer's round deletes it from disk."""
+    outbox = Outbox(tmp_path / "o.sqlite", max_bytes=1 << 20, max_age_s=3600)
+    for _ in range(5):
+        outbox.put("t", bytes(9))
+    assert outbox.flush()
+    with outbox._db_lock:  # hold the writer's round back: the deletes stay handed over
+        outbox.delete(outbox.pending(0, 3))
+        assert outbox.stats()["depth"] == 2 and outbox.size_bytes == 20
+    assert outbox.flush() and outbox.depth == 2 and outbox.size_bytes == 20
+    outbox.close()
+    assert Outbox(tmp_path / "o.sqlite", max_bytes=1 << 20, max_age_s=3600).depth == 2

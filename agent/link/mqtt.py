@@ -388,8 +388,10 @@ class MqttLink:
                     self.status.acked += 1
             elif kind == "message" and self.on_message is not None:
                 self.on_message(event[1])
-        if len(self._acked) >= ACK_BATCH or (
-                self._acked and time.monotonic() - self._acked_since >= ACK_BATCH_S):
+        # Acks are batched while a burst is in flight; once nothing is, the outbox hears at
+        # once (a record a second must not show as waiting for the broker after its PUBACK).
+        if len(self._acked) >= ACK_BATCH or (self._acked and (
+                not self._inflight or time.monotonic() - self._acked_since >= ACK_BATCH_S)):
             self._forget_acked()
         return outcome
 

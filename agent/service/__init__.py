@@ -102,12 +102,12 @@ class Service:
         self._start_link()
         if self.controller is not None:
             self.controller.start()
-        self._start_sampler()
-        if config.prometheus_listen:
+        if config.prometheus_listen:  # before the first sample: a scrape never finds no port
             from agent.telemetry.prometheus import PrometheusExporter
 
             self.exporter = PrometheusExporter(config.prometheus_listen, lambda: self.last)
             self.exporter.start()
+        self._start_sampler()
         problems = self.problems()
         if problems:
             self.link_health("degraded", "; ".join(problems))
@@ -308,9 +308,9 @@ class Service:
             self.tuning.stop(self.config.tuning.rollback_on_stop if rollback is None
                              else rollback)
         if self.outbox is not None and self.link is not None:
+            self.outbox.close()  # its last round first: the deletes of the last acks count
             self.final_status = self.status(stopped=True)
             write_status(self.state_dir, self.final_status)
-            self.outbox.close()
 
 
 def _library_versions() -> dict[str, str]:

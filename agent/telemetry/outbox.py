@@ -112,6 +112,9 @@ class Outbox:
         self._unstored_drops = 0
         # taken from the queue by the round under way, not yet committed
         self._storing = self._storing_bytes = 0
+        # acknowledged records the round under way is deleting (or ``_forget`` holds): no
+        # longer waiting for the broker, so not part of the depth a person is shown
+        self._forgetting = self._forgetting_bytes = 0
         self.write_errors = 0
         self.last_error: str | None = None
         self._listeners: list[Callable[[], None]] = []
@@ -224,8 +227,12 @@ class Outbox:
         from the queue to the table between two unlocked reads."""
         with self._mem_lock:
             unwritten = len(self._queue) + self._storing
-            return (self._depth + unwritten,
-                    self._bytes + self._storing_bytes + self._queued_bytes, unwritten)
+            # acknowledged ones waiting for their delete do not wait for the broker any more
+            acked = len(self._forget) + self._forgetting
+            acked_bytes = sum(r.size for r in self._forget) + self._forgetting_bytes
+            return (max(0, self._depth + unwritten - acked),
+                    max(0, self._bytes + self._storing_bytes + self._queued_bytes
+                        - acked_bytes), unwritten)
 
     @property
     def depth(self) -> int:
@@ -313,6 +320,8 @@ class Outbox:
         the bounds dropped meanwhile are not there to delete, and the totals are re-read."""
         with self._mem_lock:
             wanted, self._forget = self._forget, []
+            self._forgetting = len(wanted)
+            self._forgetting_bytes = sum(r.size for r in wanted)
         if not wanted:
             return True
         deleted = 0
@@ -327,13 +336,15 @@ class Outbox:
         except sqlite3.Error as error:
             with self._mem_lock:
                 self._forget[:0] = wanted
+                self._forgetting = self._forgetting_bytes = 0
             self._refused(error, "delete acknowledged records")
             return False
-        if deleted == len(wanted):
-            with self._mem_lock:
+        with self._mem_lock:
+            if deleted == len(wanted):
                 self._depth -= deleted
                 self._bytes -= sum(r.size for r in wanted)
-        else:
+            self._forgetting = self._forgetting_bytes = 0
+        if deleted != len(wanted):
             self._recount()
         return True
 
