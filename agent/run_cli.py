@@ -12,11 +12,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from agent.cli import UsageError
 from agent.config import Config, ConfigError, from_dict, load_config
-from agent.telemetry.records import hottest_c
+from agent.terminal import TerminalLine, status_line
 
 logger = logging.getLogger(__name__)
 USER_STATE_DIR = Path.home() / ".local" / "state" / "edge-agent"
@@ -41,26 +41,8 @@ def _writable(path: str) -> bool:
     return os.access(directory, os.W_OK)
 
 
-def status_line(status: dict[str, Any]) -> str:
-    """One compact line for a person watching ``edge-agent run`` in a terminal."""
-    link, outbox = status["link"], status["outbox"]
-    metrics = (status.get("last_sample") or {}).get("metrics") or {}
-    parts = [f"link {link['state']}" + (f" (session {link['session']})"
-                                       if link["state"] == "connected" else ""),
-             f"sent {link['acked']}", f"outbox {outbox['depth']}"]
-    inference = metrics.get("inference") or {}
-    if "latency_ms" in inference:
-        parts.append(f"inference {inference['throughput_per_s']:.0f}/s "
-                     f"p99 {inference['latency_ms']['p99']:.2f} ms")
-    hottest = hottest_c(metrics)
-    if hottest is not None:
-        parts.append(f"hottest {hottest:.1f} °C")
-    if link["state"] != "connected" and link.get("last_error"):
-        parts.append(f"buffering: {link['last_error']}")
-    return " | ".join(parts)
-
-
 STATUS_EVERY_S = 5.0
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
 class Runner:
@@ -73,17 +55,27 @@ class Runner:
     """
 
     def __init__(self, args: argparse.Namespace, config: Config, service: Any,
-                 notifier: Any, terminal: TextIO | None) -> None:
+                 notifier: Any, terminal: TerminalLine | None) -> None:
         self.args, self.config, self.service = args, config, service
         self.notifier, self.terminal = notifier, terminal
         self.stop = threading.Event()
         self.reload = threading.Event()
         self.watchdog: Any = None
+        self.stopped_by: int | None = None  # the signal that ended the run
 
     def install_signals(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda number, frame: self.stop.set())
+            signal.signal(signum, self._on_stop)
         signal.signal(signal.SIGHUP, lambda number, frame: self.reload.set())
+
+    def _on_stop(self, number: int, frame: object) -> None:
+        self.stopped_by = self.stopped_by or number
+        self.stop.set()
+
+    @property
+    def exit_status(self) -> int:
+        """0 for a run that ended by itself or on SIGTERM, 130 for Ctrl-C (SIGINT)."""
+        return 130 if self.stopped_by == signal.SIGINT else 0
 
     def start_watchdog(self) -> None:
         from agent.service.systemd import Watchdog, watchdog_interval_s
@@ -106,14 +98,13 @@ class Runner:
                 self.notifier.notify(STATUS=line[:200])
                 last_status = time.monotonic()
             if self.terminal is not None:
-                self.terminal.write("\r\033[K" + line[:200])
-                self.terminal.flush()
+                self.terminal.show(line)
             if deadline is not None and time.monotonic() >= deadline:
                 break
             self.stop.wait(1.0 if deadline is None else
                            max(0.0, min(1.0, deadline - time.monotonic())))
         if self.terminal is not None:
-            self.terminal.write("\n")
+            self.terminal.close()
 
     def _reload(self) -> None:
         from agent.service import Service, ServiceError
@@ -149,7 +140,9 @@ def run(args: argparse.Namespace) -> int:
     from agent.service import Service, ServiceError
     from agent.service.systemd import Notifier
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    terminal = TerminalLine(sys.stdout) if sys.stdout.isatty() else None
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, handlers=None if terminal
+                        is None else [terminal.handler(sys.stderr)])
     notifier = Notifier()
     try:
         config = _config(args)
@@ -159,7 +152,6 @@ def run(args: argparse.Namespace) -> int:
     except ServiceError as error:
         print(f"edge-agent run: {error}", file=sys.stderr)
         return 1
-    terminal = sys.stdout if sys.stdout.isatty() else None
     logger.info("node %s, fleet %s, broker %s:%d, state %s (config: %s)", config.node_id,
                 config.fleet, config.mqtt.host, config.mqtt.port, service.state_dir,
                 config.source)
@@ -181,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     if final is not None:
         logger.info("stopped: %d records acknowledged by the broker, %d waiting in the "
                     "outbox", final["link"]["acked"], final["outbox"]["depth"])
-    return 0
+    return runner.exit_status
 
 
 def read_status(state_dir: Path) -> dict[str, Any]:

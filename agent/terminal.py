@@ -1,0 +1,89 @@
+"""The one status line ``edge-agent run`` keeps up to date in a terminal, and log lines that
+do not get printed onto it.
+
+The line is cut to the terminal's width (a wrapped line cannot be redrawn with ``\\r``), and
+a log record first clears the line, then is printed, then the line is drawn again below it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from typing import Any, TextIO
+
+from agent.telemetry.records import hottest_c
+
+_CLEAR = "\r\033[K"
+
+
+def status_line(status: dict[str, Any]) -> str:
+    """One compact line for a person watching ``edge-agent run``: link and session, records
+    acknowledged, outbox depth, inference rate and p99, hottest zone, why it buffers."""
+    link, outbox = status["link"], status["outbox"]
+    metrics = (status.get("last_sample") or {}).get("metrics") or {}
+    state = link["state"]
+    parts = [f"{state} s{link['session']}" if state == "connected" else state,
+             f"sent {link['acked']}", f"outbox {outbox['depth']}"]
+    inference = metrics.get("inference") or {}
+    if "latency_ms" in inference:
+        parts.append(f"{inference['throughput_per_s']:.0f}/s "
+                     f"p99 {inference['latency_ms']['p99']:.1f} ms")
+    hottest = hottest_c(metrics)
+    if hottest is not None:
+        parts.append(f"{hottest:.0f} °C")
+    if state != "connected" and link.get("last_error"):
+        parts.append(f"buffering: {link['last_error']}")
+    return " | ".join(parts)
+
+
+def fit(line: str, columns: int) -> str:
+    """``line`` cut to fit ``columns`` (one column is kept free: a line that fills the last
+    column makes some terminals wrap), with an ellipsis where it was cut."""
+    width = max(columns - 1, 1)
+    return line if len(line) <= width else line[:max(width - 1, 0)] + "…"
+
+
+class TerminalLine:
+    """The live line on a terminal; ``handler()`` is the logging handler that keeps log
+    records off it."""
+
+    def __init__(self, terminal: TextIO) -> None:
+        self.terminal = terminal
+        self.lock = threading.Lock()
+        self.shown = ""
+
+    def show(self, line: str) -> None:
+        with self.lock:
+            self.shown = fit(line, shutil.get_terminal_size().columns)
+            self.terminal.write(_CLEAR + self.shown)
+            self.terminal.flush()
+
+    def close(self) -> None:
+        """Leave the last line on screen and end it."""
+        with self.lock:
+            if self.shown:
+                self.terminal.write("\n")
+                self.terminal.flush()
+            self.shown = ""
+
+    def handler(self, stream: TextIO) -> logging.Handler:
+        return _AroundLine(self, stream)
+
+
+class _AroundLine(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that clears the live line before a record and redraws it after."""
+
+    def __init__(self, line: TerminalLine, stream: TextIO) -> None:
+        super().__init__(stream)
+        self.line = line
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self.line.lock:
+            if self.line.shown:
+                self.line.terminal.write(_CLEAR)
+                self.line.terminal.flush()
+            super().emit(record)
+            if self.line.shown:
+                self.line.terminal.write(self.line.shown)
+                self.line.terminal.flush()
