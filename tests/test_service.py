@@ -132,3 +132,19 @@ def test_a_second_agent_on_the_same_state_directory_is_refused(tmp_path: Path,
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=30)
     assert first.returncode == 0
+
+
+def test_ctrl_c_stops_cleanly_and_exits_130(tmp_path: Path, broker: Broker) -> None:
+    watcher = Subscriber(broker, [f"{TOPIC}/state"])
+    config = write_config(tmp_path, broker.port)
+    agent = start_agent(config)
+    try:
+        assert wait_until(lambda: status(config)[0] == 0, 60)
+        agent.send_signal(signal.SIGINT)
+        output, _ = agent.communicate(timeout=30)
+        assert agent.returncode == 130, output
+        assert "Traceback" not in output
+        assert wait_until(lambda: watcher.on("state")[-1]["state"] == "stopped")
+    finally:
+        agent.kill()
+        watcher.close()
