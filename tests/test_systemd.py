@@ -82,6 +82,31 @@ def test_notify_sequence_ready_status_watchdog_stopping(tmp_path: Path,
     assert any(m.startswith("STATUS=") for m in messages[:first["READY=1"]])
 
 
+def test_notifier_sends_utf8_through_sdnotify_and_logs_failures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The design card's sdnotify carries the messages; systemd drops a STATUS= that is not
+    UTF-8 (sdnotify itself encodes Latin-1), and a vanished socket is logged, not raised."""
+    import sdnotify
+
+    address = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(address)
+    listener.settimeout(10)
+    monkeypatch.setenv("NOTIFY_SOCKET", address)
+    notifier = Notifier()
+    assert isinstance(notifier._notifier, sdnotify.SystemdNotifier)
+    notifier.notify(READY=1, STATUS="hottest 47.2 °C")
+    assert listener.recv(4096) == "READY=1\nSTATUS=hottest 47.2 °C".encode()
+    listener.close()
+    os.unlink(address)
+    notifier.notify(WATCHDOG=1)  # nobody listens any more: logged
+    assert any("sd_notify to" in r.getMessage() for r in caplog.records)
+    assert not Notifier(enabled=False).enabled
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "missing.sock"))
+    assert not Notifier().enabled
+    assert any("cannot reach systemd" in r.getMessage() for r in caplog.records)
+
+
 def test_watchdog_interval_is_half_of_watchdog_usec() -> None:
     assert watchdog_interval_s({"WATCHDOG_USEC": "30000000"}) == 15.0
     assert watchdog_interval_s({"WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}) is None
@@ -90,7 +115,7 @@ def test_watchdog_interval_is_half_of_watchdog_usec() -> None:
 
 class RecordingNotifier(Notifier):
     def __init__(self) -> None:
-        super().__init__(address="")
+        super().__init__(enabled=False)
         self.sent: list[dict[str, object]] = []
 
     def notify(self, **fields: object) -> None:

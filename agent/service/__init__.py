@@ -63,7 +63,7 @@ class Service:
     def __init__(self, config: Config, state_dir: str | None = None,
                  notifier: Notifier | None = None) -> None:
         self.config = config
-        self.notifier = notifier or Notifier(address="")
+        self.notifier = notifier or Notifier(enabled=False)
         self._progress = (0, time.monotonic())  # inference completions, when they last rose
         self.state_dir = _state_dir(state_dir or config.state_dir)
         self.root = Root(config.root)

@@ -10,39 +10,46 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
 class Notifier:
-    """sd_notify(3) over the datagram socket systemd passes in ``NOTIFY_SOCKET``."""
+    """sd_notify(3) through sdnotify, wrapped so that a failure is logged instead of being
+    swallowed (sdnotify's default) or raised into the agent (its ``debug`` mode), and so
+    that the health gating stays ours (see ``Watchdog``)."""
 
-    def __init__(self, address: str | None = None) -> None:
-        address = address if address is not None else os.environ.get("NOTIFY_SOCKET")
-        self.address: str | None = None
-        if address:
-            # "@name" is an abstract socket: a leading NUL byte on Linux
-            self.address = "\0" + address[1:] if address.startswith("@") else address
-        self._socket: socket.socket | None = None
+    def __init__(self, enabled: bool = True) -> None:
+        self._notifier: Any = None
+        self.address = os.environ.get("NOTIFY_SOCKET") if enabled else None
+        if self.address:
+            import sdnotify
+
+            try:  # debug: errors are raised to us, to be logged
+                self._notifier = sdnotify.SystemdNotifier(debug=True)
+            except OSError as error:
+                logger.warning("sd_notify: cannot reach systemd at %s: %s", self.address,
+                               error)
         self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
-        return self.address is not None
+        return self._notifier is not None
 
     def notify(self, **fields: object) -> None:
         """``notify(READY=1, STATUS="running")``; errors are logged, never raised."""
-        if self.address is None:
+        if self._notifier is None:
             return
-        message = "\n".join(f"{key}={value}" for key, value in fields.items()).encode()
+        text = "\n".join(f"{key}={value}" for key, value in fields.items())
+        # sdnotify encodes as Latin-1, systemd wants UTF-8 (a STATUS= that is not UTF-8 is
+        # dropped): hand it the UTF-8 bytes spelled as Latin-1 characters.
+        message = text.encode("utf-8", "replace").decode("latin-1")
         with self._lock:
             try:
-                if self._socket is None:
-                    self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                self._socket.sendto(message, self.address)
+                self._notifier.notify(message)
             except OSError as error:
                 logger.warning("sd_notify to %s failed: %s", self.address, error)
 
