@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from agent.discovery.udev import WATCHED_SUBSYSTEMS
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.tuning.profiles import SAFE_LOADER, deep_merge
 from agent.validation import (
@@ -138,6 +139,9 @@ SCHEMA: dict[str, Any] = {
                           "max_temp_c": optional(number(0, 150)),
                           "canary_s": number(0, 3600)}},
     "prometheus": {"listen": optional(_listen)},
+    "hotplug": {"enabled": choice("auto", True, False),
+                "subsystems": ("list", text(re.compile(r"^[a-z0-9_-]{1,32}$"),
+                                            "a kernel subsystem name such as usb"))},
     "home_assistant": {"enabled": choice(True, False),
                        "prefix": _topic_level("a discovery prefix")},
 }
@@ -165,6 +169,7 @@ def defaults() -> dict[str, Any]:
                     "guard": {"window_s": 10, "max_p99_ratio": 1.5, "max_error_rate": 0.003,
                               "max_temp_c": None, "canary_s": 5}},
         "prometheus": {"listen": None},
+        "hotplug": {"enabled": "auto", "subsystems": list(WATCHED_SUBSYSTEMS)},
         "home_assistant": {"enabled": False, "prefix": "homeassistant"},
     }
 
@@ -218,6 +223,12 @@ class InferenceConfig:
 
 
 @dataclass(frozen=True)
+class HotplugConfig:
+    enabled: bool  # "auto" resolved: on for the real root, off for a fixture tree
+    subsystems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Config:
     node_id: str
     fleet: str
@@ -232,6 +243,7 @@ class Config:
     prometheus_listen: str | None
     home_assistant_enabled: bool
     home_assistant_prefix: str
+    hotplug: HotplugConfig = HotplugConfig(False, ())
     source: str = "built-in defaults"  # the file it came from, for messages
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -294,6 +306,10 @@ def from_dict(data: Any, file: str = "built-in defaults") -> Config:
         prometheus_listen=merged["prometheus"]["listen"],
         home_assistant_enabled=merged["home_assistant"]["enabled"],
         home_assistant_prefix=merged["home_assistant"]["prefix"],
+        hotplug=HotplugConfig(
+            enabled=(merged["root"] == "/" if merged["hotplug"]["enabled"] == "auto"
+                     else merged["hotplug"]["enabled"]),
+            subsystems=tuple(merged["hotplug"]["subsystems"])),
         source=file, raw=merged)
 
 

@@ -1,11 +1,13 @@
-"""Fixtures shared by the tests that need a real MQTT broker."""
+"""Fixtures shared by the tests: a real MQTT broker, loop devices for real uevents."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from loop_devices import LoopDevices
 from mqtt_helpers import Broker
 
 
@@ -16,3 +18,23 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def loops() -> Iterator[LoopDevices]:
+    """Loop devices to cause real block uevents with; removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("creating loop devices to cause uevents needs root")
+    try:
+        fd = os.open("/dev/loop-control", os.O_RDWR)
+    except OSError as exc:
+        pytest.skip(f"/dev/loop-control unavailable: {exc}")
+    devices = LoopDevices(fd)
+    try:
+        yield devices
+    finally:
+        try:
+            for name in sorted(devices.created):
+                devices.remove(name)
+        finally:
+            os.close(fd)

@@ -9,8 +9,6 @@ they use ``source="kernel"`` because it works without udevd.  They need root and
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import queue
@@ -23,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from loop_devices import TIMEOUT_S, LoopDevices
 
 from agent.discovery.udev import (
     HOTPLUG_ACTIONS,
@@ -33,9 +32,6 @@ from agent.discovery.udev import (
     udev_running,
 )
 
-TIMEOUT_S = 5.0
-LOOP_CTL_ADD = 0x4C80  # <linux/loop.h>
-LOOP_CTL_REMOVE = 0x4C81
 UDEV_LOGGER = "agent.discovery.udev"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -171,65 +167,6 @@ def test_device_fields_match_sysfs(subsystem: str) -> None:
 
 
 # --- hot-plug watch ---------------------------------------------------------------------------
-
-
-class LoopDevices:
-    """Creates and removes loop devices through /dev/loop-control, to cause real uevents."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self.created: set[str] = set()
-
-    def add(self) -> str:
-        # Far above the numbers in use, so `losetup -f` elsewhere is unlikely to pick ours.
-        names = os.listdir("/sys/class/block")
-        taken = [int(n[4:]) for n in names if n.startswith("loop") and n[4:].isdigit()]
-        number = max([*taken, 0]) + 100
-        while True:
-            try:
-                fcntl.ioctl(self._fd, LOOP_CTL_ADD, number)
-            except FileExistsError:
-                number += 1
-                continue
-            name = f"loop{number}"
-            self.created.add(name)
-            return name
-
-    def change(self, name: str) -> None:
-        Path("/sys/class/block", name, "uevent").write_text("change")
-
-    def remove(self, name: str) -> None:
-        """Remove ``name``, waiting out a transient EBUSY (udevd probing it, where one runs)."""
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            try:
-                fcntl.ioctl(self._fd, LOOP_CTL_REMOVE, int(name[4:]))
-            except OSError as exc:
-                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-                continue
-            self.created.discard(name)
-            return
-
-
-@pytest.fixture
-def loops() -> Iterator[LoopDevices]:
-    if os.geteuid() != 0:
-        pytest.skip("creating loop devices to cause uevents needs root")
-    try:
-        fd = os.open("/dev/loop-control", os.O_RDWR)
-    except OSError as exc:
-        pytest.skip(f"/dev/loop-control unavailable: {exc}")
-    devices = LoopDevices(fd)
-    try:
-        yield devices
-    finally:
-        try:
-            for name in sorted(devices.created):
-                devices.remove(name)
-        finally:
-            os.close(fd)
 
 
 @pytest.fixture

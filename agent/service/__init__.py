@@ -26,6 +26,7 @@ from agent.fsroot import Root
 from agent.link.homeassistant import discovery_messages
 from agent.link.mqtt import LinkSettings, MqttLink
 from agent.service.commands import ServiceCommands
+from agent.service.hotplug import Hotplug
 from agent.service.inference import Inference
 from agent.service.systemd import Notifier
 from agent.service.tuning import Tuning
@@ -37,6 +38,8 @@ from agent.telemetry.sampler import FunctionCollector, Sampler
 logger = logging.getLogger(__name__)
 
 VERIFY_INTERVAL_S = 60.0
+# What hot-plug can change; the rest of a topology (temperatures, frequencies) always moves.
+DEVICE_KEYS = ("gpus", "npus", "block", "pci", "udev")
 
 
 class ServiceError(RuntimeError):
@@ -76,6 +79,7 @@ class Service:
         self.sampler: Sampler | None = None
         self.exporter: Any = None  # PrometheusExporter when configured
         self.controller: Controller | None = None
+        self.hotplug: Hotplug | None = None
         self.final_status: dict[str, Any] | None = None  # written by stop()
 
     # -- start ------------------------------------------------------------------------------
@@ -89,6 +93,9 @@ class Service:
         except OutboxBusy as error:
             raise ServiceError(str(error)) from None
         self.sequence = Sequence(self.outbox.bump("session"))
+        if config.hotplug.enabled:  # before discovery: a device added meanwhile is not missed
+            self.hotplug = Hotplug(config.hotplug.subsystems)
+            self.hotplug.start()
         self.topology = discover(self.root)
         self.tuning = Tuning(self.root, self.topology, self.state_dir, config.tuning.profile,
                              config.tuning.apply, self.event)
@@ -170,16 +177,20 @@ class Service:
         assert self.outbox is not None and self.topology is not None
         assert self.link is not None and self.tuning is not None
         assert self.inference is not None
-        collectors: list[Any] = build_collectors(self.root, self.topology)
-        collectors += [FunctionCollector("inference", self.inference.metrics),
-                       FunctionCollector("tuning", self.tuning.metrics),
-                       FunctionCollector("outbox", self.outbox.stats)]
-        self.sampler = Sampler(collectors, self.outbox, self.sequence,
+        self.sampler = Sampler(self._collectors(), self.outbox, self.sequence,
                                f"{self.config.topic_root}/telemetry",
                                self.config.telemetry.interval_s,
                                self.config.mqtt.max_payload_kb * 1024,
                                self.config.telemetry.metrics)
         self.sampler.start()
+
+    def _collectors(self) -> list[Any]:
+        assert self.outbox is not None and self.topology is not None
+        assert self.tuning is not None and self.inference is not None
+        return [*build_collectors(self.root, self.topology),
+                FunctionCollector("inference", self.inference.metrics),
+                FunctionCollector("tuning", self.tuning.metrics),
+                FunctionCollector("outbox", self.outbox.stats)]
 
     # -- what the link announces, events -------------------------------------------------------
 
@@ -284,15 +295,43 @@ class Service:
                 self.tuning.verified_at is None
                 or time.time() - self.tuning.verified_at >= VERIFY_INTERVAL_S):
             self.tuning.verify()
+        if self.hotplug is not None:
+            burst = self.hotplug.take()
+            if burst is not None:
+                self.rediscover(*burst)
         status = self.status()
         write_status(self.state_dir, status)
         return status
+
+    def rediscover(self, devices: list[dict[str, Any]], more: int = 0) -> None:
+        """Devices came or went: discover again, sample and announce the new topology, and
+        plan the active profile against it (applied again only if ``tuning.apply``)."""
+        assert self.topology is not None and self.tuning is not None
+        before = self.topology.to_dict()
+        try:
+            self.topology = discover(self.root)
+        except Exception as error:  # the main loop must go on; the next burst tries again
+            logger.exception("hot-plug: rediscovery failed")
+            self.event("hotplug", devices=devices, more=more, error=str(error))
+            return
+        after = self.topology.to_dict()
+        self.tuning.retarget(self.topology)
+        if self.sampler is not None:
+            self.sampler.set_collectors(self._collectors())
+        self.event("hotplug", devices=devices, more=more,
+                   changed=[key for key in DEVICE_KEYS if before.get(key) != after.get(key)],
+                   plan={"profile": self.tuning.profile, "changes": self.tuning.changes,
+                         "applied": self.tuning.applied, "error": self.tuning.error})
+        if self.link is not None:
+            self.link.rebirth()
 
     # -- stop -------------------------------------------------------------------------------
 
     def stop(self, flush_s: float = 5.0, rollback: bool | None = None) -> None:
         """Inference and sampling first, then flush and say ``stopped``, then roll back
         (``rollback`` None: as ``tuning.rollback_on_stop`` says)."""
+        if self.hotplug is not None:
+            self.hotplug.stop()
         if self.controller is not None:
             self.controller.stop()
             self.controller.store.close()

@@ -69,6 +69,25 @@ class Tuning:
         self._start_thp_controller()
         return len(plan.changes)
 
+    def retarget(self, topology: Topology) -> None:
+        """The device changed (hot-plug): plan the active profile again against it, and
+        apply it again only when it is applied and the config applies profiles."""
+        self.engine.topology = topology
+        name = self.profile or self.requested
+        if name is None:
+            return
+        try:
+            if self.applied and self.apply_wanted:
+                self.switch(name)
+                return
+            plan = self.engine.plan(name)
+            self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
+                plan.runtime
+            self.error = None
+        except (ProfileError, TuningError, OSError) as error:
+            self.error = str(error)
+            logger.error("tuning: after a device change: %s", error)
+
     def rollback(self) -> str | None:
         """Every original value back; returns the profile that was rolled back."""
         self._stop_thp_controller()

@@ -45,6 +45,10 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def set_collectors(self, collectors: Iterable[Collector]) -> None:
+        """Sample from these from the next round on (the device changed)."""
+        self.collectors = list(collectors)
+
     def set_metrics(self, metrics: Iterable[str] | None) -> None:
         """Limit records to these groups (None: all); takes effect at the next sample."""
         self.metrics = set(metrics) if metrics is not None else None
