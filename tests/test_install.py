@@ -1,4 +1,5 @@
-"""Packaging: the wheel a device installs, run from outside the checkout.
+"""Packaging and the installer: the wheel a device installs, run from outside the checkout,
+and install.sh's help, options, Debian packages and DESTDIR relocation.
 
 Everything runs offline. The wheel is built without build isolation (the dev venv carries
 setuptools), and each fresh venv gets its dependencies from this venv's site-packages
@@ -24,6 +25,7 @@ from mqtt_helpers import Broker, Subscriber, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = ("pyproject.toml", "README.md", "agent")
+INSTALLER = (*PACKAGE, "install.sh", "constraints", "profiles", "dts-overlays", "systemd")
 NOT_DEPENDENCIES = ("__editable__", "edge_agent", "agent", "__pycache__")
 
 
@@ -174,3 +176,98 @@ def test_installed_fleet_keygen(installed: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert key.read_text().startswith("-----BEGIN PRIVATE KEY-----")
     assert "trusted_keys" in result.stdout
+
+
+# -- install.sh ------------------------------------------------------------------------------
+
+
+def test_help_prints_the_header_and_exits_0() -> None:
+    result = run([str(REPO / "install.sh"), "--help"], cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "edge-agent installer."
+    assert any("--prefix DIR" in line for line in lines)
+    assert not [line for line in lines if line.startswith(("set -", "#"))], result.stdout
+
+
+def test_an_unknown_option_exits_2_with_the_allowed_list() -> None:
+    result = run([str(REPO / "install.sh"), "--frobnicate"], cwd=REPO)
+    assert result.returncode == 2
+    assert "unknown option '--frobnicate'" in result.stderr
+    for option in ("--dev", "--prefix DIR", "--no-start", "--uninstall", "--purge", "--help"):
+        assert option in result.stderr
+
+
+def test_dev_asks_for_mosquitto_clients_once_each(tmp_path: Path) -> None:
+    """With every Debian package missing (a dpkg that knows none), --dev asks apt-get for
+    each package the tests and the README need, each once; a fake apt-get records it and
+    stops the run there (as non-root, the script names them and stops instead)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "apt.log"
+    (fake / "dpkg").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "apt-get").write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
+                                  '[ "$1" = update ] && exit 0\nexit 1\n')
+    for script in fake.iterdir():
+        script.chmod(0o755)
+    checkout = copy_tree(("install.sh",), tmp_path / "checkout")
+    result = run([str(checkout / "install.sh"), "--dev"], cwd=tmp_path,
+                 PATH=f"{fake}:{os.environ['PATH']}", PYTHON=sys.executable)
+    assert result.returncode != 0
+    if os.geteuid() == 0:
+        asked = log.read_text().splitlines()[-1].split()
+    else:
+        asked = result.stderr.split("please install these Debian packages first:")[1].split()
+    packages = [word for word in asked if not word.startswith("-") and word != "install"]
+    for package in ("mosquitto", "mosquitto-clients", "device-tree-compiler", "libudev1"):
+        assert packages.count(package) == 1, packages
+    if os.geteuid() == 0:
+        assert f"install.sh: installing Debian packages: {' '.join(packages)}" in result.stdout
+    assert not (checkout / ".venv").exists()
+
+
+def test_destdir_install_runs_once_moved_to_its_prefix(tmp_path: Path, deps: Path) -> None:
+    if int(importlib.metadata.version("setuptools").split(".")[0]) < 77:
+        pytest.fail("setuptools < 77 cannot build edge-agent: run ./install.sh --dev")
+    checkout = copy_tree(INSTALLER, tmp_path / "checkout")
+    prefix = tmp_path / "opt" / "edge-agent"  # the target path; it does not exist yet
+    stage = tmp_path / "stage"
+    staged = Path(f"{stage}{prefix}")
+    # install.sh's own `python -m venv`, done beforehand with this venv's packages on the
+    # path so pip runs offline (install.sh reuses the venv it finds, as on a rerun)
+    fresh_venv(staged, deps)
+    result = run([str(checkout / "install.sh"), "--prefix", str(prefix), "--no-start"],
+                 cwd=tmp_path, timeout=300, DESTDIR=str(stage), PYTHON=sys.executable,
+                 PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    # nothing in the venv still names the staging directory: scripts, pyvenv.cfg, .pyc
+    naming = [str(p.relative_to(staged)) for p in sorted(staged.rglob("*"))
+              if p.is_file() and not p.is_symlink() and str(stage).encode() in p.read_bytes()]
+    assert not naming, naming
+    assert (staged / "bin" / "edge-agent").read_text().count(f"{prefix}/bin/python") == 1
+    unit = (stage / "etc/systemd/system/edge-agent.service").read_text()
+    assert f"ExecStart={prefix}/bin/edge-agent run" in unit and str(stage) not in unit
+    config = yaml.safe_load((stage / "etc/edge-agent/agent.yaml").read_text())
+    assert config["tuning"]["profile"] == "auto"  # not the build machine's board
+
+    prefix.parent.mkdir(parents=True)
+    staged.rename(prefix)  # what unpacking the package on the device does
+    discover = run([str(prefix / "bin" / "edge-agent"), "discover", "--json"], cwd=tmp_path)
+    assert discover.returncode == 0, discover.stderr
+    assert json.loads(discover.stdout)["schema"] == "topology/1"
+    profiles = run([str(prefix / "bin" / "edge-agent"), "profile", "list", "--json"],
+                   cwd=tmp_path)
+    assert profiles.returncode == 0, profiles.stderr
+    dirs = {Path(p["file"]).parent for p in json.loads(profiles.stdout)["profiles"]}
+    # the prefix's copy, found through sys.prefix (site profiles in /etc may add to them)
+    assert dirs - {Path("/etc/edge-agent/profiles")} == {prefix / "profiles"}
+    where = run([str(prefix / "bin" / "python"), "-c", "import agent; print(agent.__file__)"],
+                cwd=tmp_path)
+    assert Path(where.stdout.strip()).is_relative_to(prefix), where.stdout + where.stderr
+    # one line per step, so a minute of pip is not a minute of silence
+    for step in ("install.sh: reusing the venv in ",
+                 "install.sh: installing edge-agent and its dependencies with pip (",
+                 f"install.sh: relocating the venv from {staged} to {prefix} (DESTDIR)",
+                 "install.sh: writing the profiles"):
+        assert step in result.stdout, result.stdout
