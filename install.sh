@@ -7,8 +7,12 @@
 #   ./install.sh --uninstall      stop, roll tuning back, remove what was installed; keep the
 #                                 config (add --purge to remove it and the state too)
 # Options: --prefix DIR (default /opt/edge-agent), --no-start, DESTDIR=... in the
-# environment for packaging (files only: systemd is not touched).
+# environment for packaging (files only: systemd is not touched; the venv is built below
+# DESTDIR and relocated to --prefix, so it runs once the tree is copied to /).
+# Python packages are pinned by constraints/<os>-<arch>-py<X.Y>.txt (the versions CI tested)
+# when one exists for this platform, and by pyproject.toml's ranges otherwise.
 # Idempotent: a second run changes nothing. Only pip and apt packages are fetched.
+
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,8 +22,11 @@ start=yes
 purge=no
 destdir="${DESTDIR:-}"
 
-usage() {
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+usage() {  # the header comment above, up to its first non-comment line
+    awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+}
+step() {  # one line per step, so a minute of pip is not a minute of silence
+    echo "install.sh: $*"
 }
 
 while [ $# -gt 0 ]; do
@@ -50,6 +57,15 @@ case "$(uname -m)" in
        exit 1 ;;
 esac
 
+case "$prefix" in
+    /*) prefix="${prefix%/}" ;;
+    *) echo "install.sh: --prefix must be an absolute path, not '$prefix'" >&2; exit 2 ;;
+esac
+if [ -n "$destdir" ]; then  # absolute, without a trailing slash: it is cut from paths below
+    case "$destdir" in /*) ;; *) destdir="$PWD/$destdir" ;; esac
+    destdir="${destdir%/}"
+fi
+
 # Paths on the target system, and where they are written (DESTDIR for packaging).
 venv="$destdir$prefix"
 etc="$destdir/etc/edge-agent"
@@ -67,12 +83,12 @@ if [ "$mode" = dev ]; then
     dpkg -s libudev1 >/dev/null 2>&1 || apt_packages+=(libudev1)
     # the MQTT tests start a real broker (mosquitto, mosquitto_passwd)
     dpkg -s mosquitto >/dev/null 2>&1 || apt_packages+=(mosquitto)
+    # mosquitto_sub, which the README uses to watch the agent's messages
+    dpkg -s mosquitto-clients >/dev/null 2>&1 || apt_packages+=(mosquitto-clients)
     # the overlay tests compile and apply real overlays (dtc, fdtoverlay)
     dpkg -s device-tree-compiler >/dev/null 2>&1 || apt_packages+=(device-tree-compiler)
     # the unit test runs systemd-analyze verify
     command -v systemd-analyze >/dev/null || apt_packages+=(systemd)
-    # the overlay tests compile and apply device trees (dtc, fdtoverlay)
-    dpkg -s device-tree-compiler >/dev/null 2>&1 || apt_packages+=(device-tree-compiler)
 fi
 if [ "$mode" != uninstall ] && [ "${#apt_packages[@]}" -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
@@ -80,15 +96,44 @@ if [ "$mode" != uninstall ] && [ "${#apt_packages[@]}" -gt 0 ]; then
         exit 1
     fi
     export DEBIAN_FRONTEND=noninteractive
+    step "installing Debian packages: ${apt_packages[*]}"
     apt-get update -qq
     apt-get install -y -qq "${apt_packages[@]}" >/dev/null
 fi
 
+# The versions CI tested, for the platform it runs on; elsewhere pyproject.toml's ranges.
+platform="$(uname -s | tr '[:upper:]' '[:lower:]')-$(uname -m)-py$("$python" -c \
+    'import sys; print("%d.%d" % sys.version_info[:2])')"
+pip_constraints=()
+if [ -f "$here/constraints/$platform.txt" ]; then
+    pip_constraints=(-c "$here/constraints/$platform.txt")
+fi
+pinned() {  # the step's wording: which versions pip installs
+    if [ "${#pip_constraints[@]}" -gt 0 ]; then
+        echo "pinned by constraints/$platform.txt"
+    else
+        echo "no constraints file for $platform: pyproject.toml's ranges"
+    fi
+}
+
+# make_venv DIR: create it, or reuse the one a previous run made
+make_venv() {
+    if [ -x "$1/bin/python" ]; then
+        step "reusing the venv in $1"
+    else
+        step "creating the venv in $1 ($("$python" -c 'import sys; print(sys.executable)'))"
+        "$python" -m venv "$1"
+    fi
+    step "updating pip in the venv ($(pinned))"
+    "$1/bin/python" -m pip install -q --upgrade "${pip_constraints[@]}" pip
+}
+
 if [ "$mode" = dev ]; then
     venv="$here/.venv"
-    [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --upgrade pip
-    "$venv/bin/python" -m pip install -q -e "$here[dev]"
+    make_venv "$venv"
+    step "installing edge-agent (editable), its dependencies and the test tools with pip" \
+         "($(pinned)); onnxruntime and onnx are large, this can take a minute"
+    "$venv/bin/python" -m pip install -q "${pip_constraints[@]}" -e "$here[dev]"
     echo "edge-agent (dev) installed in $venv"
     exit 0
 fi
@@ -98,7 +143,8 @@ if [ "$mode" = uninstall ]; then
     if with_systemd; then
         systemctl disable --now edge-agent.service 2>/dev/null || true
     fi
-    if [ -x "$venv/bin/edge-agent" ] && [ -d "$state" ]; then
+    # a DESTDIR tree is not installed on this machine: nothing of it was applied here
+    if [ -z "$destdir" ] && [ -x "$venv/bin/edge-agent" ] && [ -d "$state" ]; then
         "$venv/bin/edge-agent" profile rollback --state-dir "$state" || \
             echo "install.sh: tuning rollback failed; see 'edge-agent profile status'" >&2
     fi
@@ -118,9 +164,34 @@ if [ "$mode" = uninstall ]; then
 fi
 
 # -- device install -------------------------------------------------------------------------
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q "$here"
+make_venv "$venv"
+step "installing edge-agent and its dependencies with pip ($(pinned));" \
+     "onnxruntime is large, this can take a minute"
+if [ -z "$destdir" ]; then
+    "$venv/bin/python" -m pip install -q "${pip_constraints[@]}" "$here"
+else
+    # Packaging: the venv is built in $DESTDIR$prefix but must run from $prefix. A venv
+    # records its own path (script shebangs, activate, pyvenv.cfg; the source paths in
+    # compiled .pyc files), and Python offers no relocatable venv, so every record of
+    # $DESTDIR$prefix becomes $prefix: text files are rewritten and the .pyc files are
+    # compiled with the final paths (pip's own compile step would record the staging ones).
+    "$venv/bin/python" -m pip install -q --no-compile "${pip_constraints[@]}" "$here"
+    step "relocating the venv from $venv to $prefix (DESTDIR)"
+    "$venv/bin/python" - "$venv" "$prefix" <<'EOF'
+import sys
+from pathlib import Path
+
+staged, final = sys.argv[1], sys.argv[2]
+venv = Path(staged)
+for path in [*sorted((venv / "bin").iterdir()), venv / "pyvenv.cfg"]:
+    if path.is_symlink() or not path.is_file():
+        continue
+    data = path.read_bytes()
+    if b"\0" not in data and staged.encode() in data:
+        path.write_bytes(data.replace(staged.encode(), final.encode()))
+EOF
+    "$venv/bin/python" -m compileall -q -f -s "$destdir" -p / "$venv/lib" >/dev/null
+fi
 
 # write_if_changed SRC DEST: copy only when different, so a rerun touches nothing
 write_if_changed() {
@@ -148,10 +219,18 @@ done
 sed -e "s#/opt/edge-agent#$prefix#g" "$here/systemd/edge-agent.service" > "$scratch/unit"
 write_if_changed "$scratch/unit" "$unit"
 
-# the configuration: the board's profile, detected now; an edited file is never replaced
-profile="$("$venv/bin/edge-agent" profile list --json 2>/dev/null \
-           | "$venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["auto"])' \
-           2>/dev/null || echo auto)"
+# the configuration: the board's profile, detected now; an edited file is never replaced.
+# A DESTDIR build is not the board it will run on: its config says "auto", which picks the
+# profile on the device at each start.
+if [ -z "$destdir" ]; then
+    step "detecting this board's profile"
+    profile="$("$venv/bin/edge-agent" profile list --json 2>/dev/null \
+               | "$venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["auto"])' \
+               2>/dev/null || echo auto)"
+else
+    profile=auto
+fi
+step "writing the profiles, the overlay sources, the unit and the configuration"
 cat > "$scratch/agent.yaml" <<EOF
 # edge-agent configuration. Every key has a default; see README "Running the agent".
 # Written by install.sh; an edited copy is kept, and a newer default lands beside it as
@@ -173,10 +252,16 @@ printf '%s\n' /etc/systemd/system/edge-agent.service > "$scratch/manifest"
 write_if_changed "$scratch/manifest" "$manifest"
 
 if with_systemd; then
+    step "enabling edge-agent.service$([ "$start" = yes ] && echo " and (re)starting it")"
     systemctl daemon-reload
     systemctl enable edge-agent.service >/dev/null
     if [ "$start" = yes ]; then
         systemctl restart edge-agent.service
     fi
 fi
-echo "edge-agent installed in $venv (profile $profile; config $etc/agent.yaml)"
+if [ -n "$destdir" ]; then
+    echo "edge-agent staged in $destdir for $prefix (profile $profile; config" \
+         "$etc/agent.yaml); it runs once the tree is copied to /"
+else
+    echo "edge-agent installed in $venv (profile $profile; config $etc/agent.yaml)"
+fi

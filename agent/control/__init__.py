@@ -1,0 +1,1 @@
+"""Fleet control: signed command envelopes, their checks, the controller, the command store."""
