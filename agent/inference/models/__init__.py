@@ -1,0 +1,1 @@
+"""The bundled demo model (data only; see agent.inference.demo_model)."""
