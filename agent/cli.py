@@ -25,11 +25,12 @@ class UsageError(Exception):
 def open_root(directory: str) -> Root:
     """The filesystem layer for ``--root``; a missing directory is a usage error."""
     from agent.fsroot import Root
+    from agent.validation import missing_directory
 
-    try:
-        return Root(directory)
-    except FileNotFoundError:
-        raise UsageError(f"--root {directory}: no such directory") from None
+    problem = missing_directory(directory)
+    if problem is not None:
+        raise UsageError(f"--root {problem}")
+    return Root(directory)
 
 
 def _discover(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ from agent.validation import (
     SettingsError,
     choice,
     integer,
+    missing_directory,
     number,
     optional,
     text,
@@ -295,6 +296,13 @@ def from_dict(data: Any, file: str = "built-in defaults") -> Config:
         home_assistant_enabled=merged["home_assistant"]["enabled"],
         home_assistant_prefix=merged["home_assistant"]["prefix"],
         source=file, raw=merged)
+
+
+def check_root(config: Config) -> None:
+    """For the commands that read the device through ``root``: it must be a directory."""
+    problem = missing_directory(config.root)
+    if problem is not None:
+        raise ConfigError(config.source, "root", problem)
 
 
 def load_config(path: str | None = None) -> Config:

@@ -15,23 +15,36 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agent.cli import UsageError
-from agent.config import Config, ConfigError, from_dict, load_config
+from agent.config import Config, ConfigError, check_root, from_dict, load_config
 from agent.telemetry.records import hottest_c
+from agent.validation import missing_directory
 
 logger = logging.getLogger(__name__)
 USER_STATE_DIR = Path.home() / ".local" / "state" / "edge-agent"
 
 
 def _config(args: argparse.Namespace) -> Config:
-    config = load_config(args.config)
-    overrides: dict[str, Any] = {}
+    """The config with the command line's overrides, its root checked; any error in it is a
+    UsageError (exit 2) naming the file and key, or the flag."""
     if args.root:
-        overrides["root"] = args.root
-    if args.state_dir:
-        overrides["state_dir"] = args.state_dir
-    elif not _writable(config.state_dir) and config.state_dir == "/var/lib/edge-agent":
-        overrides["state_dir"] = str(USER_STATE_DIR)  # not root: a per-user default
-    return from_dict({**config.raw, **overrides}, config.source) if overrides else config
+        problem = missing_directory(args.root)
+        if problem is not None:
+            raise UsageError(f"--root {problem}")
+    try:
+        config = load_config(args.config)
+        overrides: dict[str, Any] = {}
+        if args.root:
+            overrides["root"] = args.root
+        if args.state_dir:
+            overrides["state_dir"] = args.state_dir
+        elif not _writable(config.state_dir) and config.state_dir == "/var/lib/edge-agent":
+            overrides["state_dir"] = str(USER_STATE_DIR)  # not root: a per-user default
+        if overrides:
+            config = from_dict({**config.raw, **overrides}, config.source)
+        check_root(config)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    return config
 
 
 def _writable(path: str) -> bool:
@@ -121,7 +134,7 @@ class Runner:
         self.notifier.notify(RELOADING=1, STATUS="reloading the configuration")
         try:
             config = _config(self.args)
-        except (ConfigError, UsageError) as error:
+        except UsageError as error:
             logger.error("reload: %s; the running configuration stays", error)
             self.service.event("config_rejected", error=str(error))
             self.notifier.notify(READY=1, STATUS=f"configuration rejected: {error}"[:200])
@@ -151,11 +164,9 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     notifier = Notifier()
+    config = _config(args)
     try:
-        config = _config(args)
         service = Service(config, notifier=notifier)
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
     except ServiceError as error:
         print(f"edge-agent run: {error}", file=sys.stderr)
         return 1

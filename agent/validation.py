@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 Check = Callable[[Any], str | None]  # None when fine, else what is allowed
@@ -20,6 +21,12 @@ class SettingsError(ValueError):
     def __init__(self, file: str, key: str, message: str) -> None:
         self.file, self.key, self.message = file, key, message
         super().__init__(f"{file}: {key}: {message}" if key else f"{file}: {message}")
+
+
+def missing_directory(path: str) -> str | None:
+    """``PATH: no such directory`` unless ``path`` is one: the wording of ``--root`` and
+    ``root:`` alike (the caller puts the flag or ``file: key`` in front)."""
+    return None if Path(path).is_dir() else f"{path}: no such directory"
 
 
 def choice(*allowed: object) -> Check:

@@ -64,3 +64,35 @@ def test_help_and_version(args: list[str]) -> None:
     result = run_cli(*args)
     assert result.returncode == 0
     assert "edge-agent" in result.stdout or "--root" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "selftest", "status"])
+def test_a_missing_root_flag_is_the_same_one_line_error(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "nowhere"
+    result = run_cli(command, "--root", str(missing), "--state-dir", str(tmp_path / "state"))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"edge-agent {command}: --root {missing}: no such directory"]
+
+
+@pytest.mark.parametrize("command", ["run", "selftest", "status"])
+def test_a_missing_config_root_names_the_file_and_key(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "nowhere"
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"root: {missing}\nstate_dir: {tmp_path / 'state'}\n")
+    result = run_cli(command, "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"edge-agent {command}: {config}: root: {missing}: no such directory"]
+
+
+@pytest.mark.parametrize("command", ["selftest", "status"])
+def test_a_bad_config_value_is_a_one_line_error(tmp_path: Path, command: str) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text("mqtt: {port: 70000}\n")
+    result = run_cli(command, "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"edge-agent {command}: {config}: mqtt.port: 70000 is not allowed: expected an "
+        "integer 1..65535"]
