@@ -46,6 +46,7 @@ def test_values_merge_over_the_defaults() -> None:
     ({"mqtt": {"password_file": "/p"}}, "mqtt.password_file", "needs mqtt.username"),
     ({"mqtt": {"reconnect": {"min_s": 10, "max_s": 1}}}, "mqtt.reconnect.min_s", "above max_s"),
     ({"prometheus": {"listen": "9101"}}, "prometheus.listen", "host:port"),
+    ({"mqtt": {True: 1}}, "mqtt.true", "unknown key (allowed: host, port"),
 ])
 def test_bad_values_name_the_file_and_key(tmp_path: Path, document: dict[str, object],
                                           key: str, allowed: str) -> None:
@@ -67,3 +68,19 @@ def test_unreadable_and_invalid_files_are_reported(tmp_path: Path) -> None:
     listed.write_text("- a\n")
     with pytest.raises(ConfigError, match="a YAML mapping of sections"):
         load_config(str(listed))
+
+
+@pytest.mark.parametrize(("document", "message"), [
+    ({"tuning": {"apply": "yes"}}, "'yes' is not allowed: expected true or false"),
+    ({"inference": {"enabled": 1}}, "1 is not allowed: expected true or false"),
+    ({"mqtt": {"port": True}}, "true is not allowed: expected an integer 1..65535"),
+    ({"mqtt": {"host": None}}, "null is not allowed: expected a host name or address"),
+    ({"inference": {"providers": ["CPUExecutionProvider", None]}},
+     "['CPUExecutionProvider', null] is not allowed: expected auto, or a list"),
+])
+def test_values_are_described_in_yaml_words_not_python_reprs(
+        document: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_dict(document, "agent.yaml")
+    assert caught.value.message.startswith(message)
+    assert "True" not in caught.value.message and "None" not in caught.value.message
