@@ -257,6 +257,15 @@ def _check_consistency(data: dict[str, Any], file: str) -> None:
         raise ConfigError(file, "mqtt.password_file", "needs mqtt.username")
 
 
+def _normalised(data: dict[str, Any]) -> dict[str, Any]:
+    """What people write that YAML reads as another type: ``protocol: 5`` is an int (3.1.1
+    can only be a string)."""
+    mqtt = data.get("mqtt")
+    if isinstance(mqtt, dict) and type(mqtt.get("protocol")) is int and mqtt["protocol"] == 5:
+        return {**data, "mqtt": {**mqtt, "protocol": "5"}}
+    return data
+
+
 def from_dict(data: Any, file: str = "built-in defaults") -> Config:
     """Validate a parsed document, fill in the defaults and build the typed config."""
     if data is None:
@@ -264,6 +273,7 @@ def from_dict(data: Any, file: str = "built-in defaults") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(file, "", "the configuration is a YAML mapping of sections "
                           f"({', '.join(SCHEMA)})")
+    data = _normalised(data)
     validate(data, SCHEMA, "", file, ConfigError)
     merged = deep_merge(defaults(), data)
     _check_consistency(merged, file)

@@ -84,3 +84,13 @@ def test_values_are_described_in_yaml_words_not_python_reprs(
         from_dict(document, "agent.yaml")
     assert caught.value.message.startswith(message)
     assert "True" not in caught.value.message and "None" not in caught.value.message
+
+
+def test_mqtt_protocol_5_may_be_written_unquoted(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("mqtt: {protocol: 5}\n")
+    assert load_config(str(path)).mqtt.protocol == "5"
+    assert from_dict({"mqtt": {"protocol": "3.1.1"}}).mqtt.protocol == "3.1.1"
+    for wrong in (3, 5.0, True):
+        with pytest.raises(ConfigError, match=r"mqtt\.protocol: .* expected one of 5, 3\.1\.1"):
+            from_dict({"mqtt": {"protocol": wrong}})
