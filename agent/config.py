@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from agent.inference.demo_model import DEMO_MODEL_PATH
+from agent.telemetry.groups import METRIC_GROUPS
 from agent.tuning.profiles import SAFE_LOADER, deep_merge
 from agent.validation import (
     Check,
@@ -25,6 +26,7 @@ from agent.validation import (
     missing_directory,
     number,
     optional,
+    shown,
     text,
     validate,
 )
@@ -60,8 +62,13 @@ def _string_list(value: Any) -> str | None:
 
 
 def _metrics(value: Any) -> str | None:
-    return None if value == "all" or _string_list(value) is None else (
-        "all, or a list of metric groups such as [cpu, memory, thermal]")
+    if value == "all" or (isinstance(value, list) and all(item in METRIC_GROUPS
+                                                          for item in value)):
+        return None
+    unknown = [item for item in value if item not in METRIC_GROUPS] if isinstance(
+        value, list) else []
+    return f"all, or a list of {', '.join(METRIC_GROUPS)}" + (
+        f" ({shown(unknown[0])} is not a metric group)" if unknown else "")
 
 
 def _providers(value: Any) -> str | None:

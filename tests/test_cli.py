@@ -96,3 +96,18 @@ def test_a_bad_config_value_is_a_one_line_error(tmp_path: Path, command: str) ->
     assert result.stderr.strip().splitlines() == [
         f"edge-agent {command}: {config}: mqtt.port: 70000 is not allowed: expected an "
         "integer 1..65535"]
+
+
+def test_loading_the_config_stays_light(tmp_path: Path) -> None:
+    """run, status and config check load the config first: naming the metric groups must
+    not load the collectors, nor inference or MQTT."""
+    config = tmp_path / "agent.yaml"
+    config.write_text("telemetry: {metrics: [cpu, inference]}\n")
+    code = (f"import sys; from agent.config import load_config; load_config({str(config)!r}); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('onnxruntime', 'paho', 'numpy', 'cryptography') or m.startswith("
+            "'agent.telemetry.collectors')), file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=REPO, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "[]"

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from agent.config import ConfigError, from_dict, load_config
+from agent.discovery import discover
+from agent.fsroot import Root
 from agent.inference.demo_model import DEMO_MODEL_PATH
+from agent.telemetry.collectors import COLLECTOR_GROUPS, build_collectors
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_an_empty_file_runs_the_built_in_demo(tmp_path: Path) -> None:
@@ -47,6 +52,12 @@ def test_values_merge_over_the_defaults() -> None:
     ({"mqtt": {"reconnect": {"min_s": 10, "max_s": 1}}}, "mqtt.reconnect.min_s", "above max_s"),
     ({"prometheus": {"listen": "9101"}}, "prometheus.listen", "host:port"),
     ({"mqtt": {True: 1}}, "mqtt.true", "unknown key (allowed: host, port"),
+    ({"telemetry": {"metrics": ["cpu", "thermals"]}}, "telemetry.metrics",
+     "expected all, or a list of cpu, load, memory, swap, psi, cgroup, thermal, power, fans, "
+     "gpus, npus, block, net, thp, inference, tuning, outbox ('thermals' is not a metric "
+     "group)"),
+    ({"telemetry": {"metrics": "cpu"}}, "telemetry.metrics", "expected all, or a list of cpu,"),
+    ({"telemetry": {"metrics": [["cpu"]]}}, "telemetry.metrics", "(['cpu'] is not a metric"),
 ])
 def test_bad_values_name_the_file_and_key(tmp_path: Path, document: dict[str, object],
                                           key: str, allowed: str) -> None:
@@ -94,3 +105,11 @@ def test_mqtt_protocol_5_may_be_written_unquoted(tmp_path: Path) -> None:
     for wrong in (3, 5.0, True):
         with pytest.raises(ConfigError, match=r"mqtt\.protocol: .* expected one of 5, 3\.1\.1"):
             from_dict({"mqtt": {"protocol": wrong}})
+
+
+def test_the_collector_groups_are_the_registry_s_collectors() -> None:
+    """The names telemetry.metrics accepts are those of the collectors that run (the
+    service's own groups are checked against a real agent's record in test_service)."""
+    root = Root(FIXTURES / "jetson-agx-orin-jp6")
+    keys = tuple(c.key for c in build_collectors(root, discover(root)))
+    assert keys == COLLECTOR_GROUPS
