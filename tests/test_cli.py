@@ -111,3 +111,25 @@ def test_loading_the_config_stays_light(tmp_path: Path) -> None:
                             cwd=REPO, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == "[]"
+
+
+@pytest.mark.parametrize(("args", "flag", "value"), [
+    (["run", "--seconds", "-5"], "--seconds", "-5"),
+    (["run", "--seconds", "0"], "--seconds", "0"),
+    (["run", "--seconds", "nan"], "--seconds", "nan"),
+    (["selftest", "--seconds", "0"], "--seconds", "0"),
+    (["infer", "--seconds", "-1"], "--seconds", "-1"),
+    (["infer", "--rate", "0"], "--rate", "0"),
+    (["infer", "--rate", "inf"], "--rate", "inf"),
+    (["fleet", "send", "all", "ping", "--key", "k.pem", "--timeout", "0"], "--timeout", "0"),
+    (["fleet", "send", "all", "ping", "--key", "k.pem", "--ttl", "-60"], "--ttl", "-60"),
+    (["fleet", "watch", "--seconds", "0"], "--seconds", "0"),
+    (["fleet", "watch", "--once", "--settle", "-2"], "--settle", "-2"),
+])
+def test_durations_and_rates_must_be_above_zero(args: list[str], flag: str,
+                                                value: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        f"error: argument {flag}: {value}: expected a number above 0")
