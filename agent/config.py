@@ -15,9 +15,10 @@ from typing import Any
 
 import yaml
 
+from agent.fsroot import Root
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.telemetry.groups import METRIC_GROUPS
-from agent.tuning.profiles import SAFE_LOADER, deep_merge
+from agent.tuning.profiles import SAFE_LOADER, ProfileStore, deep_merge
 from agent.validation import (
     Check,
     SettingsError,
@@ -320,6 +321,15 @@ def check_root(config: Config) -> None:
     problem = missing_directory(config.root)
     if problem is not None:
         raise ConfigError(config.source, "root", problem)
+
+
+def profile_problem(config: Config) -> ConfigError | None:
+    """``tuning.profile`` names a profile the store holds (builtin or site, through the
+    config's root, which must exist); not fatal to ``run``, which starts degraded."""
+    if config.tuning.profile is None:
+        return None
+    problem = ProfileStore(Root(config.root)).not_here(config.tuning.profile)
+    return None if problem is None else ConfigError(config.source, "tuning.profile", problem)
 
 
 def load_config(path: str | None = None) -> Config:

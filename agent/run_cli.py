@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agent.cli import UsageError
-from agent.config import Config, ConfigError, check_root, from_dict, load_config
+from agent.config import (
+    Config,
+    ConfigError,
+    check_root,
+    from_dict,
+    load_config,
+    profile_problem,
+)
 from agent.telemetry.records import hottest_c
 from agent.validation import missing_directory
 
@@ -165,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     notifier = Notifier()
     config = _config(args)
+    unknown_profile = profile_problem(config)
+    if unknown_profile is not None:  # the fleet must still reach the node to fix it
+        logger.error("%s: the agent starts degraded", unknown_profile)
     try:
         service = Service(config, notifier=notifier)
     except ServiceError as error:

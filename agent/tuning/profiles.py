@@ -111,6 +111,14 @@ class ProfileStore:
     def load(self, name: str) -> Profile:
         return self._load(name, self.sources(), [])
 
+    def not_here(self, name: str) -> str | None:
+        """Why a configured profile name cannot be used here, or None: the wording of the
+        config's ``tuning.profile`` check and of the service that starts degraded."""
+        names = self.names()
+        if name == "auto" or name in names:
+            return None
+        return f"{name!r} is not a profile here (available: {', '.join(names) or 'none'})"
+
     def load_all(self) -> dict[str, Profile | ProfileError]:
         """Every profile by name, or the error that keeps it from loading: one broken file
         spoils only itself and the profiles that include it."""
