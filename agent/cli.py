@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile_commands(commands)
     _add_infer_command(commands)
     _add_service_commands(commands)
+    _add_config_commands(commands)
     _add_fleet_commands(commands)
     _add_overlay_commands(commands)
     return parser
@@ -194,6 +195,25 @@ def _add_service_commands(commands: argparse._SubParsersAction[argparse.Argument
             sub.add_argument("--seconds", type=positive_float, default=5.0,
                              help="how long the probe may take to connect and infer")
         sub.set_defaults(handler=handler)
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    from agent import config_cli
+
+    return config_cli.run(args)
+
+
+def _add_config_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``config check``: the checks ``run`` makes before it starts, without starting."""
+    config = commands.add_parser("config", help="check an agent.yaml as run would read it")
+    actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
+    check = actions.add_parser("check", help="schema, values, root and tuning profile; "
+                               "exit 0 if fine, 2 with each problem")
+    check.add_argument("--config", metavar="FILE",
+                       help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
+                       "else built-in defaults)")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.set_defaults(handler=_config_check)
 
 
 def _fleet(args: argparse.Namespace) -> int:
