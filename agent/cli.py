@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -25,11 +26,24 @@ class UsageError(Exception):
 def open_root(directory: str) -> Root:
     """The filesystem layer for ``--root``; a missing directory is a usage error."""
     from agent.fsroot import Root
+    from agent.validation import missing_directory
 
+    problem = missing_directory(directory)
+    if problem is not None:
+        raise UsageError(f"--root {problem}")
+    return Root(directory)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type for durations and rates: a finite number above 0 (argparse names
+    the flag: ``argument --seconds: -5: expected a number above 0``, exit 2)."""
     try:
-        return Root(directory)
-    except FileNotFoundError:
-        raise UsageError(f"--root {directory}: no such directory") from None
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text}: expected a number above 0")
+    return value
 
 
 def _discover(args: argparse.Namespace) -> int:
@@ -59,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile_commands(commands)
     _add_infer_command(commands)
     _add_service_commands(commands)
+    _add_config_commands(commands)
     _add_fleet_commands(commands)
     _add_overlay_commands(commands)
     return parser
@@ -119,8 +134,8 @@ def _add_infer_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
                                 "and print latency statistics")
     infer.add_argument("--model", default=str(DEMO_MODEL_PATH),
                        help="ONNX model (default: the bundled demo CNN)")
-    infer.add_argument("--seconds", type=float, default=5.0)
-    infer.add_argument("--rate", type=float, default=None, metavar="HZ",
+    infer.add_argument("--seconds", type=positive_float, default=5.0)
+    infer.add_argument("--rate", type=positive_float, default=None, metavar="HZ",
                        help="fixed call rate with deadline-miss counting (default: free-running)")
     infer.add_argument("--providers", metavar="P1,P2",
                        help="execution providers in order (default: chosen from the hardware)")
@@ -171,15 +186,34 @@ def _add_service_commands(commands: argparse._SubParsersAction[argparse.Argument
         sub.add_argument("--root", metavar="DIR", help="override the config's root")
         sub.add_argument("--state-dir", metavar="DIR", help="override the config's state_dir")
         if name == "run":
-            sub.add_argument("--seconds", type=float, metavar="N",
+            sub.add_argument("--seconds", type=positive_float, metavar="N",
                              help="stop after N seconds, as on SIGTERM (default: run until "
                              "stopped)")
         else:
             sub.add_argument("--json", action="store_true")
         if name == "selftest":
-            sub.add_argument("--seconds", type=float, default=5.0,
+            sub.add_argument("--seconds", type=positive_float, default=5.0,
                              help="how long the probe may take to connect and infer")
         sub.set_defaults(handler=handler)
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    from agent import config_cli
+
+    return config_cli.run(args)
+
+
+def _add_config_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``config check``: the checks ``run`` makes before it starts, without starting."""
+    config = commands.add_parser("config", help="check an agent.yaml as run would read it")
+    actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
+    check = actions.add_parser("check", help="schema, values, root and tuning profile; "
+                               "exit 0 if fine, 2 with each problem")
+    check.add_argument("--config", metavar="FILE",
+                       help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
+                       "else built-in defaults)")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.set_defaults(handler=_config_check)
 
 
 def _fleet(args: argparse.Namespace) -> int:
@@ -213,8 +247,8 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
             sub.add_argument("--arg", action="append", metavar="K=V",
                              help="an argument; repeat; values are JSON when they parse")
             sub.add_argument("--args-json", metavar="JSON")
-            sub.add_argument("--timeout", type=float, default=15.0)
-            sub.add_argument("--ttl", type=float, default=60.0, help="seconds it stays valid")
+            sub.add_argument("--timeout", type=positive_float, default=15.0)
+            sub.add_argument("--ttl", type=positive_float, default=60.0, help="seconds it is valid")
             sub.add_argument("--json", action="store_true")
         if name == "desired":
             sub.add_argument("--profile", help="a profile name, or none to roll back")
@@ -224,9 +258,9 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
             sub.add_argument("--ttl", type=float, default=365 * 86400.0)
         if name == "watch":
             sub.add_argument("--once", action="store_true", help="print one table and exit")
-            sub.add_argument("--settle", type=float, default=2.0,
+            sub.add_argument("--settle", type=positive_float, default=2.0,
                              help="with --once: seconds to collect before printing")
-            sub.add_argument("--seconds", type=float, help="stop after N seconds")
+            sub.add_argument("--seconds", type=positive_float, help="stop after N seconds")
     fleet.set_defaults(handler=_fleet)
 
 

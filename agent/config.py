@@ -16,15 +16,19 @@ from typing import Any
 import yaml
 
 from agent.discovery.udev import WATCHED_SUBSYSTEMS
+from agent.fsroot import Root
 from agent.inference.demo_model import DEMO_MODEL_PATH
-from agent.tuning.profiles import SAFE_LOADER, deep_merge
+from agent.telemetry.groups import METRIC_GROUPS
+from agent.tuning.profiles import SAFE_LOADER, ProfileStore, deep_merge
 from agent.validation import (
     Check,
     SettingsError,
     choice,
     integer,
+    missing_directory,
     number,
     optional,
+    shown,
     text,
     validate,
 )
@@ -60,8 +64,13 @@ def _string_list(value: Any) -> str | None:
 
 
 def _metrics(value: Any) -> str | None:
-    return None if value == "all" or _string_list(value) is None else (
-        "all, or a list of metric groups such as [cpu, memory, thermal]")
+    if value == "all" or (isinstance(value, list) and all(item in METRIC_GROUPS
+                                                          for item in value)):
+        return None
+    unknown = [item for item in value if item not in METRIC_GROUPS] if isinstance(
+        value, list) else []
+    return f"all, or a list of {', '.join(METRIC_GROUPS)}" + (
+        f" ({shown(unknown[0])} is not a metric group)" if unknown else "")
 
 
 def _providers(value: Any) -> str | None:
@@ -268,6 +277,15 @@ def _check_consistency(data: dict[str, Any], file: str) -> None:
         raise ConfigError(file, "mqtt.password_file", "needs mqtt.username")
 
 
+def _normalised(data: dict[str, Any]) -> dict[str, Any]:
+    """What people write that YAML reads as another type: ``protocol: 5`` is an int (3.1.1
+    can only be a string)."""
+    mqtt = data.get("mqtt")
+    if isinstance(mqtt, dict) and type(mqtt.get("protocol")) is int and mqtt["protocol"] == 5:
+        return {**data, "mqtt": {**mqtt, "protocol": "5"}}
+    return data
+
+
 def from_dict(data: Any, file: str = "built-in defaults") -> Config:
     """Validate a parsed document, fill in the defaults and build the typed config."""
     if data is None:
@@ -275,6 +293,7 @@ def from_dict(data: Any, file: str = "built-in defaults") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(file, "", "the configuration is a YAML mapping of sections "
                           f"({', '.join(SCHEMA)})")
+    data = _normalised(data)
     validate(data, SCHEMA, "", file, ConfigError)
     merged = deep_merge(defaults(), data)
     _check_consistency(merged, file)
@@ -311,6 +330,22 @@ def from_dict(data: Any, file: str = "built-in defaults") -> Config:
                      else merged["hotplug"]["enabled"]),
             subsystems=tuple(merged["hotplug"]["subsystems"])),
         source=file, raw=merged)
+
+
+def check_root(config: Config) -> None:
+    """For the commands that read the device through ``root``: it must be a directory."""
+    problem = missing_directory(config.root)
+    if problem is not None:
+        raise ConfigError(config.source, "root", problem)
+
+
+def profile_problem(config: Config) -> ConfigError | None:
+    """``tuning.profile`` names a profile the store holds (builtin or site, through the
+    config's root, which must exist); not fatal to ``run``, which starts degraded."""
+    if config.tuning.profile is None:
+        return None
+    problem = ProfileStore(Root(config.root)).not_here(config.tuning.profile)
+    return None if problem is None else ConfigError(config.source, "tuning.profile", problem)
 
 
 def load_config(path: str | None = None) -> Config:

@@ -50,19 +50,28 @@ def _plan_text(plan: Plan) -> str:
 
 
 def _list(args: argparse.Namespace, engine: Engine) -> int:
+    """Every profile; one that does not load is listed with its error, the others stay
+    usable (exit 0)."""
     board = engine.topology.board
-    rows = []
-    for name in engine.store.names():
-        profile = engine.store.load(name)
+    rows, errors = [], []
+    for name, profile in engine.store.load_all().items():
+        if isinstance(profile, ProfileError):
+            errors.append({"name": name, "error": str(profile)})
+            continue
         rows.append({"name": name, "description": profile.description, "match": profile.match,
                      "matches": not profile.match or match_score(profile.match, board)
                      is not None, "file": profile.file})
-    auto = engine.store.auto(board).name
-    text = "\n".join(f"{'*' if r['name'] == auto else ' '} {r['name']:<22} "
-                     f"{'matches' if r['matches'] else 'other board'}  {r['description']}"
-                     for r in rows)
-    _emit(args, {"auto": auto, "profiles": rows}, text + f"\n(* = auto for this {board.family}"
-          f" board)")
+    try:
+        auto: str | None = engine.store.auto(board).name
+    except ProfileError:  # nothing matches and balanced itself is broken: listed above
+        auto = None
+    lines = [f"{'*' if r['name'] == auto else ' '} {r['name']:<22} "
+             f"{'matches' if r['matches'] else 'other board'}  {r['description']}"
+             for r in rows]
+    lines += [f"! {e['name']:<22} error: {e['error']}" for e in errors]
+    _emit(args, {"auto": auto, "profiles": rows, "errors": errors}, "\n".join(lines) + (
+        f"\n(* = auto for this {board.family} board" + (", ! = does not load)" if errors
+                                                       else ")")))
     return 0
 
 
@@ -73,6 +82,14 @@ def _show(args: argparse.Namespace, engine: Engine) -> int:
             "match": profile.match, "settings": profile.settings}
     _emit(args, data, yaml.safe_dump(data, sort_keys=False).rstrip())
     return 0
+
+
+def _planned(engine: Engine, args: argparse.Namespace) -> Plan:
+    """The plan, with auto's warnings about the profiles it passed over."""
+    plan = engine.plan(args.name, force=args.force)
+    if args.name == "auto":
+        plan.warnings[:0] = engine.store.skipped
+    return plan
 
 
 def _verify_text(drift: list[tuple[Change, str | None]]) -> str:
@@ -88,15 +105,17 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
     if args.action == "show":
         return _show(args, engine)
     if args.action == "plan":
-        plan = engine.plan(args.name, force=args.force)
+        plan = _planned(engine, args)
         _emit(args, plan.to_dict(), _plan_text(plan))
         return 0
     if args.action == "apply" and args.dry_run:
-        plan = engine.plan(args.name, force=args.force)
+        plan = _planned(engine, args)
         _emit(args, plan.to_dict(), "dry run, nothing written\n" + _plan_text(plan))
         return 0
     if args.action == "apply":
         result = engine.apply(args.name, force=args.force)
+        if args.name == "auto":
+            result.plan.warnings[:0] = engine.store.skipped
         drift = engine.verify()
         text = "\n".join([f"applied {result.plan.profile}: {len(result.written)} write(s)"]
                          + [f"skipped: {s}" for s in result.skipped]

@@ -15,23 +15,43 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli import UsageError
-from agent.config import Config, ConfigError, from_dict, load_config
+from agent.config import (
+    Config,
+    ConfigError,
+    check_root,
+    from_dict,
+    load_config,
+    profile_problem,
+)
 from agent.terminal import TerminalLine, status_line
+from agent.validation import missing_directory
 
 logger = logging.getLogger(__name__)
 USER_STATE_DIR = Path.home() / ".local" / "state" / "edge-agent"
 
 
 def _config(args: argparse.Namespace) -> Config:
-    config = load_config(args.config)
-    overrides: dict[str, Any] = {}
+    """The config with the command line's overrides, its root checked; any error in it is a
+    UsageError (exit 2) naming the file and key, or the flag."""
     if args.root:
-        overrides["root"] = args.root
-    if args.state_dir:
-        overrides["state_dir"] = args.state_dir
-    elif not _writable(config.state_dir) and config.state_dir == "/var/lib/edge-agent":
-        overrides["state_dir"] = str(USER_STATE_DIR)  # not root: a per-user default
-    return from_dict({**config.raw, **overrides}, config.source) if overrides else config
+        problem = missing_directory(args.root)
+        if problem is not None:
+            raise UsageError(f"--root {problem}")
+    try:
+        config = load_config(args.config)
+        overrides: dict[str, Any] = {}
+        if args.root:
+            overrides["root"] = args.root
+        if args.state_dir:
+            overrides["state_dir"] = args.state_dir
+        elif not _writable(config.state_dir) and config.state_dir == "/var/lib/edge-agent":
+            overrides["state_dir"] = str(USER_STATE_DIR)  # not root: a per-user default
+        if overrides:
+            config = from_dict({**config.raw, **overrides}, config.source)
+        check_root(config)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    return config
 
 
 def _writable(path: str) -> bool:
@@ -112,7 +132,7 @@ class Runner:
         self.notifier.notify(RELOADING=1, STATUS="reloading the configuration")
         try:
             config = _config(self.args)
-        except (ConfigError, UsageError) as error:
+        except UsageError as error:
             logger.error("reload: %s; the running configuration stays", error)
             self.service.event("config_rejected", error=str(error))
             self.notifier.notify(READY=1, STATUS=f"configuration rejected: {error}"[:200])
@@ -144,11 +164,12 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, handlers=None if terminal
                         is None else [terminal.handler(sys.stderr)])
     notifier = Notifier()
+    config = _config(args)
+    unknown_profile = profile_problem(config)
+    if unknown_profile is not None:  # the fleet must still reach the node to fix it
+        logger.error("%s: the agent starts degraded", unknown_profile)
     try:
-        config = _config(args)
         service = Service(config, notifier=notifier)
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
     except ServiceError as error:
         print(f"edge-agent run: {error}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 Check = Callable[[Any], str | None]  # None when fine, else what is allowed
@@ -22,11 +23,50 @@ class SettingsError(ValueError):
         super().__init__(f"{file}: {key}: {message}" if key else f"{file}: {message}")
 
 
+def missing_directory(path: str) -> str | None:
+    """``PATH: no such directory`` unless ``path`` is one: the wording of ``--root`` and
+    ``root:`` alike (the caller puts the flag or ``file: key`` in front)."""
+    return None if Path(path).is_dir() else f"{path}: no such directory"
+
+
+def shown(value: Any, _outer: tuple[int, ...] = ()) -> str:
+    """A value as the YAML file spells it (true, null, [a, b]), strings quoted so that '5'
+    and 5 differ: what an error message quotes back to the person who wrote it.  An alias
+    that contains itself (``&m {a: *m}``) is shown as ``...`` where it recurs."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple | dict):
+        if id(value) in _outer:
+            return "..."
+        outer = (*_outer, id(value))
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{shown(k, outer)}: {shown(v, outer)}"
+                                   for k, v in value.items()) + "}"
+        return "[" + ", ".join(shown(item, outer) for item in value) + "]"
+    return repr(value)
+
+
+def _word(value: object) -> str:
+    """An allowed value in a list of them: strings bare (``one of madvise, never``)."""
+    return value if isinstance(value, str) else shown(value)
+
+
+def key_label(name: object) -> str:
+    """A key in a key path: as written, or shown when it is '' or not a string (true: ...)."""
+    return name if isinstance(name, str) and name else shown(name)
+
+
 def choice(*allowed: object) -> Check:
     """Equal and of the same type: YAML's true is not the kernel's 1, nor 2.0 its 2."""
     def check(value: Any) -> str | None:
         ok = any(value == a and type(value) is type(a) for a in allowed)
-        return None if ok else "one of " + ", ".join(map(str, allowed))
+        if ok:
+            return None
+        if len(allowed) == 2 and all(isinstance(a, bool) for a in allowed):
+            return "true or false"
+        return "one of " + ", ".join(map(_word, allowed))
     return check
 
 
@@ -67,7 +107,7 @@ def validate(value: Any, rule: Any, key: str, file: str,
         if not isinstance(value, dict):
             raise error(file, key, f"expected a mapping with keys {', '.join(rule)}")
         for name, item in value.items():
-            label = str(name) or repr(name)  # an empty key must still be named
+            label = key_label(name)
             path = f"{key}.{label}" if key else label
             if name not in rule:
                 raise error(file, path, f"unknown key (allowed: {', '.join(rule)})")
@@ -81,12 +121,12 @@ def validate(value: Any, rule: Any, key: str, file: str,
         if not isinstance(value, dict) or not value:
             raise error(file, key, "expected a non-empty mapping")
         for name, item in value.items():
-            path = f"{key}.{str(name) or repr(name)}"
+            path = f"{key}.{key_label(name)}"
             allowed = rule[1](name)
             if allowed is not None:
-                raise error(file, path, f"bad key {name!r}: expected {allowed}")
+                raise error(file, path, f"bad key {shown(name)}: expected {allowed}")
             validate(item, rule[2], path, file, error)
     else:
         allowed = rule(value)
         if allowed is not None:
-            raise error(file, key, f"{value!r} is not allowed: expected {allowed}")
+            raise error(file, key, f"{shown(value)} is not allowed: expected {allowed}")

@@ -64,3 +64,72 @@ def test_help_and_version(args: list[str]) -> None:
     result = run_cli(*args)
     assert result.returncode == 0
     assert "edge-agent" in result.stdout or "--root" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "selftest", "status"])
+def test_a_missing_root_flag_is_the_same_one_line_error(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "nowhere"
+    result = run_cli(command, "--root", str(missing), "--state-dir", str(tmp_path / "state"))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"edge-agent {command}: --root {missing}: no such directory"]
+
+
+@pytest.mark.parametrize("command", ["run", "selftest", "status"])
+def test_a_missing_config_root_names_the_file_and_key(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "nowhere"
+    config = tmp_path / "agent.yaml"
+    config.write_text(f"root: {missing}\nstate_dir: {tmp_path / 'state'}\n")
+    result = run_cli(command, "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"edge-agent {command}: {config}: root: {missing}: no such directory"]
+
+
+@pytest.mark.parametrize("command", ["selftest", "status"])
+def test_a_bad_config_value_is_a_one_line_error(tmp_path: Path, command: str) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text("mqtt: {port: 70000}\n")
+    result = run_cli(command, "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"edge-agent {command}: {config}: mqtt.port: 70000 is not allowed: expected an "
+        "integer 1..65535"]
+
+
+def test_loading_the_config_stays_light(tmp_path: Path) -> None:
+    """run, status and config check load the config first: naming the metric groups must
+    not load the collectors, nor inference or MQTT."""
+    config = tmp_path / "agent.yaml"
+    config.write_text("telemetry: {metrics: [cpu, inference]}\n")
+    code = (f"import sys; from agent.config import load_config; load_config({str(config)!r}); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('onnxruntime', 'paho', 'numpy', 'cryptography') or m.startswith("
+            "'agent.telemetry.collectors')), file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=REPO, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "[]"
+
+
+@pytest.mark.parametrize(("args", "flag", "value"), [
+    (["run", "--seconds", "-5"], "--seconds", "-5"),
+    (["run", "--seconds", "0"], "--seconds", "0"),
+    (["run", "--seconds", "nan"], "--seconds", "nan"),
+    (["selftest", "--seconds", "0"], "--seconds", "0"),
+    (["infer", "--seconds", "-1"], "--seconds", "-1"),
+    (["infer", "--rate", "0"], "--rate", "0"),
+    (["infer", "--rate", "inf"], "--rate", "inf"),
+    (["fleet", "send", "all", "ping", "--key", "k.pem", "--timeout", "0"], "--timeout", "0"),
+    (["fleet", "send", "all", "ping", "--key", "k.pem", "--ttl", "-60"], "--ttl", "-60"),
+    (["fleet", "watch", "--seconds", "0"], "--seconds", "0"),
+    (["fleet", "watch", "--once", "--settle", "-2"], "--settle", "-2"),
+])
+def test_durations_and_rates_must_be_above_zero(args: list[str], flag: str,
+                                                value: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        f"error: argument {flag}: {value}: expected a number above 0")

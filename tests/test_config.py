@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from agent.config import ConfigError, from_dict, load_config
+from agent.discovery import discover
+from agent.fsroot import Root
 from agent.inference.demo_model import DEMO_MODEL_PATH
+from agent.telemetry.collectors import COLLECTOR_GROUPS, build_collectors
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def test_an_empty_file_runs_the_built_in_demo(tmp_path: Path) -> None:
@@ -46,6 +51,13 @@ def test_values_merge_over_the_defaults() -> None:
     ({"mqtt": {"password_file": "/p"}}, "mqtt.password_file", "needs mqtt.username"),
     ({"mqtt": {"reconnect": {"min_s": 10, "max_s": 1}}}, "mqtt.reconnect.min_s", "above max_s"),
     ({"prometheus": {"listen": "9101"}}, "prometheus.listen", "host:port"),
+    ({"mqtt": {True: 1}}, "mqtt.true", "unknown key (allowed: host, port"),
+    ({"telemetry": {"metrics": ["cpu", "thermals"]}}, "telemetry.metrics",
+     "expected all, or a list of cpu, load, memory, swap, psi, cgroup, thermal, power, fans, "
+     "gpus, npus, block, net, thp, inference, tuning, outbox ('thermals' is not a metric "
+     "group)"),
+    ({"telemetry": {"metrics": "cpu"}}, "telemetry.metrics", "expected all, or a list of cpu,"),
+    ({"telemetry": {"metrics": [["cpu"]]}}, "telemetry.metrics", "(['cpu'] is not a metric"),
 ])
 def test_bad_values_name_the_file_and_key(tmp_path: Path, document: dict[str, object],
                                           key: str, allowed: str) -> None:
@@ -67,3 +79,37 @@ def test_unreadable_and_invalid_files_are_reported(tmp_path: Path) -> None:
     listed.write_text("- a\n")
     with pytest.raises(ConfigError, match="a YAML mapping of sections"):
         load_config(str(listed))
+
+
+@pytest.mark.parametrize(("document", "message"), [
+    ({"tuning": {"apply": "yes"}}, "'yes' is not allowed: expected true or false"),
+    ({"inference": {"enabled": 1}}, "1 is not allowed: expected true or false"),
+    ({"mqtt": {"port": True}}, "true is not allowed: expected an integer 1..65535"),
+    ({"mqtt": {"host": None}}, "null is not allowed: expected a host name or address"),
+    ({"inference": {"providers": ["CPUExecutionProvider", None]}},
+     "['CPUExecutionProvider', null] is not allowed: expected auto, or a list"),
+])
+def test_values_are_described_in_yaml_words_not_python_reprs(
+        document: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_dict(document, "agent.yaml")
+    assert caught.value.message.startswith(message)
+    assert "True" not in caught.value.message and "None" not in caught.value.message
+
+
+def test_mqtt_protocol_5_may_be_written_unquoted(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("mqtt: {protocol: 5}\n")
+    assert load_config(str(path)).mqtt.protocol == "5"
+    assert from_dict({"mqtt": {"protocol": "3.1.1"}}).mqtt.protocol == "3.1.1"
+    for wrong in (3, 5.0, True):
+        with pytest.raises(ConfigError, match=r"mqtt\.protocol: .* expected one of 5, 3\.1\.1"):
+            from_dict({"mqtt": {"protocol": wrong}})
+
+
+def test_the_collector_groups_are_the_registry_s_collectors() -> None:
+    """The names telemetry.metrics accepts are those of the collectors that run (the
+    service's own groups are checked against a real agent's record in test_service)."""
+    root = Root(FIXTURES / "jetson-agx-orin-jp6")
+    keys = tuple(c.key for c in build_collectors(root, discover(root)))
+    assert keys == COLLECTOR_GROUPS

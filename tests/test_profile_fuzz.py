@@ -50,6 +50,7 @@ from agent.tuning.journal import Journal
 from agent.tuning.plan import Plan
 from agent.tuning.profiles import Profile, ProfileStore
 from agent.tuning.schema import SCHEMA
+from agent.validation import key_label
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -307,7 +308,7 @@ def key_in_doc(key: str, data: Any) -> bool:
             rest[0] == "[" and key_in_doc(rest, item))
     if isinstance(data, dict):
         for name, item in data.items():
-            text = str(name) or repr(name)  # the loader names an empty key by its repr
+            text = key_label(name)  # as the loader names it ('' and false too)
             if not key.startswith(text):
                 continue
             rest = key[len(text):]

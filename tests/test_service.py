@@ -12,7 +12,10 @@ from pathlib import Path
 from agent_process import start_agent, status, write_config
 from mqtt_helpers import Broker, Subscriber, free_port, wait_until
 
+from agent.telemetry.groups import METRIC_GROUPS
+
 FIXTURES = Path(__file__).parent / "fixtures"
+PROFILES = Path(__file__).parents[1] / "profiles"
 TOPIC = "edge/v1/lab/orin-1"
 
 
@@ -148,3 +151,35 @@ def test_ctrl_c_stops_cleanly_and_exits_130(tmp_path: Path, broker: Broker) -> N
     finally:
         agent.kill()
         watcher.close()
+
+
+def test_an_unknown_profile_starts_degraded_and_says_why(tmp_path: Path,
+                                                         broker: Broker) -> None:
+    """The node stays reachable (the fleet fixes it with apply-profile); the reason names
+    the key and what this node holds, in the MQTT state and in edge-agent status."""
+    available = ", ".join(sorted(p.stem for p in PROFILES.glob("*.yaml")))
+    why = f"tuning.profile: 'nosuch' is not a profile here (available: {available})"
+    watcher = Subscriber(broker, [f"{TOPIC}/state", f"{TOPIC}/telemetry"])
+    config = write_config(tmp_path, broker.port, tuning={"profile": "nosuch"})
+    agent = start_agent(config)
+    try:
+        assert wait_until(lambda: any(s["state"] == "degraded" for s in watcher.on("state")),
+                          60)
+        assert watcher.on("state")[-1] == {**watcher.on("state")[-1], "state": "degraded",
+                                           "reason": f"tuning: {why}"}
+        assert wait_until(lambda: status(config)[0] == 0, 30)
+        assert f"tuning: {why}" in status(config)[1]["problems"]
+        text = subprocess.run([sys.executable, "-m", "agent", "status", "--config",
+                               str(config)], capture_output=True, text=True, timeout=60,
+                              check=False).stdout
+        assert f"problem: tuning: {why}" in text.splitlines()
+        # and it runs: every metric group is sampled, the service's own ones too
+        assert wait_until(lambda: len(watcher.on("telemetry")) >= 1, 60)
+        assert tuple(watcher.on("telemetry")[-1]["metrics"]) == METRIC_GROUPS
+        assert watcher.on("telemetry")[-1]["metrics"]["tuning"]["error"] == why
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        output, _ = agent.communicate(timeout=30)
+        watcher.close()
+    assert agent.returncode == 0
+    assert f"{config}: {why}: the agent starts degraded" in output

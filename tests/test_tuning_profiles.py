@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +107,67 @@ def test_plan_warns_beyond_nvpmodel_caps(tmp_path: Path) -> None:
     beyond = [w for w in plan.warnings if "nvpmodel mode MODE_30W" in w]
     assert len(beyond) == 2  # policy0 and policy4; the GPU ask is within its cap
     assert "policy0/scaling_max_freq = 2201600 is above the cap 1728000" in beyond[0]
+
+
+BROKEN = "/etc/edge-agent/profiles/broken.yaml"
+BROKEN_ERROR = (f"{BROKEN}: thp.enable: unknown key (allowed: enabled, defrag, "
+                "khugepaged_defrag, dynamic)")
+
+
+def profile_cli(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent", "profile", *args, "--root", str(tree)],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          cwd=REPO_PROFILES.parent)
+
+
+@pytest.fixture()
+def site_tree(tmp_path: Path) -> Path:
+    """An x86 board whose site profile directory holds one broken profile, one unreadable
+    one (a directory named like a profile) and one good one."""
+    tree = copy_board("x86-edge-npu", tmp_path)
+    site = tree / "etc/edge-agent/profiles"
+    site.mkdir(parents=True)
+    (site / "broken.yaml").write_text("thp: {enable: never}\n")
+    (site / "unreadable.yaml").mkdir()
+    (site / "site-good.yaml").write_text("include: [balanced]\nsysctl: {vm.swappiness: 5}\n")
+    return tree
+
+
+def test_one_broken_site_profile_is_listed_with_its_error(site_tree: Path) -> None:
+    result = profile_cli(site_tree, "list", "--json")
+    assert result.returncode == 0, result.stderr
+    listing = json.loads(result.stdout)
+    names = [row["name"] for row in listing["profiles"]]
+    assert "site-good" in names and "balanced" in names and "x86" in names
+    assert "broken" not in names and "unreadable" not in names
+    assert listing["auto"] == "x86"
+    assert listing["errors"] == [
+        {"name": "broken", "error": BROKEN_ERROR},
+        {"name": "unreadable", "error": "/etc/edge-agent/profiles/unreadable.yaml: cannot be "
+         "read: Is a directory"}]
+    text = profile_cli(site_tree, "list")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert f"! broken                 error: {BROKEN_ERROR}" in lines
+    assert any(line.startswith("* x86 ") for line in lines)
+    assert any(line.startswith("  site-good ") for line in lines)
+
+
+def test_plan_auto_skips_a_broken_profile_with_a_warning(site_tree: Path) -> None:
+    result = profile_cli(site_tree, "plan", "auto", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["profile"] == "x86"
+    assert f"profile broken is skipped: {BROKEN_ERROR}" in plan["warnings"]
+    text = profile_cli(site_tree, "plan", "auto")
+    assert text.returncode == 0, text.stderr
+    assert f"warning: profile broken is skipped: {BROKEN_ERROR}" in text.stdout.splitlines()
+    assert profile_cli(site_tree, "plan", "site-good").returncode == 0
+
+
+@pytest.mark.parametrize("action", ["show", "plan"])
+def test_the_broken_profile_by_name_is_a_usage_error(site_tree: Path, action: str) -> None:
+    result = profile_cli(site_tree, action, "broken")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [f"edge-agent profile {action}: {BROKEN_ERROR}"]

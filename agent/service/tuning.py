@@ -41,8 +41,15 @@ class Tuning:
     def start(self) -> None:
         if self.requested is None:
             return
+        unknown = self.engine.store.not_here(self.requested)
+        if unknown is not None:  # the same words as `edge-agent config check`
+            self.error = f"tuning.profile: {unknown}"
+            logger.error("tuning: %s", self.error)
+            return
         try:
             plan = self.engine.plan(self.requested)
+            for skipped in self.engine.store.skipped:  # auto passed over a broken profile
+                logger.warning("tuning: %s", skipped)
             self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
                 plan.runtime
             if self.apply_wanted:

@@ -79,20 +79,29 @@ class ProfileStore:
     def __init__(self, root: Root, dirs: list[Path] | None = None) -> None:
         self.root = root
         self.dirs = builtin_dirs() if dirs is None else dirs
+        self.skipped: list[str] = []  # the profiles the last auto() passed over, and why
 
-    def _site_files(self) -> dict[str, tuple[str, str]]:
-        found = {}
+    def _site_files(self) -> dict[str, tuple[str, str | OSError]]:
+        found: dict[str, tuple[str, str | OSError]] = {}
         for path in self.root.glob(f"{SITE_DIR}/*.yaml"):
-            found[Path(path).stem] = (path, self.root.read_text(path))
+            try:
+                found[Path(path).stem] = (path, self.root.read_text(path))
+            except OSError as error:  # reported when that profile is loaded, not before
+                found[Path(path).stem] = (path, error)
         return found
 
-    def sources(self) -> dict[str, tuple[str, str]]:
-        """name -> (file shown in errors, YAML text); site profiles win."""
-        found: dict[str, tuple[str, str]] = {}
+    def sources(self) -> dict[str, tuple[str, str | OSError]]:
+        """name -> (file shown in errors, YAML text or why it cannot be read); site profiles
+        win."""
+        found: dict[str, tuple[str, str | OSError]] = {}
         for directory in reversed(self.dirs):
             for path in sorted(directory.glob("*.yaml")):
-                # undecodable bytes are kept visible, so the YAML error points at them
-                found[path.stem] = (str(path), path.read_bytes().decode("utf-8", "replace"))
+                try:
+                    # undecodable bytes are kept visible, so the YAML error points at them
+                    found[path.stem] = (str(path),
+                                        path.read_bytes().decode("utf-8", "replace"))
+                except OSError as error:
+                    found[path.stem] = (str(path), error)
         found.update(self._site_files())
         return found
 
@@ -102,7 +111,27 @@ class ProfileStore:
     def load(self, name: str) -> Profile:
         return self._load(name, self.sources(), [])
 
-    def _load(self, name: str, sources: dict[str, tuple[str, str]],
+    def not_here(self, name: str) -> str | None:
+        """Why a configured profile name cannot be used here, or None: the wording of the
+        config's ``tuning.profile`` check and of the service that starts degraded."""
+        names = self.names()
+        if name == "auto" or name in names:
+            return None
+        return f"{name!r} is not a profile here (available: {', '.join(names) or 'none'})"
+
+    def load_all(self) -> dict[str, Profile | ProfileError]:
+        """Every profile by name, or the error that keeps it from loading: one broken file
+        spoils only itself and the profiles that include it."""
+        sources = self.sources()
+        loaded: dict[str, Profile | ProfileError] = {}
+        for name in sorted(sources):
+            try:
+                loaded[name] = self._load(name, sources, [])
+            except ProfileError as error:
+                loaded[name] = error
+        return loaded
+
+    def _load(self, name: str, sources: dict[str, tuple[str, str | OSError]],
               stack: list[str]) -> Profile:
         if name in stack:
             cycle = " -> ".join([*stack[stack.index(name):], name])
@@ -113,6 +142,8 @@ class ProfileStore:
                                f"no profile named {name!r} (available: "
                                f"{', '.join(sorted(sources)) or 'none'})")
         file, text = sources[name]
+        if isinstance(text, OSError):
+            raise ProfileError(file, "", f"cannot be read: {text.strerror or text}")
         if "\ufffd" in text:
             line = text[:text.index("\ufffd")].count("\n") + 1
             raise ProfileError(file, f"line {line}", "not UTF-8 text")
@@ -145,12 +176,20 @@ class ProfileStore:
                        description=data.get("description", ""), chain=[*chain, name])
 
     def auto(self, board: Board) -> Profile:
-        """The most specific profile whose ``match`` fits the board; ``balanced`` otherwise."""
+        """The most specific profile whose ``match`` fits the board; ``balanced`` otherwise.
+        A profile that does not load is passed over, and named in ``skipped``."""
         candidates = []
-        for name in self.names():
-            profile = self.load(name)
-            score = match_score(profile.match, board) if profile.match else None
+        profiles = {}
+        self.skipped = []
+        for name, loaded in self.load_all().items():
+            if isinstance(loaded, ProfileError):
+                self.skipped.append(f"profile {name} is skipped: {loaded}")
+                continue
+            profiles[name] = loaded
+            score = match_score(loaded.match, board) if loaded.match else None
             if score is not None:
                 # most specific first; among equals the base board profile (shortest name)
                 candidates.append((-score, len(name), name))
-        return self.load(min(candidates)[2] if candidates else "balanced")
+        if candidates:
+            return profiles[min(candidates)[2]]
+        return profiles.get("balanced") or self.load("balanced")  # its error if it has one

@@ -25,14 +25,16 @@ from agent.telemetry.collectors.power import PowerCollector
 from agent.telemetry.collectors.psi import PsiCollector
 from agent.telemetry.collectors.thermal import ThermalCollector
 from agent.telemetry.collectors.thp import ThpCollector
+from agent.telemetry.groups import COLLECTOR_GROUPS, METRIC_GROUPS
 
-__all__ = ["Collector", "NvmlGpuSample", "NvmlTelemetry", "PynvmlTelemetry",
-           "build_collectors"]
+__all__ = ["COLLECTOR_GROUPS", "METRIC_GROUPS", "Collector", "NvmlGpuSample", "NvmlTelemetry",
+           "PynvmlTelemetry", "build_collectors"]
 
 
 def build_collectors(root: Root, topology: Topology,
                      nvml: NvmlTelemetry | None = None) -> list[Collector]:
-    """Every collector, in the order of telemetry ``metrics``.  ``nvml`` defaults to the real
+    """Every collector, in the order of telemetry ``metrics`` (``COLLECTOR_GROUPS`` names
+    them).  ``nvml`` defaults to the real
     driver on the host root when the topology has an NVIDIA discrete GPU."""
     reader = SysReader(root)
     return [

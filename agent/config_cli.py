@@ -1,0 +1,39 @@
+"""``edge-agent config check``: would ``edge-agent run`` start with this file, and as asked?
+
+The schema (unknown keys, bad values), the consistency of the values, the root and the
+tuning profile are checked as ``run`` checks them; every problem is a line naming the file
+and the key, and any problem is exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from agent.config import DEFAULT_PATH, ConfigError, check_root, load_config, profile_problem
+
+
+def problems(path: str | None) -> tuple[str, list[str]]:
+    """(the file as messages name it, each problem in the order run would meet them)."""
+    try:
+        config = load_config(path)
+    except ConfigError as error:
+        return error.file, [str(error)]
+    try:
+        check_root(config)
+    except ConfigError as error:
+        return config.source, [str(error)]  # the profiles are read through the root
+    unknown_profile = profile_problem(config)
+    return config.source, [] if unknown_profile is None else [str(unknown_profile)]
+
+
+def run(args: argparse.Namespace) -> int:
+    file, found = problems(args.config)
+    if args.config is None and file == "built-in defaults":
+        file += f" (no {DEFAULT_PATH})"
+    if args.json:
+        print(json.dumps({"file": file, "ok": not found, "problems": found}, indent=2))
+    else:
+        print("\n".join(found) if found else f"{file}: ok")
+    return 2 if found else 0
+

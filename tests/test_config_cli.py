@@ -1,0 +1,74 @@
+"""``edge-agent config check`` in a real subprocess: ok, or each problem and exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+BUILTIN = ", ".join(sorted(p.stem for p in (REPO / "profiles").glob("*.yaml")))
+
+
+def check(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent", "config", "check", "--config",
+                           str(config), *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=60, check=False)
+
+
+def written(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_good_file_is_ok(tmp_path: Path) -> None:
+    config = written(tmp_path, f"root: {FIXTURES / 'x86-edge-npu'}\nmqtt: {{protocol: 5}}\n"
+                     "tuning: {profile: x86-latency}\ntelemetry: {metrics: [cpu, outbox]}\n")
+    result = check(config)
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"{config}: ok\n", "")
+    result = check(config, "--json")
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == {"file": str(config), "ok": True, "problems": []}
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("tuning: {profile: nosuch}\n",
+     f"tuning.profile: 'nosuch' is not a profile here (available: {BUILTIN})"),
+    ("telemetry: {metrics: [cpu, gpu]}\n", "telemetry.metrics: ['cpu', 'gpu'] is not allowed"),
+    ("tuning: {apply: yes please}\n",
+     "tuning.apply: 'yes please' is not allowed: expected true or false"),
+    ("mqtt: {protcol: 5}\n", "mqtt.protcol: unknown key (allowed: host, port, protocol"),
+    ("root: /nonexistent/edge-root\n", "root: /nonexistent/edge-root: no such directory"),
+])
+def test_each_problem_is_named_and_exit_2(tmp_path: Path, text: str, problem: str) -> None:
+    config = written(tmp_path, text)
+    result = check(config)
+    assert result.returncode == 2, result.stdout
+    assert result.stdout.startswith(f"{config}: {problem}")
+    assert len(result.stdout.splitlines()) == 1 and result.stderr == ""
+    as_json = json.loads(check(config, "--json").stdout)
+    assert as_json["ok"] is False and as_json["problems"] == [result.stdout.strip()]
+
+
+def test_site_profiles_are_found_through_the_config_s_root(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "etc/edge-agent/profiles").mkdir(parents=True)
+    (root / "etc/edge-agent/profiles/line-a.yaml").write_text("include: [balanced]\n")
+    assert check(written(tmp_path, f"root: {root}\ntuning: {{profile: line-a}}\n")
+                 ).returncode == 0
+    result = check(written(tmp_path, f"root: {root}\ntuning: {{profile: line-b}}\n"))
+    assert result.returncode == 2
+    assert "'line-b' is not a profile here (available: balanced, " in result.stdout
+    assert ", line-a, " in result.stdout
+
+
+def test_an_unreadable_file_is_exit_2(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    result = check(missing)
+    assert result.returncode == 2
+    assert result.stdout.startswith(f"{missing}: cannot be read: ")
