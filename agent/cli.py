@@ -209,7 +209,9 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
             sub.add_argument("target", help="a node id, group:NAME, or all")
             sub.add_argument("--key", required=True, help="the operator's private key (PEM)")
         if name == "send":
-            sub.add_argument("command")
+            # not dest "command": that names the top-level command in error messages
+            sub.add_argument("fleet_command", metavar="command",
+                             help="ping, get-status, apply-profile, ... (README)")
             sub.add_argument("--arg", action="append", metavar="K=V",
                              help="an argument; repeat; values are JSON when they parse")
             sub.add_argument("--args-json", metavar="JSON")
@@ -220,8 +222,11 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
             sub.add_argument("--profile", help="a profile name, or none to roll back")
             sub.add_argument("--model")
             sub.add_argument("--sha256")
-            sub.add_argument("--clear", action="store_true")
+            sub.add_argument("--clear", action="store_true", help="remove the desired state")
             sub.add_argument("--ttl", type=float, default=365 * 86400.0)
+            sub.add_argument("--json", action="store_true",
+                             help="print {topic, target, cleared, id, issued_at, expires_at, "
+                             "args}")
         if name == "watch":
             sub.add_argument("--once", action="store_true", help="print one table and exit")
             sub.add_argument("--settle", type=float, default=2.0,

@@ -35,7 +35,13 @@ from agent.link.mqtt import read_password
 from agent.telemetry.records import hottest_c
 
 FINAL = ("succeeded", "failed", "rejected", "expired")
-RETAINED_SETTLE_S = 0.5  # retained messages arrive right after subscribing
+RETAINED_SETTLE_S = 2.0  # at most, for the retained messages after subscribing
+HANDSHAKE_TIMEOUT_S = 5.0  # CONNACK and SUBACK
+PUBLISH_TIMEOUT_S = 10.0  # PUBACK
+
+
+class FleetError(Exception):
+    """The broker took part but the operation failed (a refused publish): exit status 1."""
 
 
 # -- keys -----------------------------------------------------------------------------------
@@ -80,6 +86,7 @@ class Bus:
     retained: dict[str, dict[str, Any]] = field(default_factory=dict)  # topic -> payload
     messages: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     changed: threading.Event = field(default_factory=threading.Event)
+    acks: dict[int, str | None] = field(default_factory=dict)  # mid -> refusal, if any
 
     def on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
         try:
@@ -95,6 +102,31 @@ class Bus:
             if payload is not None:
                 self.messages.append((message.topic, payload))
         self.changed.set()
+
+    def on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any,
+                   properties: Any) -> None:
+        with self.lock:
+            self.acks[mid] = str(reason) if reason.is_failure else None
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
+        """Publish at QoS 1 and wait for the broker's acknowledgement; FleetError if it
+        refuses the message (an ACL, say) or never acknowledges it."""
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
+        try:
+            info.wait_for_publish(PUBLISH_TIMEOUT_S)
+        except (RuntimeError, ValueError) as error:
+            raise FleetError(f"could not publish on {topic}: {error}") from None
+        if not info.is_published():
+            raise FleetError(f"the broker did not acknowledge the message on {topic} "
+                             f"within {PUBLISH_TIMEOUT_S:.0f} s")
+        with self.lock:
+            refused = self.acks.pop(info.mid, None)
+        if refused:
+            raise FleetError(f"the broker refused the message on {topic}: {refused}")
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         """node id -> {state, birth, reported, telemetry} from what arrived."""
@@ -128,7 +160,7 @@ def _connection(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                         password_file=m.password_file)
     if args.broker:
         host, _, port = args.broker.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise UsageError(f"--broker {args.broker}: expected host:port")
         settings.update(host=host, port=int(port))
     fleet = args.fleet or (config.fleet if config is not None else "default")
@@ -142,30 +174,82 @@ def no_delay(client: mqtt.Client) -> None:
 
 
 def connect(args: argparse.Namespace, topics: list[str]) -> Bus:
+    """A session whose handshake, subscriptions and retained messages are complete.
+
+    Every way the broker can fail us (no such host, nothing listening, TLS, a refused login,
+    a handshake or subscription never answered, a subscription denied) is a UsageError that
+    says which broker and why.  With no topics it only connects (``desired`` publishes)."""
     settings, fleet = _connection(args)
-    client = mqtt.Client(CallbackAPIVersion.VERSION2,
-                         client_id=f"edge-operator-{uuid.uuid4().hex[:12]}",
+    where = f"{settings['host']}:{settings['port']}"
+    client_id = f"edge-operator-{uuid.uuid4().hex[:12]}"
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                          protocol=mqtt.MQTTv5)
-    if settings["tls"] is not None:
-        tls = settings["tls"]
-        client.tls_set(ca_certs=tls.ca, certfile=tls.cert, keyfile=tls.key)
-    if settings["username"]:
-        client.username_pw_set(settings["username"], read_password(settings["password_file"]))
+    try:
+        if settings["tls"] is not None:
+            tls = settings["tls"]
+            client.tls_set(ca_certs=tls.ca, certfile=tls.cert, keyfile=tls.key)
+        if settings["username"]:
+            client.username_pw_set(settings["username"],
+                                   read_password(settings["password_file"]))
+    except OSError as error:  # ssl.SSLError is one
+        raise UsageError(f"broker {where}: {error}") from None
     bus = Bus(fleet=fleet, client=client)
-    subscribed = threading.Event()
-    client.on_message = bus.on_message
-    client.on_subscribe = lambda *a: subscribed.set()
+    sync_topic = f"edge/v1/{fleet}/operator/{client_id}/sync"
+    connected, subscribed, synced = threading.Event(), threading.Event(), threading.Event()
+    refused: list[str] = []
+
+    def on_connect(client: mqtt.Client, userdata: Any, flags: Any, reason: Any,
+                   properties: Any) -> None:
+        if reason.is_failure:
+            refused.append(str(reason))
+        connected.set()
+
+    def on_subscribe(client: mqtt.Client, userdata: Any, mid: int, reasons: Any,
+                     properties: Any) -> None:
+        refused.extend(f"{topic}: {reason}"
+                       for topic, reason in zip(topics_sent, reasons, strict=False)
+                       if reason.is_failure)
+        subscribed.set()
+
+    def on_message(client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        if message.topic == sync_topic:
+            synced.set()
+        else:
+            bus.on_message(client, userdata, message)
+
+    wanted = [topic.format(fleet=fleet) for topic in topics]
+    topics_sent = [*wanted, sync_topic]
+    client.on_connect, client.on_subscribe, client.on_message = (on_connect, on_subscribe,
+                                                                 on_message)
+    client.on_publish = bus.on_publish
     try:
         client.connect(settings["host"], settings["port"], keepalive=30)
-    except OSError as error:
-        raise UsageError(f"cannot reach the broker {settings['host']}:{settings['port']}: "
-                         f"{error}") from None
+    except OSError as error:  # DNS (gaierror), refused, unreachable, timeout, TLS
+        raise UsageError(f"cannot reach the broker {where}: "
+                         f"{error.strerror or error}") from None
     no_delay(client)
-    client.subscribe([(topic.format(fleet=fleet), 1) for topic in topics])
     client.loop_start()
-    if not subscribed.wait(10):
-        raise UsageError("the broker did not confirm the subscription")
-    time.sleep(RETAINED_SETTLE_S)
+    try:
+        if not connected.wait(HANDSHAKE_TIMEOUT_S):
+            raise UsageError(f"the broker {where} did not answer the MQTT handshake within "
+                             f"{HANDSHAKE_TIMEOUT_S:.0f} s")
+        if refused:
+            raise UsageError(f"the broker {where} refused the connection: {refused[0]}")
+        if wanted:
+            client.subscribe([(topic, 1) for topic in topics_sent])
+            if not subscribed.wait(HANDSHAKE_TIMEOUT_S):
+                raise UsageError(f"the broker {where} did not confirm the subscription "
+                                 f"within {HANDSHAKE_TIMEOUT_S:.0f} s")
+            if refused:
+                raise UsageError(f"the broker {where} refused the subscription to "
+                                 f"{'; '.join(refused)}")
+            # The broker sends a subscription's retained messages before anything published
+            # after it on this connection: once our own marker is back, they are all here.
+            client.publish(sync_topic, b"", qos=1)
+            synced.wait(RETAINED_SETTLE_S)
+    except BaseException:
+        bus.close()
+        raise
     return bus
 
 
@@ -290,23 +374,22 @@ def send(args: argparse.Namespace) -> int:
             raise UsageError(f"--args-json: {error}") from None
     target, scope = target_of(args.target)
     bus = connect(args, ["edge/v1/{fleet}/+/state", "edge/v1/{fleet}/+/birth",
-                         f"edge/v1/{{fleet}}/+/cmd/{args.command}/res"])
+                         f"edge/v1/{{fleet}}/+/cmd/{args.fleet_command}/res"])
     try:
         expected = expected_nodes(bus, target)
-        envelope = sign(key, args.command, target, arguments, ttl_s=args.ttl)
+        envelope = sign(key, args.fleet_command, target, arguments, ttl_s=args.ttl)
         sent_at = time.time()
-        bus.client.publish(f"edge/v1/{bus.fleet}/{scope}/cmd/{args.command}",
-                           json.dumps(envelope), qos=1).wait_for_publish(10)
+        bus.publish(f"edge/v1/{bus.fleet}/{scope}/cmd/{args.fleet_command}",
+                    json.dumps(envelope).encode())
         outcomes = collect(bus, envelope["id"], expected, sent_at, args.timeout)
     finally:
-        bus.client.loop_stop()
-        bus.client.disconnect()
+        bus.close()
     if args.json:
         print(json.dumps({"id": envelope["id"], "results": [
             {"node": o.node, "status": o.status, "code": o.code, "message": o.message,
              "ms": o.ms, "result": o.result} for o in outcomes.values()]}, indent=2))
     else:
-        print(f"{args.command} {envelope['id']} -> {args.target}: "
+        print(f"{args.fleet_command} {envelope['id']} -> {args.target}: "
               f"{len(outcomes)} node(s)\n{table(outcomes)}")
     return 0 if outcomes and all(o.status == "succeeded" for o in outcomes.values()) else 1
 
@@ -327,17 +410,25 @@ def desired(args: argparse.Namespace) -> int:
         wanted["sha256"] = args.sha256
     if not wanted and not args.clear:
         raise UsageError("give --profile and/or --model (or --clear)")
+    if wanted and args.clear:
+        raise UsageError("--clear takes no --profile, --model or --sha256")
+    envelope = None if args.clear else sign(_private_key(args.key), "desired", target,
+                                            wanted, ttl_s=args.ttl)
     bus = connect(args, [])
+    topic = f"edge/v1/{bus.fleet}/{scope}/desired"
     try:
-        topic = f"edge/v1/{bus.fleet}/{scope}/desired"
-        payload = b"" if args.clear else json.dumps(
-            sign(_private_key(args.key), "desired", target, wanted,
-                 ttl_s=args.ttl)).encode()
-        bus.client.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
+        bus.publish(topic, b"" if envelope is None else json.dumps(envelope).encode(),
+                    retain=True)
     finally:
-        bus.client.loop_stop()
-        bus.client.disconnect()
-    print(f"{'cleared' if args.clear else 'set'} desired state on {topic}")
+        bus.close()
+    if args.json:
+        print(json.dumps({"topic": topic, "target": target, "cleared": envelope is None,
+                          "id": None if envelope is None else envelope["id"],
+                          "issued_at": None if envelope is None else envelope["issued_at"],
+                          "expires_at": None if envelope is None else envelope["expires_at"],
+                          "args": None if envelope is None else envelope["args"]}, indent=2))
+    else:
+        print(f"{'cleared' if envelope is None else 'set'} desired state on {topic}")
     return 0
 
 
@@ -380,8 +471,7 @@ def watch(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        bus.client.loop_stop()
-        bus.client.disconnect()
+        bus.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -394,6 +484,6 @@ def main_entry(args: argparse.Namespace) -> int:
         return run(args)
     except UsageError:
         raise
-    except OSError as error:
+    except (FleetError, OSError) as error:
         print(f"edge-agent fleet {args.fleet_action}: {error}", file=sys.stderr)
         return 1

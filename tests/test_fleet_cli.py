@@ -1,0 +1,181 @@
+"""``edge-agent fleet`` as an operator runs it: a real process against a real Mosquitto."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from control_helpers import FLEET, trusted
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from mqtt_helpers import Broker, Subscriber, wait_until
+
+from agent.control.envelope import TrustedKeys, private_key_pem
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+@pytest.fixture()
+def key_file(tmp_path: Path, key: Ed25519PrivateKey) -> Path:
+    path = tmp_path / "operator.key"
+    path.write_bytes(private_key_pem(key))
+    return path
+
+
+def fleet(broker: Broker | None, *words: str, timeout: float = 60,
+          ) -> subprocess.CompletedProcess[str]:
+    where = [] if broker is None else ["--broker", f"{broker.host}:{broker.port}",
+                                       "--fleet", FLEET]
+    return subprocess.run([sys.executable, "-m", "agent", "fleet", *words, *where],
+                          capture_output=True, text=True, cwd=REPO, timeout=timeout,
+                          check=False)
+
+
+def retained(broker: Broker, topic: str) -> list[dict[str, Any]]:
+    """The retained message(s) a new subscriber to ``topic`` gets.  A marker published after
+    the subscription travels the same connection, so once it is back every retained message
+    has arrived: no waiting out a guess."""
+    marker = f"test/marker/{uuid.uuid4().hex}"
+    subscriber = Subscriber(broker, [topic, marker], client_id=f"reader-{uuid.uuid4().hex}")
+    try:
+        assert subscriber.subscribed.wait(10)
+        subscriber.client.publish(marker, b"{}", qos=1)
+        assert wait_until(lambda: subscriber.on(marker.rsplit("/", 1)[1]), 10)
+        with subscriber.lock:
+            return [p for t, p, kept in subscriber.messages if t == topic and kept]
+    finally:
+        subscriber.close()
+
+
+# -- desired --------------------------------------------------------------------------------
+
+
+def test_desired_publishes_a_signed_retained_state_and_clear_removes_it(
+        broker: Broker, key: Ed25519PrivateKey, key_file: Path) -> None:
+    topic = f"edge/v1/{FLEET}/orin-9/desired"
+    done = fleet(broker, "desired", "orin-9", "--profile", "jetson-orin-latency",
+                 "--key", str(key_file))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"set desired state on {topic}"
+
+    [envelope] = retained(broker, topic)
+    assert TrustedKeys.from_config(trusted(key)).verify(envelope) == trusted(key)[0]["id"]
+    assert envelope["command"] == "desired" and envelope["target"] == "node:orin-9"
+    assert envelope["args"] == {"profile": "jetson-orin-latency"}
+    assert envelope["expires_at"] - envelope["issued_at"] == 365 * 86400 * 1000
+
+    cleared = fleet(broker, "desired", "orin-9", "--clear", "--key", str(key_file))
+    assert cleared.returncode == 0, cleared.stderr
+    assert cleared.stdout.strip() == f"cleared desired state on {topic}"
+    assert retained(broker, topic) == []
+
+
+def test_desired_json_names_what_it_published(broker: Broker, key_file: Path) -> None:
+    topic = f"edge/v1/{FLEET}/group/line-a/desired"
+    done = fleet(broker, "desired", "group:line-a", "--model", "/opt/models/v7.onnx",
+                 "--sha256", "ab" * 32, "--ttl", "600", "--key", str(key_file), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    [envelope] = retained(broker, topic)
+    assert report == {"topic": topic, "target": "group:line-a", "cleared": False,
+                      "id": envelope["id"], "issued_at": envelope["issued_at"],
+                      "expires_at": envelope["expires_at"],
+                      "args": {"model": "/opt/models/v7.onnx", "sha256": "ab" * 32}}
+    assert report["expires_at"] - report["issued_at"] == 600_000
+    cleared = json.loads(fleet(broker, "desired", "group:line-a", "--clear", "--key",
+                               str(key_file), "--json").stdout)
+    assert cleared == {"topic": topic, "target": "group:line-a", "cleared": True, "id": None,
+                       "issued_at": None, "expires_at": None, "args": None}
+    assert retained(broker, topic) == []
+
+
+# -- a broker that cannot be used --------------------------------------------------------------
+
+
+def acl_broker(directory: Path, acl: str) -> Broker:
+    """Mosquitto with user ``operator`` (password ``secret``) confined by ``acl``."""
+    server = Broker(directory, users={"operator": "secret"})
+    (directory / "acl").write_text(acl)
+    with server.config.open("a") as config:
+        config.write(f"acl_file {directory / 'acl'}\n")
+    server.start()
+    return server
+
+
+def operator_config(tmp_path: Path, broker: Broker, password: str) -> Path:
+    (tmp_path / "password").write_text(password + "\n")
+    config = tmp_path / "operator.yaml"
+    config.write_text(json.dumps({"fleet": FLEET, "mqtt": {
+        "host": broker.host, "port": broker.port, "username": "operator",
+        "password_file": str(tmp_path / "password")}}))
+    return config
+
+
+@pytest.mark.parametrize("action", [["watch", "--once"], ["send", "orin-1", "ping"],
+                                    ["desired", "orin-1", "--profile", "x"]])
+def test_an_unreachable_broker_is_one_line_and_exit_2(
+        action: list[str], key_file: Path) -> None:
+    from mqtt_helpers import free_port
+
+    key = ["--key", str(key_file)] if action[0] != "watch" else []
+    for broker, why in ((f"127.0.0.1:{free_port()}", "Connection refused"),
+                        ("no-such-host.invalid:1883", "")):
+        done = subprocess.run([sys.executable, "-m", "agent", "fleet", *action, *key,
+                               "--broker", broker], capture_output=True, text=True, cwd=REPO,
+                              timeout=60, check=False)
+        assert done.returncode == 2, done.stderr
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"edge-agent fleet: cannot reach the broker {broker}: "), line
+        assert why in line
+
+
+def test_a_broker_that_never_answers_the_handshake_is_exit_2() -> None:
+    import socket
+
+    with socket.socket() as silent:  # the kernel accepts; nobody ever answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "agent", "fleet", "watch", "--once",
+                               "--broker", f"127.0.0.1:{port}"], capture_output=True,
+                              text=True, cwd=REPO, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"edge-agent fleet: the broker 127.0.0.1:{port} did not answer the MQTT handshake "
+        "within 5 s"]
+    assert time.monotonic() - started < 30
+
+
+def test_a_refused_login_is_exit_2(tmp_path: Path) -> None:
+    server = acl_broker(tmp_path / "broker", "user operator\ntopic readwrite edge/v1/#\n")
+    try:
+        wrong = subprocess.run([sys.executable, "-m", "agent", "fleet", "watch", "--once",
+                                "--config", str(operator_config(tmp_path, server, "guess"))],
+                               capture_output=True, text=True, cwd=REPO, timeout=60,
+                               check=False)
+        assert wrong.returncode == 2
+        [line] = wrong.stderr.splitlines()
+        # Mosquitto 2.0 answers a wrong password with "Not authorized", later ones with
+        # "Bad user name or password"
+        assert line.startswith(f"edge-agent fleet: the broker {server.host}:{server.port} "
+                               "refused the connection: "), line
+        assert line.endswith(("Not authorized", "Bad user name or password")), line
+        right = subprocess.run([sys.executable, "-m", "agent", "fleet", "watch", "--once",
+                                "--settle", "0", "--config",
+                                str(operator_config(tmp_path, server, "secret"))],
+                               capture_output=True, text=True, cwd=REPO, timeout=60,
+                               check=False)
+        assert right.returncode == 0, right.stderr
+    finally:
+        server.stop()
