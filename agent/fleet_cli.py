@@ -129,7 +129,7 @@ class Bus:
         self.client.loop_stop()
 
     def nodes(self) -> dict[str, dict[str, Any]]:
-        """node id -> {state, birth, reported, telemetry} from what arrived."""
+        """node id -> {state, birth, reported, telemetry (the newest)} from what arrived."""
         found: dict[str, dict[str, Any]] = {}
         prefix = f"edge/v1/{self.fleet}/"
         with self.lock:
@@ -140,7 +140,11 @@ class Bus:
             if node in ("all", "group") or suffix not in ("state", "birth", "reported",
                                                           "telemetry"):
                 continue
-            found.setdefault(node, {})[suffix] = payload
+            facts = found.setdefault(node, {})
+            if suffix == "telemetry" and (facts.get("telemetry") or {}).get("ts", 0) > \
+                    payload.get("ts", 0):
+                continue  # a replayed (historical) record arriving after a live one
+            facts[suffix] = payload
         return found
 
 
@@ -435,6 +439,15 @@ def desired(args: argparse.Namespace) -> int:
 # -- watch ----------------------------------------------------------------------------------
 
 
+def _profile_name(birth: dict[str, Any], telemetry: dict[str, Any]) -> str | None:
+    """The profile of the newer of the two: after a rollback the telemetry says none
+    (``null``), and that must not fall back to the name in an older birth."""
+    tuning = (telemetry.get("metrics") or {}).get("tuning")
+    if isinstance(tuning, dict) and telemetry.get("ts", 0) >= birth.get("ts", 0):
+        return tuning.get("profile")
+    return (birth.get("profile") or {}).get("name")
+
+
 def watch_rows(nodes: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = [("NODE", "STATE", "PROFILE", "MODEL", "P99_MS",
                                     "HOTTEST_C", "OUTBOX")]
@@ -443,8 +456,7 @@ def watch_rows(nodes: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
         metrics = telemetry.get("metrics") or {}
         hottest = hottest_c(metrics)
         inference = metrics.get("inference") or {}
-        profile = (metrics.get("tuning") or {}).get("profile") or (
-            birth.get("profile") or {}).get("name")
+        profile = _profile_name(birth, telemetry)
         model = inference.get("model") or (birth.get("model") or {}).get("name")
         p99 = (inference.get("latency_ms") or {}).get("p99")
         rows.append((node, (facts.get("state") or {}).get("state", "?"), profile or "-",

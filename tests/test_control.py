@@ -21,7 +21,7 @@ from control_helpers import (
     trusted,
 )
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from mqtt_helpers import Broker, wait_until
+from mqtt_helpers import Broker, Subscriber, wait_until
 from tuning_helpers import copy_board, snapshot
 
 from agent.control.controller import Controller, Identity, Incoming
@@ -219,6 +219,41 @@ def test_apply_profile_commits_or_rolls_back_by_its_health_window(
     back = operator.send("orin-1", "rollback-profile")
     assert operator.final(back["id"])["result"] == {"rolled_back": "jetson-orin-latency"}
     assert snapshot(root) == original
+
+
+def test_after_a_rollback_telemetry_birth_and_watch_show_no_profile(
+        tmp_path: Path, node: Service, operator: Operator, broker: Broker) -> None:
+    listener = Subscriber(broker, [f"edge/v1/{FLEET}/orin-1/birth",
+                                   f"edge/v1/{FLEET}/orin-1/telemetry"], client_id="listener")
+    try:
+        def births() -> list[dict[str, Any]]:
+            return [b["profile"] for b in listener.on("birth")]
+
+        def tunings() -> list[dict[str, Any]]:
+            return [t["metrics"]["tuning"] for t in listener.on("telemetry")
+                    if "tuning" in t["metrics"]]
+
+        applied = operator.send("orin-1", "apply-profile", {"profile": "jetson-orin-latency"})
+        assert operator.final(applied["id"])["status"] == "succeeded"
+        assert wait_until(lambda: {"name": "jetson-orin-latency", "applied": True} in births())
+        assert wait_until(lambda: any(t["applied"] for t in tunings()))
+        assert [t["profile"] for t in tunings() if t["applied"]][-1] == "jetson-orin-latency"
+
+        back = operator.send("orin-1", "rollback-profile")
+        assert operator.final(back["id"])["result"] == {"rolled_back": "jetson-orin-latency"}
+        seen = len(tunings())
+        assert wait_until(lambda: not tunings()[-1]["applied"] and len(tunings()) > seen)
+        assert tunings()[-1]["profile"] is None
+        assert wait_until(lambda: births()[-1] == {"name": None, "applied": False})
+
+        watched = subprocess.run(
+            [sys.executable, "-m", "agent", "fleet", "watch", "--once", "--settle", "1",
+             "--broker", f"{broker.host}:{broker.port}", "--fleet", FLEET],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert watched.returncode == 0, watched.stderr
+        assert watched.stdout.splitlines()[1].split()[:3] == ["orin-1", "online", "-"]
+    finally:
+        listener.close()
 
 
 def test_set_model_is_bounded_to_the_model_directories(tmp_path: Path, node: Service,

@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, Subscriber, wait_until
 
 from agent.control.envelope import TrustedKeys, private_key_pem
+from agent.fleet_cli import watch_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -179,3 +180,31 @@ def test_a_refused_login_is_exit_2(tmp_path: Path) -> None:
         assert right.returncode == 0, right.stderr
     finally:
         server.stop()
+
+
+# -- watch ----------------------------------------------------------------------------------
+
+
+def test_watch_shows_the_profile_of_the_newer_of_birth_and_telemetry() -> None:
+    birth = {"ts": 1000, "profile": {"name": "jetson-orin-latency", "applied": True}}
+    rolled_back = {"ts": 2000, "metrics": {"tuning": {"profile": None, "applied": False}}}
+    assert watch_rows({"n": {"birth": birth, "telemetry": rolled_back}})[1][2] == "-"
+    older = {"ts": 500, "metrics": {"tuning": {"profile": "jetson-orin", "applied": False}}}
+    assert watch_rows({"n": {"birth": birth, "telemetry": older}})[1][2] == \
+        "jetson-orin-latency"
+    assert watch_rows({"n": {"birth": birth}})[1][2] == "jetson-orin-latency"
+
+
+def test_a_replayed_telemetry_record_does_not_hide_the_live_one() -> None:
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from agent.fleet_cli import Bus
+
+    bus = Bus(fleet=FLEET, client=mqtt.Client(CallbackAPIVersion.VERSION2))
+    for ts, historical in ((2000, False), (1000, True)):  # the replay comes in second
+        message = mqtt.MQTTMessage(topic=f"edge/v1/{FLEET}/orin-1/telemetry".encode())
+        message.payload = json.dumps({"ts": ts, "historical": historical,
+                                      "metrics": {}}).encode()
+        bus.on_message(bus.client, None, message)
+    assert bus.nodes()["orin-1"]["telemetry"]["ts"] == 2000
