@@ -199,7 +199,8 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     for name, text in (("send", "sign a command, send it, print each node's outcome"),
                        ("desired", "set (retained) the profile/model a node or group should "
                         "run"),
-                       ("watch", "a live table of nodes from their retained topics")):
+                       ("watch", "a live table of nodes from their retained topics (redrawn "
+                        "on a terminal; into a pipe, one table per refresh)")):
         sub = actions.add_parser(name, help=text)
         sub.add_argument("--config", metavar="FILE", help="take broker, TLS and fleet from an "
                          "agent.yaml")
@@ -232,6 +233,8 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
             sub.add_argument("--settle", type=float, default=2.0,
                              help="with --once: seconds to collect before printing")
             sub.add_argument("--seconds", type=float, help="stop after N seconds")
+            sub.add_argument("--json", action="store_true",
+                             help="one JSON object per line and refresh: {ts, fleet, nodes}")
     fleet.set_defaults(handler=_fleet)
 
 

@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,6 +380,14 @@ def send(args: argparse.Namespace) -> int:
                          f"edge/v1/{{fleet}}/+/cmd/{args.fleet_command}/res"])
     try:
         expected = expected_nodes(bus, target)
+        if not expected:  # a node target always expects itself
+            where = (f"group {target.removeprefix('group:')} of fleet {bus.fleet}"
+                     if target.startswith("group:") else f"fleet {bus.fleet}")
+            if args.json:
+                print(json.dumps({"id": None, "results": []}, indent=2))
+            print(f"edge-agent fleet send: no online nodes in {where}; nothing was sent",
+                  file=sys.stderr)
+            return 1
         envelope = sign(key, args.fleet_command, target, arguments, ttl_s=args.ttl)
         sent_at = time.time()
         bus.publish(f"edge/v1/{bus.fleet}/{scope}/cmd/{args.fleet_command}",
@@ -448,40 +455,63 @@ def _profile_name(birth: dict[str, Any], telemetry: dict[str, Any]) -> str | Non
     return (birth.get("profile") or {}).get("name")
 
 
-def watch_rows(nodes: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = [("NODE", "STATE", "PROFILE", "MODEL", "P99_MS",
-                                    "HOTTEST_C", "OUTBOX")]
+def watch_records(nodes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per node, sorted: what the table shows and ``watch --json`` prints."""
+    records = []
     for node, facts in sorted(nodes.items()):
         birth, telemetry = facts.get("birth") or {}, facts.get("telemetry") or {}
         metrics = telemetry.get("metrics") or {}
-        hottest = hottest_c(metrics)
         inference = metrics.get("inference") or {}
-        profile = _profile_name(birth, telemetry)
-        model = inference.get("model") or (birth.get("model") or {}).get("name")
-        p99 = (inference.get("latency_ms") or {}).get("p99")
-        rows.append((node, (facts.get("state") or {}).get("state", "?"), profile or "-",
-                     model or "-", "-" if p99 is None else f"{p99:.2f}",
-                     "-" if hottest is None else f"{hottest:.1f}",
-                     str((metrics.get("outbox") or {}).get("depth", "-"))))
+        records.append({
+            "node": node, "state": (facts.get("state") or {}).get("state"),
+            "profile": _profile_name(birth, telemetry),
+            "model": inference.get("model") or (birth.get("model") or {}).get("name"),
+            "p99_ms": (inference.get("latency_ms") or {}).get("p99"),
+            "hottest_c": hottest_c(metrics),
+            "outbox_depth": (metrics.get("outbox") or {}).get("depth"),
+            "telemetry_ts": telemetry.get("ts")})
+    return records
+
+
+def watch_rows(nodes: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [("NODE", "STATE", "PROFILE", "MODEL", "P99_MS",
+                                    "HOTTEST_C", "OUTBOX")]
+    for r in watch_records(nodes):
+        rows.append((r["node"], r["state"] or "?", r["profile"] or "-", r["model"] or "-",
+                     "-" if r["p99_ms"] is None else f"{r['p99_ms']:.2f}",
+                     "-" if r["hottest_c"] is None else f"{r['hottest_c']:.1f}",
+                     "-" if r["outbox_depth"] is None else str(r["outbox_depth"])))
     return rows
 
 
-def watch(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
+CLEAR_SCREEN = "\033[H\033[J"
+
+
+def watch(args: argparse.Namespace) -> int:
+    """A table per second: redrawn in place on a terminal; into a pipe each table once,
+    after a blank line; with --json one JSON object per line and refresh."""
     bus = connect(args, ["edge/v1/{fleet}/+/state", "edge/v1/{fleet}/+/birth",
                          "edge/v1/{fleet}/+/telemetry", "edge/v1/{fleet}/+/reported"])
+    redraw = not args.once and not args.json and sys.stdout.isatty()
     try:
         end = time.monotonic() + args.seconds if args.seconds else None
+        if args.once:
+            time.sleep(args.settle)  # collect a round of telemetry
+        first = True
         while True:
-            if args.once:
-                time.sleep(args.settle)
-                out(render(watch_rows(bus.nodes())))
-                return 0
-            out("\033[H\033[J" + render(watch_rows(bus.nodes())))
-            if end is not None and time.monotonic() >= end:
+            nodes = bus.nodes()
+            if args.json:
+                text = json.dumps({"ts": int(time.time() * 1000), "fleet": bus.fleet,
+                                   "nodes": watch_records(nodes)}) + "\n"
+            else:
+                text = (CLEAR_SCREEN if redraw else "" if first else "\n") + render(
+                    watch_rows(nodes)) + "\n"
+            sys.stdout.write(text)
+            sys.stdout.flush()  # a pipe is block-buffered: each refresh leaves at once
+            first = False
+            if args.once or (end is not None and time.monotonic() >= end):
                 return 0
             time.sleep(1.0)
-    except KeyboardInterrupt:
-        return 0
     finally:
         bus.close()
 
@@ -494,6 +524,10 @@ def run(args: argparse.Namespace) -> int:
 def main_entry(args: argparse.Namespace) -> int:
     try:
         return run(args)
+    except KeyboardInterrupt:  # Ctrl-C is how a watch ends; elsewhere it cut something short
+        if args.fleet_action != "watch":
+            print(f"edge-agent fleet {args.fleet_action}: interrupted", file=sys.stderr)
+        return 130
     except UsageError:
         raise
     except (FleetError, OSError) as error:

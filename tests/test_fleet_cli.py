@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from control_helpers import FLEET, trusted
+from control_helpers import FLEET, SimulatedNode, trusted
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, Subscriber, wait_until
 
@@ -208,3 +210,96 @@ def test_a_replayed_telemetry_record_does_not_hide_the_live_one() -> None:
                                       "metrics": {}}).encode()
         bus.on_message(bus.client, None, message)
     assert bus.nodes()["orin-1"]["telemetry"]["ts"] == 2000
+
+
+@pytest.fixture()
+def online_node(tmp_path: Path, broker: Broker, key: Ed25519PrivateKey) -> Iterator[str]:
+    """One node (the real link and controller, answering ping), online in group line-a."""
+    node = SimulatedNode("sim-1", broker, tmp_path, TrustedKeys.from_config(trusted(key)),
+                         groups=("line-a",))
+    node.start()
+    try:
+        assert wait_until(lambda: node.link.status.state == "connected", 30)
+        yield "sim-1"
+    finally:
+        node.stop()
+
+
+def test_watch_into_a_pipe_prints_each_table_once_without_screen_codes(
+        broker: Broker, online_node: str) -> None:
+    done = fleet(broker, "watch", "--seconds", "2.5")
+    assert done.returncode == 0, done.stderr
+    assert "\033" not in done.stdout
+    tables = done.stdout.rstrip("\n").split("\n\n")
+    assert len(tables) >= 3  # one a second, and one more at the end
+    for text in tables:
+        header, *rows = text.splitlines()
+        assert header.split() == ["NODE", "STATE", "PROFILE", "MODEL", "P99_MS", "HOTTEST_C",
+                                  "OUTBOX"]
+        assert [row.split()[:2] for row in rows] == [[online_node, "online"]]
+
+
+def test_watch_json_is_one_object_per_line_and_refresh(broker: Broker,
+                                                       online_node: str) -> None:
+    done = fleet(broker, "watch", "--json", "--seconds", "1.5")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) >= 2
+    for line in lines:
+        refresh = json.loads(line)
+        assert refresh["fleet"] == FLEET and isinstance(refresh["ts"], int)
+        [record] = refresh["nodes"]
+        assert record["node"] == online_node and record["state"] == "online"
+        assert set(record) == {"node", "state", "profile", "model", "p99_ms", "hottest_c",
+                               "outbox_depth", "telemetry_ts"}
+    once = fleet(broker, "watch", "--json", "--once", "--settle", "0")
+    assert once.returncode == 0, once.stderr
+    [line] = once.stdout.splitlines()
+    assert [r["node"] for r in json.loads(line)["nodes"]] == [online_node]
+
+
+@pytest.mark.parametrize(("fleet_name", "target", "where"), [
+    ("empty", "all", "fleet empty"),  # a fleet nobody is in
+    (FLEET, "group:line-b", f"group line-b of fleet {FLEET}")])  # sim-1 is in line-a only
+def test_send_to_nobody_online_says_so_at_once(broker: Broker, key_file: Path,
+                                               online_node: str, fleet_name: str,
+                                               target: str, where: str) -> None:
+    started = time.monotonic()
+    empty = subprocess.run([sys.executable, "-m", "agent", "fleet", "send", target, "ping",
+                            "--key", str(key_file), "--timeout", "30", "--fleet", fleet_name,
+                            "--broker", f"{broker.host}:{broker.port}"],
+                           capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
+    assert empty.returncode == 1
+    assert empty.stderr.splitlines() == [
+        f"edge-agent fleet send: no online nodes in {where}; nothing was sent"]
+    assert empty.stdout == ""
+    assert time.monotonic() - started < 15  # not the 30 s timeout
+
+
+def test_ctrl_c_ends_watch_and_send_with_130_and_no_traceback(
+        broker: Broker, key_file: Path, online_node: str) -> None:
+    where = ["--broker", f"{broker.host}:{broker.port}", "--fleet", FLEET]
+    watch = subprocess.Popen([sys.executable, "-m", "agent", "fleet", "watch", *where],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=REPO)
+    assert watch.stdout is not None
+    assert watch.stdout.readline().startswith("NODE")  # it is watching
+    watch.send_signal(signal.SIGINT)
+    _, errors = watch.communicate(timeout=30)
+    assert watch.returncode == 130
+    assert errors == ""
+
+    listener = Subscriber(broker, [f"edge/v1/{FLEET}/ghost/cmd/ping"], client_id="listener")
+    try:
+        assert listener.subscribed.wait(10)
+        send = subprocess.Popen([sys.executable, "-m", "agent", "fleet", "send", "ghost", "ping",
+                                 "--key", str(key_file), "--timeout", "60", *where],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=REPO)
+        assert wait_until(lambda: listener.on("ping"), 30)  # sent: now waiting for replies
+        send.send_signal(signal.SIGINT)
+        _, errors = send.communicate(timeout=30)
+    finally:
+        listener.close()
+    assert send.returncode == 130
+    assert errors.splitlines() == ["edge-agent fleet send: interrupted"]
