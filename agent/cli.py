@@ -196,6 +196,8 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     key = actions.add_parser("keygen", help="create an Ed25519 operator key")
     key.add_argument("--out", default="operator.key")
     key.add_argument("--force", action="store_true")
+    key.add_argument("--json", action="store_true",
+                     help="print {path, key_id, public_key, trusted_key}")
     for name, text in (("send", "sign a command, send it, print each node's outcome"),
                        ("desired", "set (retained) the profile/model a node or group should "
                         "run"),
@@ -277,8 +279,11 @@ def _add_overlay_commands(commands: argparse._SubParsersAction[argparse.Argument
         if action in ("install", "remove", "list"):
             sub.add_argument("--root", default="/", metavar="DIR",
                              help="the board's files below DIR (/boot, /proc/device-tree)")
-        if action in ("validate", "list"):
-            sub.add_argument("--json", action="store_true", help="machine-readable output")
+        sub.add_argument("--json", action="store_true", help="machine-readable output"
+                         + {"build": ": {name, out, format, bytes, warnings, tables}",
+                            "install": ": {name, layout, config, dtbo, backup, changed, "
+                            "reboot_needed, warnings, result}",
+                            "remove": ": as install's"}.get(action, ""))
         sub.set_defaults(handler=_overlay)
 
 

@@ -56,10 +56,15 @@ def keygen(args: argparse.Namespace) -> int:
     with os.fdopen(fd, "wb") as handle:
         handle.write(private_key_pem(key))
     public = key.public_key()
+    entry = {"id": key_id(public), "public_key": public_key_text(public)}
+    if args.json:
+        print(json.dumps({"path": str(path), "key_id": entry["id"],
+                          "public_key": entry["public_key"], "trusted_key": entry}, indent=2))
+        return 0
     print(f"private key written to {path} (keep it secret)\n"
           "trust it on each node, in /etc/edge-agent/agent.yaml:\n"
           "control:\n  trusted_keys:\n"
-          f"    - {{id: {key_id(public)}, public_key: {public_key_text(public)}}}")
+          f"    - {{id: {entry['id']}, public_key: {entry['public_key']}}}")
     return 0
 
 

@@ -17,7 +17,13 @@ from control_helpers import FLEET, SimulatedNode, trusted
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, Subscriber, wait_until
 
-from agent.control.envelope import TrustedKeys, private_key_pem
+from agent.control.envelope import (
+    TrustedKeys,
+    key_id,
+    load_private_key,
+    private_key_pem,
+    public_key_text,
+)
 from agent.fleet_cli import watch_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,6 +64,24 @@ def retained(broker: Broker, topic: str) -> list[dict[str, Any]]:
             return [p for t, p, kept in subscriber.messages if t == topic and kept]
     finally:
         subscriber.close()
+
+
+# -- keygen ---------------------------------------------------------------------------------
+
+
+def test_keygen_json_is_the_key_and_its_trusted_keys_entry(tmp_path: Path) -> None:
+    path = tmp_path / "operator.key"
+    done = fleet(None, "keygen", "--out", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    public = load_private_key(path.read_bytes()).public_key()
+    entry = {"id": key_id(public), "public_key": public_key_text(public)}
+    assert report == {"path": str(path), "key_id": entry["id"],
+                      "public_key": entry["public_key"], "trusted_key": entry}
+    assert path.stat().st_mode & 0o777 == 0o600
+    again = fleet(None, "keygen", "--out", str(path), "--json")
+    assert again.returncode == 2 and again.stdout == ""
+    assert "exists; --force replaces it" in again.stderr
 
 
 # -- desired --------------------------------------------------------------------------------
