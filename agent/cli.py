@@ -34,16 +34,26 @@ def open_root(directory: str) -> Root:
     return Root(directory)
 
 
-def positive_float(text: str) -> float:
-    """An argparse type for durations and rates: a finite number above 0 (argparse names
-    the flag: ``argument --seconds: -5: expected a number above 0``, exit 2)."""
+def _finite(text: str, above_zero: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text}: expected a number above 0")
+    if not (math.isfinite(value) and (value > 0 if above_zero else value >= 0)):
+        raise argparse.ArgumentTypeError(
+            f"{text}: expected a number {'above 0' if above_zero else '0 or above'}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type for durations and rates: a finite number above 0 (argparse names
+    the flag: ``argument --seconds: -5: expected a number above 0``, exit 2)."""
+    return _finite(text, above_zero=True)
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type for a wait that may be none at all (``--settle 0``)."""
+    return _finite(text, above_zero=False)
 
 
 def _discover(args: argparse.Namespace) -> int:
@@ -230,10 +240,13 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     key = actions.add_parser("keygen", help="create an Ed25519 operator key")
     key.add_argument("--out", default="operator.key")
     key.add_argument("--force", action="store_true")
+    key.add_argument("--json", action="store_true",
+                     help="print {path, key_id, public_key, trusted_key}")
     for name, text in (("send", "sign a command, send it, print each node's outcome"),
                        ("desired", "set (retained) the profile/model a node or group should "
                         "run"),
-                       ("watch", "a live table of nodes from their retained topics")):
+                       ("watch", "a live table of nodes from their retained topics (redrawn "
+                        "on a terminal; into a pipe, one table per refresh)")):
         sub = actions.add_parser(name, help=text)
         sub.add_argument("--config", metavar="FILE", help="take broker, TLS and fleet from an "
                          "agent.yaml")
@@ -243,7 +256,9 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
             sub.add_argument("target", help="a node id, group:NAME, or all")
             sub.add_argument("--key", required=True, help="the operator's private key (PEM)")
         if name == "send":
-            sub.add_argument("command")
+            # not dest "command": that names the top-level command in error messages
+            sub.add_argument("fleet_command", metavar="command",
+                             help="ping, get-status, apply-profile, ... (README)")
             sub.add_argument("--arg", action="append", metavar="K=V",
                              help="an argument; repeat; values are JSON when they parse")
             sub.add_argument("--args-json", metavar="JSON")
@@ -254,13 +269,18 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
             sub.add_argument("--profile", help="a profile name, or none to roll back")
             sub.add_argument("--model")
             sub.add_argument("--sha256")
-            sub.add_argument("--clear", action="store_true")
-            sub.add_argument("--ttl", type=float, default=365 * 86400.0)
+            sub.add_argument("--clear", action="store_true", help="remove the desired state")
+            sub.add_argument("--ttl", type=positive_float, default=365 * 86400.0)
+            sub.add_argument("--json", action="store_true",
+                             help="print {topic, target, cleared, id, issued_at, expires_at, "
+                             "args}")
         if name == "watch":
             sub.add_argument("--once", action="store_true", help="print one table and exit")
-            sub.add_argument("--settle", type=positive_float, default=2.0,
+            sub.add_argument("--settle", type=non_negative_float, default=2.0,
                              help="with --once: seconds to collect before printing")
             sub.add_argument("--seconds", type=positive_float, help="stop after N seconds")
+            sub.add_argument("--json", action="store_true",
+                             help="one JSON object per line and refresh: {ts, fleet, nodes}")
     fleet.set_defaults(handler=_fleet)
 
 
@@ -303,8 +323,11 @@ def _add_overlay_commands(commands: argparse._SubParsersAction[argparse.Argument
         if action in ("install", "remove", "list"):
             sub.add_argument("--root", default="/", metavar="DIR",
                              help="the board's files below DIR (/boot, /proc/device-tree)")
-        if action in ("validate", "list"):
-            sub.add_argument("--json", action="store_true", help="machine-readable output")
+        sub.add_argument("--json", action="store_true", help="machine-readable output"
+                         + {"build": ": {name, out, format, bytes, warnings, tables}",
+                            "install": ": {name, layout, config, dtbo, backup, changed, "
+                            "reboot_needed, warnings, result}",
+                            "remove": ": as install's"}.get(action, ""))
         sub.set_defaults(handler=_overlay)
 
 

@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,13 @@ from agent.link.mqtt import read_password
 from agent.telemetry.records import hottest_c
 
 FINAL = ("succeeded", "failed", "rejected", "expired")
-RETAINED_SETTLE_S = 0.5  # retained messages arrive right after subscribing
+RETAINED_SETTLE_S = 2.0  # at most, for the retained messages after subscribing
+HANDSHAKE_TIMEOUT_S = 5.0  # CONNACK and SUBACK
+PUBLISH_TIMEOUT_S = 10.0  # PUBACK
+
+
+class FleetError(Exception):
+    """The broker took part but the operation failed (a refused publish): exit status 1."""
 
 
 # -- keys -----------------------------------------------------------------------------------
@@ -51,10 +56,15 @@ def keygen(args: argparse.Namespace) -> int:
     with os.fdopen(fd, "wb") as handle:
         handle.write(private_key_pem(key))
     public = key.public_key()
+    entry = {"id": key_id(public), "public_key": public_key_text(public)}
+    if args.json:
+        print(json.dumps({"path": str(path), "key_id": entry["id"],
+                          "public_key": entry["public_key"], "trusted_key": entry}, indent=2))
+        return 0
     print(f"private key written to {path} (keep it secret)\n"
           "trust it on each node, in /etc/edge-agent/agent.yaml:\n"
           "control:\n  trusted_keys:\n"
-          f"    - {{id: {key_id(public)}, public_key: {public_key_text(public)}}}")
+          f"    - {{id: {entry['id']}, public_key: {entry['public_key']}}}")
     return 0
 
 
@@ -80,6 +90,7 @@ class Bus:
     retained: dict[str, dict[str, Any]] = field(default_factory=dict)  # topic -> payload
     messages: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     changed: threading.Event = field(default_factory=threading.Event)
+    acks: dict[int, str | None] = field(default_factory=dict)  # mid -> refusal, if any
 
     def on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
         try:
@@ -96,8 +107,33 @@ class Bus:
                 self.messages.append((message.topic, payload))
         self.changed.set()
 
+    def on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any,
+                   properties: Any) -> None:
+        with self.lock:
+            self.acks[mid] = str(reason) if reason.is_failure else None
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
+        """Publish at QoS 1 and wait for the broker's acknowledgement; FleetError if it
+        refuses the message (an ACL, say) or never acknowledges it."""
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
+        try:
+            info.wait_for_publish(PUBLISH_TIMEOUT_S)
+        except (RuntimeError, ValueError) as error:
+            raise FleetError(f"could not publish on {topic}: {error}") from None
+        if not info.is_published():
+            raise FleetError(f"the broker did not acknowledge the message on {topic} "
+                             f"within {PUBLISH_TIMEOUT_S:.0f} s")
+        with self.lock:
+            refused = self.acks.pop(info.mid, None)
+        if refused:
+            raise FleetError(f"the broker refused the message on {topic}: {refused}")
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
     def nodes(self) -> dict[str, dict[str, Any]]:
-        """node id -> {state, birth, reported, telemetry} from what arrived."""
+        """node id -> {state, birth, reported, telemetry (the newest)} from what arrived."""
         found: dict[str, dict[str, Any]] = {}
         prefix = f"edge/v1/{self.fleet}/"
         with self.lock:
@@ -108,7 +144,11 @@ class Bus:
             if node in ("all", "group") or suffix not in ("state", "birth", "reported",
                                                           "telemetry"):
                 continue
-            found.setdefault(node, {})[suffix] = payload
+            facts = found.setdefault(node, {})
+            if suffix == "telemetry" and (facts.get("telemetry") or {}).get("ts", 0) > \
+                    payload.get("ts", 0):
+                continue  # a replayed (historical) record arriving after a live one
+            facts[suffix] = payload
         return found
 
 
@@ -128,7 +168,7 @@ def _connection(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                         password_file=m.password_file)
     if args.broker:
         host, _, port = args.broker.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise UsageError(f"--broker {args.broker}: expected host:port")
         settings.update(host=host, port=int(port))
     fleet = args.fleet or (config.fleet if config is not None else "default")
@@ -142,30 +182,82 @@ def no_delay(client: mqtt.Client) -> None:
 
 
 def connect(args: argparse.Namespace, topics: list[str]) -> Bus:
+    """A session whose handshake, subscriptions and retained messages are complete.
+
+    Every way the broker can fail us (no such host, nothing listening, TLS, a refused login,
+    a handshake or subscription never answered, a subscription denied) is a UsageError that
+    says which broker and why.  With no topics it only connects (``desired`` publishes)."""
     settings, fleet = _connection(args)
-    client = mqtt.Client(CallbackAPIVersion.VERSION2,
-                         client_id=f"edge-operator-{uuid.uuid4().hex[:12]}",
+    where = f"{settings['host']}:{settings['port']}"
+    client_id = f"edge-operator-{uuid.uuid4().hex[:12]}"
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                          protocol=mqtt.MQTTv5)
-    if settings["tls"] is not None:
-        tls = settings["tls"]
-        client.tls_set(ca_certs=tls.ca, certfile=tls.cert, keyfile=tls.key)
-    if settings["username"]:
-        client.username_pw_set(settings["username"], read_password(settings["password_file"]))
+    try:
+        if settings["tls"] is not None:
+            tls = settings["tls"]
+            client.tls_set(ca_certs=tls.ca, certfile=tls.cert, keyfile=tls.key)
+        if settings["username"]:
+            client.username_pw_set(settings["username"],
+                                   read_password(settings["password_file"]))
+    except OSError as error:  # ssl.SSLError is one
+        raise UsageError(f"broker {where}: {error}") from None
     bus = Bus(fleet=fleet, client=client)
-    subscribed = threading.Event()
-    client.on_message = bus.on_message
-    client.on_subscribe = lambda *a: subscribed.set()
+    sync_topic = f"edge/v1/{fleet}/operator/{client_id}/sync"
+    connected, subscribed, synced = threading.Event(), threading.Event(), threading.Event()
+    refused: list[str] = []
+
+    def on_connect(client: mqtt.Client, userdata: Any, flags: Any, reason: Any,
+                   properties: Any) -> None:
+        if reason.is_failure:
+            refused.append(str(reason))
+        connected.set()
+
+    def on_subscribe(client: mqtt.Client, userdata: Any, mid: int, reasons: Any,
+                     properties: Any) -> None:
+        refused.extend(f"{topic}: {reason}"
+                       for topic, reason in zip(topics_sent, reasons, strict=False)
+                       if reason.is_failure)
+        subscribed.set()
+
+    def on_message(client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        if message.topic == sync_topic:
+            synced.set()
+        else:
+            bus.on_message(client, userdata, message)
+
+    wanted = [topic.format(fleet=fleet) for topic in topics]
+    topics_sent = [*wanted, sync_topic]
+    client.on_connect, client.on_subscribe, client.on_message = (on_connect, on_subscribe,
+                                                                 on_message)
+    client.on_publish = bus.on_publish
     try:
         client.connect(settings["host"], settings["port"], keepalive=30)
-    except OSError as error:
-        raise UsageError(f"cannot reach the broker {settings['host']}:{settings['port']}: "
-                         f"{error}") from None
+    except OSError as error:  # DNS (gaierror), refused, unreachable, timeout, TLS
+        raise UsageError(f"cannot reach the broker {where}: "
+                         f"{error.strerror or error}") from None
     no_delay(client)
-    client.subscribe([(topic.format(fleet=fleet), 1) for topic in topics])
     client.loop_start()
-    if not subscribed.wait(10):
-        raise UsageError("the broker did not confirm the subscription")
-    time.sleep(RETAINED_SETTLE_S)
+    try:
+        if not connected.wait(HANDSHAKE_TIMEOUT_S):
+            raise UsageError(f"the broker {where} did not answer the MQTT handshake within "
+                             f"{HANDSHAKE_TIMEOUT_S:.0f} s")
+        if refused:
+            raise UsageError(f"the broker {where} refused the connection: {refused[0]}")
+        if wanted:
+            client.subscribe([(topic, 1) for topic in topics_sent])
+            if not subscribed.wait(HANDSHAKE_TIMEOUT_S):
+                raise UsageError(f"the broker {where} did not confirm the subscription "
+                                 f"within {HANDSHAKE_TIMEOUT_S:.0f} s")
+            if refused:
+                raise UsageError(f"the broker {where} refused the subscription to "
+                                 f"{'; '.join(refused)}")
+            # The broker sends a subscription's retained messages before anything published
+            # after it on this connection: once our own marker is back, they are all here.
+            client.publish(sync_topic, b"", qos=1)
+            synced.wait(RETAINED_SETTLE_S)
+    except BaseException:
+        bus.close()
+        raise
     return bus
 
 
@@ -290,23 +382,30 @@ def send(args: argparse.Namespace) -> int:
             raise UsageError(f"--args-json: {error}") from None
     target, scope = target_of(args.target)
     bus = connect(args, ["edge/v1/{fleet}/+/state", "edge/v1/{fleet}/+/birth",
-                         f"edge/v1/{{fleet}}/+/cmd/{args.command}/res"])
+                         f"edge/v1/{{fleet}}/+/cmd/{args.fleet_command}/res"])
     try:
         expected = expected_nodes(bus, target)
-        envelope = sign(key, args.command, target, arguments, ttl_s=args.ttl)
+        if not expected:  # a node target always expects itself
+            where = (f"group {target.removeprefix('group:')} of fleet {bus.fleet}"
+                     if target.startswith("group:") else f"fleet {bus.fleet}")
+            if args.json:
+                print(json.dumps({"id": None, "results": []}, indent=2))
+            print(f"edge-agent fleet send: no online nodes in {where}; nothing was sent",
+                  file=sys.stderr)
+            return 1
+        envelope = sign(key, args.fleet_command, target, arguments, ttl_s=args.ttl)
         sent_at = time.time()
-        bus.client.publish(f"edge/v1/{bus.fleet}/{scope}/cmd/{args.command}",
-                           json.dumps(envelope), qos=1).wait_for_publish(10)
+        bus.publish(f"edge/v1/{bus.fleet}/{scope}/cmd/{args.fleet_command}",
+                    json.dumps(envelope).encode())
         outcomes = collect(bus, envelope["id"], expected, sent_at, args.timeout)
     finally:
-        bus.client.loop_stop()
-        bus.client.disconnect()
+        bus.close()
     if args.json:
         print(json.dumps({"id": envelope["id"], "results": [
             {"node": o.node, "status": o.status, "code": o.code, "message": o.message,
              "ms": o.ms, "result": o.result} for o in outcomes.values()]}, indent=2))
     else:
-        print(f"{args.command} {envelope['id']} -> {args.target}: "
+        print(f"{args.fleet_command} {envelope['id']} -> {args.target}: "
               f"{len(outcomes)} node(s)\n{table(outcomes)}")
     return 0 if outcomes and all(o.status == "succeeded" for o in outcomes.values()) else 1
 
@@ -327,61 +426,99 @@ def desired(args: argparse.Namespace) -> int:
         wanted["sha256"] = args.sha256
     if not wanted and not args.clear:
         raise UsageError("give --profile and/or --model (or --clear)")
+    if wanted and args.clear:
+        raise UsageError("--clear takes no --profile, --model or --sha256")
+    envelope = None if args.clear else sign(_private_key(args.key), "desired", target,
+                                            wanted, ttl_s=args.ttl)
     bus = connect(args, [])
+    topic = f"edge/v1/{bus.fleet}/{scope}/desired"
     try:
-        topic = f"edge/v1/{bus.fleet}/{scope}/desired"
-        payload = b"" if args.clear else json.dumps(
-            sign(_private_key(args.key), "desired", target, wanted,
-                 ttl_s=args.ttl)).encode()
-        bus.client.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
+        bus.publish(topic, b"" if envelope is None else json.dumps(envelope).encode(),
+                    retain=True)
     finally:
-        bus.client.loop_stop()
-        bus.client.disconnect()
-    print(f"{'cleared' if args.clear else 'set'} desired state on {topic}")
+        bus.close()
+    if args.json:
+        print(json.dumps({"topic": topic, "target": target, "cleared": envelope is None,
+                          "id": None if envelope is None else envelope["id"],
+                          "issued_at": None if envelope is None else envelope["issued_at"],
+                          "expires_at": None if envelope is None else envelope["expires_at"],
+                          "args": None if envelope is None else envelope["args"]}, indent=2))
+    else:
+        print(f"{'cleared' if envelope is None else 'set'} desired state on {topic}")
     return 0
 
 
 # -- watch ----------------------------------------------------------------------------------
 
 
-def watch_rows(nodes: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = [("NODE", "STATE", "PROFILE", "MODEL", "P99_MS",
-                                    "HOTTEST_C", "OUTBOX")]
+def _profile_name(birth: dict[str, Any], telemetry: dict[str, Any]) -> str | None:
+    """The profile of the newer of the two: after a rollback the telemetry says none
+    (``null``), and that must not fall back to the name in an older birth."""
+    tuning = (telemetry.get("metrics") or {}).get("tuning")
+    if isinstance(tuning, dict) and telemetry.get("ts", 0) >= birth.get("ts", 0):
+        return tuning.get("profile")
+    return (birth.get("profile") or {}).get("name")
+
+
+def watch_records(nodes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per node, sorted: what the table shows and ``watch --json`` prints."""
+    records = []
     for node, facts in sorted(nodes.items()):
         birth, telemetry = facts.get("birth") or {}, facts.get("telemetry") or {}
         metrics = telemetry.get("metrics") or {}
-        hottest = hottest_c(metrics)
         inference = metrics.get("inference") or {}
-        profile = (metrics.get("tuning") or {}).get("profile") or (
-            birth.get("profile") or {}).get("name")
-        model = inference.get("model") or (birth.get("model") or {}).get("name")
-        p99 = (inference.get("latency_ms") or {}).get("p99")
-        rows.append((node, (facts.get("state") or {}).get("state", "?"), profile or "-",
-                     model or "-", "-" if p99 is None else f"{p99:.2f}",
-                     "-" if hottest is None else f"{hottest:.1f}",
-                     str((metrics.get("outbox") or {}).get("depth", "-"))))
+        records.append({
+            "node": node, "state": (facts.get("state") or {}).get("state"),
+            "profile": _profile_name(birth, telemetry),
+            "model": inference.get("model") or (birth.get("model") or {}).get("name"),
+            "p99_ms": (inference.get("latency_ms") or {}).get("p99"),
+            "hottest_c": hottest_c(metrics),
+            "outbox_depth": (metrics.get("outbox") or {}).get("depth"),
+            "telemetry_ts": telemetry.get("ts")})
+    return records
+
+
+def watch_rows(nodes: dict[str, dict[str, Any]]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [("NODE", "STATE", "PROFILE", "MODEL", "P99_MS",
+                                    "HOTTEST_C", "OUTBOX")]
+    for r in watch_records(nodes):
+        rows.append((r["node"], r["state"] or "?", r["profile"] or "-", r["model"] or "-",
+                     "-" if r["p99_ms"] is None else f"{r['p99_ms']:.2f}",
+                     "-" if r["hottest_c"] is None else f"{r['hottest_c']:.1f}",
+                     "-" if r["outbox_depth"] is None else str(r["outbox_depth"])))
     return rows
 
 
-def watch(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
+CLEAR_SCREEN = "\033[H\033[J"
+
+
+def watch(args: argparse.Namespace) -> int:
+    """A table per second: redrawn in place on a terminal; into a pipe each table once,
+    after a blank line; with --json one JSON object per line and refresh."""
     bus = connect(args, ["edge/v1/{fleet}/+/state", "edge/v1/{fleet}/+/birth",
                          "edge/v1/{fleet}/+/telemetry", "edge/v1/{fleet}/+/reported"])
+    redraw = not args.once and not args.json and sys.stdout.isatty()
     try:
         end = time.monotonic() + args.seconds if args.seconds else None
+        if args.once:
+            time.sleep(args.settle)  # collect a round of telemetry
+        first = True
         while True:
-            if args.once:
-                time.sleep(args.settle)
-                out(render(watch_rows(bus.nodes())))
-                return 0
-            out("\033[H\033[J" + render(watch_rows(bus.nodes())))
-            if end is not None and time.monotonic() >= end:
+            nodes = bus.nodes()
+            if args.json:
+                text = json.dumps({"ts": int(time.time() * 1000), "fleet": bus.fleet,
+                                   "nodes": watch_records(nodes)}) + "\n"
+            else:
+                text = (CLEAR_SCREEN if redraw else "" if first else "\n") + render(
+                    watch_rows(nodes)) + "\n"
+            sys.stdout.write(text)
+            sys.stdout.flush()  # a pipe is block-buffered: each refresh leaves at once
+            first = False
+            if args.once or (end is not None and time.monotonic() >= end):
                 return 0
             time.sleep(1.0)
-    except KeyboardInterrupt:
-        return 0
     finally:
-        bus.client.loop_stop()
-        bus.client.disconnect()
+        bus.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -392,8 +529,12 @@ def run(args: argparse.Namespace) -> int:
 def main_entry(args: argparse.Namespace) -> int:
     try:
         return run(args)
+    except KeyboardInterrupt:  # Ctrl-C is how a watch ends; elsewhere it cut something short
+        if args.fleet_action != "watch":
+            print(f"edge-agent fleet {args.fleet_action}: interrupted", file=sys.stderr)
+        return 130
     except UsageError:
         raise
-    except OSError as error:
+    except (FleetError, OSError) as error:
         print(f"edge-agent fleet {args.fleet_action}: {error}", file=sys.stderr)
         return 1

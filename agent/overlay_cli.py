@@ -11,13 +11,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from agent.cli import UsageError, open_root
 from agent.fsroot import Root, RootError
 from agent.overlays import build, installer
+from agent.overlays.bootfs import BootFiles
 from agent.overlays.build import Built
 from agent.overlays.dtc import DtcMissing
 from agent.overlays.errors import InstallRefused, OverlayError
+from agent.overlays.layouts import detect
 from agent.overlays.socs import MHZ
 from agent.overlays.table import load_table
 from agent.tuning.errors import ProfileError
@@ -71,19 +74,33 @@ def _warn(messages: list[str]) -> None:
         print(f"warning: {message}", file=sys.stderr)
 
 
+def _tables(built: Built) -> list[dict[str, Any]]:
+    return [{"soc": t.soc.name, "flavour": t.flavour, "target": t.target.name,
+             "label": t.target.label,
+             "opps": [{"hz": o.hz, "microvolt": o.microvolt, "opp-suspend": o.suspend,
+                       "turbo-mode": o.turbo, "disabled": o.disabled} for o in t.opps]}
+            for t in built.overlay.tables]
+
+
 def _build(args: argparse.Namespace) -> int:
     built = _source(args, Root("/"))
-    _warn(built.warnings)
-    if args.dts:
-        if built.source is None:
-            raise UsageError(f"{built.name} is a compiled .dtbo: there is no source to print")
-        if args.out is None:
-            print(built.source, end="")
-            return 0
-        Path(args.out).write_text(built.source, encoding="utf-8")
+    if not args.json:
+        _warn(built.warnings)
+    if args.dts and built.source is None:
+        raise UsageError(f"{built.name} is a compiled .dtbo: there is no source to print")
+    data = built.source.encode() if args.dts and built.source is not None else built.dtbo
+    out = args.out if args.dts else args.out or f"{built.name}.dtbo"
+    if out is not None:
+        Path(out).write_bytes(data)
+    if args.json:
+        print(json.dumps({"name": built.name, "out": out,
+                          "format": "dts" if args.dts else "dtbo", "bytes": len(data),
+                          **({"source": built.source} if out is None else {}),
+                          "warnings": built.warnings, "tables": _tables(built)}, indent=2))
+    elif out is None:
+        print(built.source, end="")
     else:
-        Path(args.out or f"{built.name}.dtbo").write_bytes(built.dtbo)
-    print("\n".join([f"wrote {args.out or built.name + '.dtbo'}", *_summary(built)]))
+        print("\n".join([f"wrote {out}", *_summary(built)]))
     return 0
 
 
@@ -93,22 +110,49 @@ def _validate(args: argparse.Namespace) -> int:
         print(json.dumps({"name": built.name, "ok": True, "warnings": built.warnings,
                           "compatible": built.overlay.compatibles,
                           "labels": built.overlay.labels,
-                          "tables": [{"soc": t.soc.name, "flavour": t.flavour,
-                                      "target": t.target.name, "label": t.target.label,
-                                      "opps": [{"hz": o.hz, "microvolt": o.microvolt,
-                                                "opp-suspend": o.suspend,
-                                                "turbo-mode": o.turbo, "disabled": o.disabled}
-                                               for o in t.opps]}
-                                     for t in built.overlay.tables]}, indent=2))
+                          "tables": _tables(built)}, indent=2))
         return 0
     _warn(built.warnings)
     print("\n".join([f"{built.name}: valid, compiles with dtc -@", *_summary(built)]))
     return 0
 
 
+def _files(root: Root, name: str) -> tuple[BootFiles, list[str]]:
+    """The files an install or remove of ``name`` may touch: the .dtbo, the boot config,
+    its backup."""
+    boot = BootFiles(root)
+    layout = detect(root, boot)
+    return boot, [layout.dtbo_path(name), layout.config, layout.backup_path(name)]
+
+
+def _changed(boot: BootFiles, before: dict[str, bytes | None]) -> list[dict[str, str]]:
+    """What happened to each file, read back from the disk rather than assumed."""
+    changes = []
+    for path, old in before.items():
+        new = boot.read(path)
+        if new != old:
+            changes.append({"path": path, "action": "created" if old is None else
+                            "removed" if new is None else "updated"})
+    return changes
+
+
+def _report(outcome: installer.Outcome, changes: list[dict[str, str]],
+            backup: str) -> str:
+    return json.dumps({"name": outcome.name, "layout": outcome.layout,
+                       "config": outcome.config, "dtbo": outcome.dtbo, "backup": backup,
+                       "changed": changes, "reboot_needed": bool(changes),
+                       "warnings": outcome.warnings, "result": outcome.result}, indent=2)
+
+
 def _install(args: argparse.Namespace) -> int:
     root = open_root(args.root)
-    outcome = installer.install(root, _source(args, root))
+    built = _source(args, root)
+    boot, paths = _files(root, built.name)
+    before = {path: boot.read(path) for path in paths}
+    outcome = installer.install(root, built)
+    if args.json:
+        print(_report(outcome, _changed(boot, before), paths[2]))
+        return 0
     _warn(outcome.warnings)
     print(f"{outcome.name}: {outcome.dtbo}, registered in {outcome.config} ({outcome.layout})"
           f"\n{outcome.result}")
@@ -116,7 +160,14 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
-    outcome = installer.remove(open_root(args.root), build.check_name(args.name))
+    root = open_root(args.root)
+    name = build.check_name(args.name)
+    boot, paths = _files(root, name)
+    before = {path: boot.read(path) for path in paths}
+    outcome = installer.remove(root, name)
+    if args.json:
+        print(_report(outcome, _changed(boot, before), paths[2]))
+        return 0
     print(f"{outcome.name}: removed from {outcome.config} ({outcome.layout})\n"
           f"{outcome.result}")
     return 0

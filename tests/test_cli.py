@@ -124,7 +124,7 @@ def test_loading_the_config_stays_light(tmp_path: Path) -> None:
     (["fleet", "send", "all", "ping", "--key", "k.pem", "--timeout", "0"], "--timeout", "0"),
     (["fleet", "send", "all", "ping", "--key", "k.pem", "--ttl", "-60"], "--ttl", "-60"),
     (["fleet", "watch", "--seconds", "0"], "--seconds", "0"),
-    (["fleet", "watch", "--once", "--settle", "-2"], "--settle", "-2"),
+    (["fleet", "desired", "n1", "--key", "k.pem", "--ttl", "0"], "--ttl", "0"),
 ])
 def test_durations_and_rates_must_be_above_zero(args: list[str], flag: str,
                                                 value: str) -> None:
@@ -133,3 +133,10 @@ def test_durations_and_rates_must_be_above_zero(args: list[str], flag: str,
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].endswith(
         f"error: argument {flag}: {value}: expected a number above 0")
+
+
+def test_a_settle_time_may_be_zero_but_not_negative() -> None:
+    result = run_cli("fleet", "watch", "--once", "--settle", "-2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        "error: argument --settle: -2: expected a number 0 or above")

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from control_helpers import (
@@ -20,13 +21,16 @@ from control_helpers import (
     trusted,
 )
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from mqtt_helpers import Broker, wait_until
+from mqtt_helpers import Broker, Subscriber, wait_until
 from tuning_helpers import copy_board, snapshot
 
+from agent.control.controller import Controller, Identity, Incoming
 from agent.control.envelope import TrustedKeys, private_key_pem, sign
+from agent.control.store import CommandStore
 from agent.service import Service
 
 BOARD = "jetson-agx-orin-jp6"
+FINAL = ("succeeded", "failed", "rejected", "expired")
 
 
 @pytest.fixture()
@@ -129,6 +133,73 @@ def test_a_repeated_id_returns_the_stored_result(node: Service, operator: Operat
     assert len(accepted) == 1  # it ran once
 
 
+def test_command_ids_are_forgotten_a_day_past_expiry_and_a_replay_still_never_runs(
+        tmp_path: Path, key: Ed25519PrivateKey) -> None:
+    now = [time.time()]
+    replies: list[dict[str, Any]] = []
+    runs: list[str] = []
+    store = CommandStore(tmp_path / "commands.sqlite")
+    store.record("left-from-last-week", "ping", int((now[0] - 7 * 86400) * 1000), {})
+    controller = Controller(
+        Identity(FLEET, "orin-1"), TrustedKeys.from_config(trusted(key)), {"ping"}, store,
+        {"ping": lambda args, progress: runs.append("ping") or {"pong": True}},
+        lambda topic, body, response, correlation: replies.append(body),
+        clock=lambda: now[0])
+
+    def ping(envelope: dict[str, Any]) -> dict[str, Any]:
+        ids.append(envelope["id"])
+        controller.on_message(Incoming(f"edge/v1/{FLEET}/orin-1/cmd/ping",
+                                       envelope_bytes(envelope)))
+        assert wait_until(lambda: any(r["id"] == envelope["id"] and r["status"] in FINAL
+                                      for r in replies))
+        return next(r for r in replies if r["id"] == envelope["id"] and r["status"] in FINAL)
+
+    ids: list[str] = ["left-from-last-week"]
+
+    def stored() -> set[str]:
+        return {i for i in ids if store.get(i) is not None}
+
+    controller.start()  # prunes at once
+    try:
+        assert "left-from-last-week" not in stored()
+        first = sign(key, "ping", "node:orin-1", {}, now=now[0], ttl_s=60)
+        assert ping(first)["status"] == "succeeded"
+        now[0] += 60 + 86400 - 5  # not yet a day past its expiry
+        fresh = sign(key, "ping", "node:orin-1", {}, now=now[0], ttl_s=60)
+        assert ping(fresh)["status"] == "succeeded"
+        assert stored() == {first["id"], fresh["id"]}  # too early, and within the hour
+        now[0] += 3600  # the next prune point: the worker prunes before the next job
+        last = sign(key, "ping", "node:orin-1", {}, now=now[0], ttl_s=60)
+        assert ping(last)["status"] == "succeeded"
+        assert stored() == {fresh["id"], last["id"]}
+        replies.clear()
+        replay = ping(first)  # its id is forgotten: refused as expired, never run again
+        assert (replay["status"], replay["code"]) == ("expired", "expired")
+        assert runs == ["ping"] * 3
+        assert not [r for r in replies if r["status"] == "accepted"]
+    finally:
+        controller.stop()
+        store.close()
+
+
+def test_an_idle_controller_still_prunes_on_time(tmp_path: Path,
+                                                 key: Ed25519PrivateKey) -> None:
+    now = [time.time()]
+    store = CommandStore(tmp_path / "commands.sqlite")
+    controller = Controller(Identity(FLEET, "orin-1"), TrustedKeys.from_config(trusted(key)),
+                            set(), store, {}, lambda *reply: None, clock=lambda: now[0],
+                            prune_interval_s=0.05)
+    controller.start()
+    try:
+        store.record("expired-yesterday", "ping", int((now[0] - 86400 - 1) * 1000), {})
+        assert store.get("expired-yesterday") is not None
+        now[0] += 0.05  # the next prune point, with no command arriving
+        assert wait_until(lambda: store.get("expired-yesterday") is None, 5)
+    finally:
+        controller.stop()
+        store.close()
+
+
 def test_apply_profile_commits_or_rolls_back_by_its_health_window(
         node: Service, operator: Operator) -> None:
     root = Path(node.config.root)
@@ -148,6 +219,41 @@ def test_apply_profile_commits_or_rolls_back_by_its_health_window(
     back = operator.send("orin-1", "rollback-profile")
     assert operator.final(back["id"])["result"] == {"rolled_back": "jetson-orin-latency"}
     assert snapshot(root) == original
+
+
+def test_after_a_rollback_telemetry_birth_and_watch_show_no_profile(
+        tmp_path: Path, node: Service, operator: Operator, broker: Broker) -> None:
+    listener = Subscriber(broker, [f"edge/v1/{FLEET}/orin-1/birth",
+                                   f"edge/v1/{FLEET}/orin-1/telemetry"], client_id="listener")
+    try:
+        def births() -> list[dict[str, Any]]:
+            return [b["profile"] for b in listener.on("birth")]
+
+        def tunings() -> list[dict[str, Any]]:
+            return [t["metrics"]["tuning"] for t in listener.on("telemetry")
+                    if "tuning" in t["metrics"]]
+
+        applied = operator.send("orin-1", "apply-profile", {"profile": "jetson-orin-latency"})
+        assert operator.final(applied["id"])["status"] == "succeeded"
+        assert wait_until(lambda: {"name": "jetson-orin-latency", "applied": True} in births())
+        assert wait_until(lambda: any(t["applied"] for t in tunings()))
+        assert [t["profile"] for t in tunings() if t["applied"]][-1] == "jetson-orin-latency"
+
+        back = operator.send("orin-1", "rollback-profile")
+        assert operator.final(back["id"])["result"] == {"rolled_back": "jetson-orin-latency"}
+        seen = len(tunings())
+        assert wait_until(lambda: not tunings()[-1]["applied"] and len(tunings()) > seen)
+        assert tunings()[-1]["profile"] is None
+        assert wait_until(lambda: births()[-1] == {"name": None, "applied": False})
+
+        watched = subprocess.run(
+            [sys.executable, "-m", "agent", "fleet", "watch", "--once", "--settle", "1",
+             "--broker", f"{broker.host}:{broker.port}", "--fleet", FLEET],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert watched.returncode == 0, watched.stderr
+        assert watched.stdout.splitlines()[1].split()[:3] == ["orin-1", "online", "-"]
+    finally:
+        listener.close()
 
 
 def test_set_model_is_bounded_to_the_model_directories(tmp_path: Path, node: Service,

@@ -7,6 +7,7 @@ carry the real RK3588/Jetson node paths and labels; boot layouts are built in tm
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -775,3 +776,52 @@ def test_remove_restores_the_backup_where_undoing_the_edit_would_differ(tmp_path
         ARMBIAN_ENV + "user_overlays=rk3588-mainline-gpu-capped\n")
     installer.remove(root, "rk3588-mainline-gpu-capped")
     assert (tmp_path / "boot/armbianEnv.txt").read_text() == env
+
+
+def test_cli_install_and_remove_json_name_every_file_they_changed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name = "rk3588-mainline-cpu-big0-capped"
+    root = armbian(tmp_path)
+    before = snapshot(root)
+    dtbo, config = f"/boot/overlay-user/{name}.dtbo", "/boot/armbianEnv.txt"
+    backup = f"{config}.edge-agent-{name}.bak"
+    common = {"name": name, "layout": "armbian", "config": config, "dtbo": dtbo,
+              "backup": backup, "warnings": []}
+
+    assert main(["overlay", "install", name, "--root", str(root), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert json.loads(out) == {**common, "reboot_needed": True, "result": installer.REBOOT,
+                               "changed": [{"path": dtbo, "action": "created"},
+                                           {"path": config, "action": "updated"},
+                                           {"path": backup, "action": "created"}]}
+    assert main(["overlay", "install", name, "--root", str(root), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert (again["changed"], again["reboot_needed"]) == ([], False)
+
+    assert main(["overlay", "remove", name, "--root", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        **common, "reboot_needed": True, "result": installer.REBOOT,
+        "changed": [{"path": dtbo, "action": "removed"}, {"path": config, "action": "updated"},
+                    {"path": backup, "action": "removed"}]}
+    assert snapshot(root) == before
+
+
+def test_cli_build_json_reports_the_file_it_wrote(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "gpu.dtbo"
+    assert main(["overlay", "build", "rk3588-mainline-gpu-capped", "--out", str(out),
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["out"] == str(out) and report["format"] == "dtbo"
+    assert report["bytes"] == out.stat().st_size > 0
+    assert out.read_bytes() == build.from_entry("rk3588-mainline-gpu-capped").dtbo
+    assert [(t["soc"], t["target"], t["label"]) for t in report["tables"]] == [
+        ("rk3588", "gpu", "gpu_opp_table")]
+    assert report["warnings"] == [] and "source" not in report
+
+    assert main(["overlay", "build", "rk3588-mainline-gpu-capped", "--dts", "--json"]) == 0
+    source = json.loads(capsys.readouterr().out)
+    assert source["out"] is None and source["format"] == "dts"
+    assert source["source"] == build.from_entry("rk3588-mainline-gpu-capped").source
+    assert source["bytes"] == len(source["source"].encode())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 audit = logging.getLogger("agent.audit")
 
 FINAL = ("succeeded", "failed", "rejected", "expired")
+PRUNE_INTERVAL_S = 3600.0  # how often the worker forgets ids a day past their expiry
 
 
 class CommandFailed(Exception):
@@ -81,12 +83,14 @@ class Controller:
                  store: CommandStore, handlers: Mapping[str, Handler], reply: Reply,
                  converge: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                  max_payload_bytes: int = 16 * 1024, max_skew_s: float = 30.0,
-                 max_ttl_s: float = 86400.0, clock: Callable[[], float] = time.time) -> None:
+                 max_ttl_s: float = 86400.0, clock: Callable[[], float] = time.time,
+                 prune_interval_s: float = PRUNE_INTERVAL_S) -> None:
         self.identity, self.keys, self.allow, self.store = identity, keys, allow, store
         self.handlers, self.reply, self.converge = handlers, reply, converge
         self.max_payload_bytes, self.max_skew_s, self.max_ttl_s = (
             max_payload_bytes, max_skew_s, max_ttl_s)
-        self.clock = clock
+        self.clock, self.prune_interval_s = clock, prune_interval_s
+        self._next_prune = float("-inf")  # by self.clock
         self._scopes = identity.scopes()
         self._jobs: queue.Queue[tuple[Callable[[], None], str] | None] = queue.Queue()
         self._worker: threading.Thread | None = None
@@ -101,6 +105,7 @@ class Controller:
         return tuple(topics)
 
     def start(self) -> None:
+        self._prune_if_due()
         self._worker = threading.Thread(target=self._work, name="control", daemon=True)
         self._worker.start()
 
@@ -110,12 +115,35 @@ class Controller:
             self._worker.join(timeout)
 
     def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.prune_interval_s)
+            except queue.Empty:  # idle: still prune on time
+                self._prune_if_due()
+                continue
+            self._prune_if_due()
+            if job is None:
+                return
             run, label = job
             try:
                 run()
             except Exception:  # a bug in one command must not end command handling
                 logger.exception("control: %s crashed", label)
+
+    def _prune_if_due(self) -> None:
+        """Forget command ids a day past their expiry, so the store does not grow forever.
+        A replay of a forgotten id is still refused: expiry is checked before the store."""
+        now = self.clock()
+        if now < self._next_prune:
+            return
+        self._next_prune = now + self.prune_interval_s
+        try:
+            removed = self.store.prune(int(now * 1000))
+        except sqlite3.Error as error:  # retried at the next prune point
+            logger.error("control: pruning the command store failed: %s", error)
+            return
+        if removed:
+            logger.info("control: forgot %d command id(s) a day past their expiry", removed)
 
     # -- incoming ---------------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """Seen command ids and their results, on disk: a repeated id never runs twice.
 
 Only envelopes with a valid signature are recorded, so a forged message cannot reserve the id
-of a real command.  Entries are kept a day past their expiry; by then a replay is refused as
-expired anyway.
+of a real command.  Entries are kept a day past their expiry (the controller prunes on start
+and hourly); by then a replay is refused as expired anyway.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class CommandStore:
                 (command_id, command, expires_ms, json.dumps(reply)))
 
     def prune(self, now_ms: int) -> int:
+        """Forget ids that expired more than RETENTION_MS before ``now_ms``; how many."""
         with self._lock:
             return self._db.execute("DELETE FROM commands WHERE expires_ms < ?",
                                     (now_ms - RETENTION_MS,)).rowcount

@@ -137,15 +137,19 @@ class ServiceCommands:
             changes = tuning.switch(args["profile"], force=bool(args.get("force")))
         except (ProfileError, TuningError, OSError) as error:
             raise CommandFailed("apply_failed", str(error)) from None
+        self._announce_tuning()
         progress("health_window")
         self.sleep(guard["window_s"])
         reason = _health(self.service, before, guard)
         if reason is None:
             return {"profile": tuning.profile, "changes": changes, "drift": tuning.drift}
         progress("rolling_back")
-        tuning.rollback()
-        if previous is not None:
-            tuning.switch(previous)
+        try:
+            tuning.rollback()
+            if previous is not None:
+                tuning.switch(previous)
+        finally:
+            self._announce_tuning()
         raise CommandFailed("health_check", f"{reason}; rolled back"
                             + (f" to {previous}" if previous else ""),
                             {"profile": previous, "rolled_back": args["profile"]})
@@ -154,9 +158,17 @@ class ServiceCommands:
         tuning = self.service.tuning
         assert tuning is not None
         try:
-            return {"rolled_back": tuning.rollback()}
+            rolled_back = tuning.rollback()
         except (TuningError, OSError) as error:
             raise CommandFailed("rollback_failed", str(error)) from None
+        self._announce_tuning()
+        return {"rolled_back": rolled_back}
+
+    def _announce_tuning(self) -> None:
+        """Birth names the profile and whether it is applied: publish it again after a
+        change, so ``fleet watch`` and other readers of the retained birth are not stale."""
+        if self.service.link is not None:
+            self.service.link.rebirth()
 
     def model_allowed(self, path: str) -> bool:
         """Models load only from the configured directories (and the bundled demo), so a
@@ -203,6 +215,7 @@ class ServiceCommands:
                 self.apply_profile({"profile": wanted}, lambda step: None)
             elif "profile" in args and wanted is None and service.tuning.applied:
                 service.tuning.rollback()
+                self._announce_tuning()
             model = args.get("model")
             if model and Path(model).resolve() != Path(service.inference.model_path).resolve():
                 self.set_model({"model": model, **({"sha256": args["sha256"]}

@@ -99,7 +99,9 @@ class Tuning:
         """Every original value back; returns the profile that was rolled back."""
         self._stop_thp_controller()
         profile, _notes = self.engine.rollback()
+        # nothing is applied or planned any more: telemetry and birth must not name it
         self.applied, self.drift, self.verified_at = False, None, None
+        self.profile, self.changes, self.runtime = None, 0, {}
         self.on_event("tuning_rolled_back", profile=profile)
         return profile
 

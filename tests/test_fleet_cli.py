@@ -1,0 +1,329 @@
+"""``edge-agent fleet`` as an operator runs it: a real process against a real Mosquitto."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from control_helpers import FLEET, SimulatedNode, trusted
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from mqtt_helpers import Broker, Subscriber, wait_until
+
+from agent.control.envelope import (
+    TrustedKeys,
+    key_id,
+    load_private_key,
+    private_key_pem,
+    public_key_text,
+)
+from agent.fleet_cli import watch_rows
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+@pytest.fixture()
+def key_file(tmp_path: Path, key: Ed25519PrivateKey) -> Path:
+    path = tmp_path / "operator.key"
+    path.write_bytes(private_key_pem(key))
+    return path
+
+
+def fleet(broker: Broker | None, *words: str, timeout: float = 60,
+          ) -> subprocess.CompletedProcess[str]:
+    where = [] if broker is None else ["--broker", f"{broker.host}:{broker.port}",
+                                       "--fleet", FLEET]
+    return subprocess.run([sys.executable, "-m", "agent", "fleet", *words, *where],
+                          capture_output=True, text=True, cwd=REPO, timeout=timeout,
+                          check=False)
+
+
+def retained(broker: Broker, topic: str) -> list[dict[str, Any]]:
+    """The retained message(s) a new subscriber to ``topic`` gets.  A marker published after
+    the subscription travels the same connection, so once it is back every retained message
+    has arrived: no waiting out a guess."""
+    marker = f"test/marker/{uuid.uuid4().hex}"
+    subscriber = Subscriber(broker, [topic, marker], client_id=f"reader-{uuid.uuid4().hex}")
+    try:
+        assert subscriber.subscribed.wait(10)
+        subscriber.client.publish(marker, b"{}", qos=1)
+        assert wait_until(lambda: subscriber.on(marker.rsplit("/", 1)[1]), 10)
+        with subscriber.lock:
+            return [p for t, p, kept in subscriber.messages if t == topic and kept]
+    finally:
+        subscriber.close()
+
+
+# -- keygen ---------------------------------------------------------------------------------
+
+
+def test_keygen_json_is_the_key_and_its_trusted_keys_entry(tmp_path: Path) -> None:
+    path = tmp_path / "operator.key"
+    done = fleet(None, "keygen", "--out", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    public = load_private_key(path.read_bytes()).public_key()
+    entry = {"id": key_id(public), "public_key": public_key_text(public)}
+    assert report == {"path": str(path), "key_id": entry["id"],
+                      "public_key": entry["public_key"], "trusted_key": entry}
+    assert path.stat().st_mode & 0o777 == 0o600
+    again = fleet(None, "keygen", "--out", str(path), "--json")
+    assert again.returncode == 2 and again.stdout == ""
+    assert "exists; --force replaces it" in again.stderr
+
+
+# -- desired --------------------------------------------------------------------------------
+
+
+def test_desired_publishes_a_signed_retained_state_and_clear_removes_it(
+        broker: Broker, key: Ed25519PrivateKey, key_file: Path) -> None:
+    topic = f"edge/v1/{FLEET}/orin-9/desired"
+    done = fleet(broker, "desired", "orin-9", "--profile", "jetson-orin-latency",
+                 "--key", str(key_file))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"set desired state on {topic}"
+
+    [envelope] = retained(broker, topic)
+    assert TrustedKeys.from_config(trusted(key)).verify(envelope) == trusted(key)[0]["id"]
+    assert envelope["command"] == "desired" and envelope["target"] == "node:orin-9"
+    assert envelope["args"] == {"profile": "jetson-orin-latency"}
+    assert envelope["expires_at"] - envelope["issued_at"] == 365 * 86400 * 1000
+
+    cleared = fleet(broker, "desired", "orin-9", "--clear", "--key", str(key_file))
+    assert cleared.returncode == 0, cleared.stderr
+    assert cleared.stdout.strip() == f"cleared desired state on {topic}"
+    assert retained(broker, topic) == []
+
+
+def test_desired_json_names_what_it_published(broker: Broker, key_file: Path) -> None:
+    topic = f"edge/v1/{FLEET}/group/line-a/desired"
+    done = fleet(broker, "desired", "group:line-a", "--model", "/opt/models/v7.onnx",
+                 "--sha256", "ab" * 32, "--ttl", "600", "--key", str(key_file), "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    [envelope] = retained(broker, topic)
+    assert report == {"topic": topic, "target": "group:line-a", "cleared": False,
+                      "id": envelope["id"], "issued_at": envelope["issued_at"],
+                      "expires_at": envelope["expires_at"],
+                      "args": {"model": "/opt/models/v7.onnx", "sha256": "ab" * 32}}
+    assert report["expires_at"] - report["issued_at"] == 600_000
+    cleared = json.loads(fleet(broker, "desired", "group:line-a", "--clear", "--key",
+                               str(key_file), "--json").stdout)
+    assert cleared == {"topic": topic, "target": "group:line-a", "cleared": True, "id": None,
+                       "issued_at": None, "expires_at": None, "args": None}
+    assert retained(broker, topic) == []
+
+
+# -- a broker that cannot be used --------------------------------------------------------------
+
+
+def acl_broker(directory: Path, acl: str) -> Broker:
+    """Mosquitto with user ``operator`` (password ``secret``) confined by ``acl``."""
+    server = Broker(directory, users={"operator": "secret"})
+    (directory / "acl").write_text(acl)
+    with server.config.open("a") as config:
+        config.write(f"acl_file {directory / 'acl'}\n")
+    server.start()
+    return server
+
+
+def operator_config(tmp_path: Path, broker: Broker, password: str) -> Path:
+    (tmp_path / "password").write_text(password + "\n")
+    config = tmp_path / "operator.yaml"
+    config.write_text(json.dumps({"fleet": FLEET, "mqtt": {
+        "host": broker.host, "port": broker.port, "username": "operator",
+        "password_file": str(tmp_path / "password")}}))
+    return config
+
+
+@pytest.mark.parametrize("action", [["watch", "--once"], ["send", "orin-1", "ping"],
+                                    ["desired", "orin-1", "--profile", "x"]])
+def test_an_unreachable_broker_is_one_line_and_exit_2(
+        action: list[str], key_file: Path) -> None:
+    from mqtt_helpers import free_port
+
+    key = ["--key", str(key_file)] if action[0] != "watch" else []
+    for broker, why in ((f"127.0.0.1:{free_port()}", "Connection refused"),
+                        ("no-such-host.invalid:1883", "")):
+        done = subprocess.run([sys.executable, "-m", "agent", "fleet", *action, *key,
+                               "--broker", broker], capture_output=True, text=True, cwd=REPO,
+                              timeout=60, check=False)
+        assert done.returncode == 2, done.stderr
+        [line] = done.stderr.splitlines()
+        assert line.startswith(f"edge-agent fleet: cannot reach the broker {broker}: "), line
+        assert why in line
+
+
+def test_a_broker_that_never_answers_the_handshake_is_exit_2() -> None:
+    import socket
+
+    with socket.socket() as silent:  # the kernel accepts; nobody ever answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "agent", "fleet", "watch", "--once",
+                               "--broker", f"127.0.0.1:{port}"], capture_output=True,
+                              text=True, cwd=REPO, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"edge-agent fleet: the broker 127.0.0.1:{port} did not answer the MQTT handshake "
+        "within 5 s"]
+    assert time.monotonic() - started < 30
+
+
+def test_a_refused_login_is_exit_2(tmp_path: Path) -> None:
+    server = acl_broker(tmp_path / "broker", "user operator\ntopic readwrite edge/v1/#\n")
+    try:
+        wrong = subprocess.run([sys.executable, "-m", "agent", "fleet", "watch", "--once",
+                                "--config", str(operator_config(tmp_path, server, "guess"))],
+                               capture_output=True, text=True, cwd=REPO, timeout=60,
+                               check=False)
+        assert wrong.returncode == 2
+        [line] = wrong.stderr.splitlines()
+        # Mosquitto 2.0 answers a wrong password with "Not authorized", later ones with
+        # "Bad user name or password"
+        assert line.startswith(f"edge-agent fleet: the broker {server.host}:{server.port} "
+                               "refused the connection: "), line
+        assert line.endswith(("Not authorized", "Bad user name or password")), line
+        right = subprocess.run([sys.executable, "-m", "agent", "fleet", "watch", "--once",
+                                "--settle", "0", "--config",
+                                str(operator_config(tmp_path, server, "secret"))],
+                               capture_output=True, text=True, cwd=REPO, timeout=60,
+                               check=False)
+        assert right.returncode == 0, right.stderr
+    finally:
+        server.stop()
+
+
+# -- watch ----------------------------------------------------------------------------------
+
+
+def test_watch_shows_the_profile_of_the_newer_of_birth_and_telemetry() -> None:
+    birth = {"ts": 1000, "profile": {"name": "jetson-orin-latency", "applied": True}}
+    rolled_back = {"ts": 2000, "metrics": {"tuning": {"profile": None, "applied": False}}}
+    assert watch_rows({"n": {"birth": birth, "telemetry": rolled_back}})[1][2] == "-"
+    older = {"ts": 500, "metrics": {"tuning": {"profile": "jetson-orin", "applied": False}}}
+    assert watch_rows({"n": {"birth": birth, "telemetry": older}})[1][2] == \
+        "jetson-orin-latency"
+    assert watch_rows({"n": {"birth": birth}})[1][2] == "jetson-orin-latency"
+
+
+def test_a_replayed_telemetry_record_does_not_hide_the_live_one() -> None:
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from agent.fleet_cli import Bus
+
+    bus = Bus(fleet=FLEET, client=mqtt.Client(CallbackAPIVersion.VERSION2))
+    for ts, historical in ((2000, False), (1000, True)):  # the replay comes in second
+        message = mqtt.MQTTMessage(topic=f"edge/v1/{FLEET}/orin-1/telemetry".encode())
+        message.payload = json.dumps({"ts": ts, "historical": historical,
+                                      "metrics": {}}).encode()
+        bus.on_message(bus.client, None, message)
+    assert bus.nodes()["orin-1"]["telemetry"]["ts"] == 2000
+
+
+@pytest.fixture()
+def online_node(tmp_path: Path, broker: Broker, key: Ed25519PrivateKey) -> Iterator[str]:
+    """One node (the real link and controller, answering ping), online in group line-a."""
+    node = SimulatedNode("sim-1", broker, tmp_path, TrustedKeys.from_config(trusted(key)),
+                         groups=("line-a",))
+    node.start()
+    try:
+        assert wait_until(lambda: node.link.status.state == "connected", 30)
+        yield "sim-1"
+    finally:
+        node.stop()
+
+
+def test_watch_into_a_pipe_prints_each_table_once_without_screen_codes(
+        broker: Broker, online_node: str) -> None:
+    done = fleet(broker, "watch", "--seconds", "2.5")
+    assert done.returncode == 0, done.stderr
+    assert "\033" not in done.stdout
+    tables = done.stdout.rstrip("\n").split("\n\n")
+    assert len(tables) >= 3  # one a second, and one more at the end
+    for text in tables:
+        header, *rows = text.splitlines()
+        assert header.split() == ["NODE", "STATE", "PROFILE", "MODEL", "P99_MS", "HOTTEST_C",
+                                  "OUTBOX"]
+        assert [row.split()[:2] for row in rows] == [[online_node, "online"]]
+
+
+def test_watch_json_is_one_object_per_line_and_refresh(broker: Broker,
+                                                       online_node: str) -> None:
+    done = fleet(broker, "watch", "--json", "--seconds", "1.5")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) >= 2
+    for line in lines:
+        refresh = json.loads(line)
+        assert refresh["fleet"] == FLEET and isinstance(refresh["ts"], int)
+        [record] = refresh["nodes"]
+        assert record["node"] == online_node and record["state"] == "online"
+        assert set(record) == {"node", "state", "profile", "model", "p99_ms", "hottest_c",
+                               "outbox_depth", "telemetry_ts"}
+    once = fleet(broker, "watch", "--json", "--once", "--settle", "0")
+    assert once.returncode == 0, once.stderr
+    [line] = once.stdout.splitlines()
+    assert [r["node"] for r in json.loads(line)["nodes"]] == [online_node]
+
+
+@pytest.mark.parametrize(("fleet_name", "target", "where"), [
+    ("empty", "all", "fleet empty"),  # a fleet nobody is in
+    (FLEET, "group:line-b", f"group line-b of fleet {FLEET}")])  # sim-1 is in line-a only
+def test_send_to_nobody_online_says_so_at_once(broker: Broker, key_file: Path,
+                                               online_node: str, fleet_name: str,
+                                               target: str, where: str) -> None:
+    started = time.monotonic()
+    empty = subprocess.run([sys.executable, "-m", "agent", "fleet", "send", target, "ping",
+                            "--key", str(key_file), "--timeout", "30", "--fleet", fleet_name,
+                            "--broker", f"{broker.host}:{broker.port}"],
+                           capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
+    assert empty.returncode == 1
+    assert empty.stderr.splitlines() == [
+        f"edge-agent fleet send: no online nodes in {where}; nothing was sent"]
+    assert empty.stdout == ""
+    assert time.monotonic() - started < 15  # not the 30 s timeout
+
+
+def test_ctrl_c_ends_watch_and_send_with_130_and_no_traceback(
+        broker: Broker, key_file: Path, online_node: str) -> None:
+    where = ["--broker", f"{broker.host}:{broker.port}", "--fleet", FLEET]
+    watch = subprocess.Popen([sys.executable, "-m", "agent", "fleet", "watch", *where],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=REPO)
+    assert watch.stdout is not None
+    assert watch.stdout.readline().startswith("NODE")  # it is watching
+    watch.send_signal(signal.SIGINT)
+    _, errors = watch.communicate(timeout=30)
+    assert watch.returncode == 130
+    assert errors == ""
+
+    listener = Subscriber(broker, [f"edge/v1/{FLEET}/ghost/cmd/ping"], client_id="listener")
+    try:
+        assert listener.subscribed.wait(10)
+        send = subprocess.Popen([sys.executable, "-m", "agent", "fleet", "send", "ghost", "ping",
+                                 "--key", str(key_file), "--timeout", "60", *where],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=REPO)
+        assert wait_until(lambda: listener.on("ping"), 30)  # sent: now waiting for replies
+        send.send_signal(signal.SIGINT)
+        _, errors = send.communicate(timeout=30)
+    finally:
+        listener.close()
+    assert send.returncode == 130
+    assert errors.splitlines() == ["edge-agent fleet send: interrupted"]
