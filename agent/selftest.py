@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -53,9 +54,11 @@ def run_checks(service: Service) -> dict[str, Any]:
     return {"checks": checks}
 
 
-def run_selftest(config: Any, seconds: float = 3.0) -> dict[str, Any]:
+def run_selftest(config: Any, seconds: float = 3.0,
+                 stop: threading.Event | None = None) -> dict[str, Any] | None:
     """Start the agent beside any running one (its own state directory and MQTT client id,
-    nothing applied), let it work for ``seconds``, check it, stop it."""
+    nothing applied), let it work for ``seconds``, check it, stop it.  None when ``stop`` is
+    set first: the probe is stopped (its threads joined) and there is no verdict."""
     import dataclasses
     import tempfile
     import time
@@ -68,15 +71,17 @@ def run_selftest(config: Any, seconds: float = 3.0) -> dict[str, Any]:
             tuning=dataclasses.replace(config.tuning, apply=False),
             control={**config.control, "enabled": False}, prometheus_listen=None,
             home_assistant_enabled=False)
+        stop = stop or threading.Event()
         service = Service(probe)
-        service.start()
         try:
+            service.start()
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline and not (
                     service.link is not None and service.link.status.state == "connected"
                     and service.inference is not None and service.inference.loop is not None
                     and service.inference.loop.completions > 10):
-                time.sleep(0.1)
-            return run_checks(service)
+                if stop.wait(0.1):
+                    return None
+            return None if stop.is_set() else run_checks(service)
         finally:
             service.stop(flush_s=0, rollback=False)
