@@ -257,15 +257,60 @@ def test_wrong_digest_builds_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_unreadable_model_is_a_session_error(tmp_path: Path) -> None:
-    with pytest.raises(SessionError, match=r"absent\.onnx"):
-        load_model(tmp_path / "absent.onnx", None)
+    absent = tmp_path / "absent.onnx"
+    with pytest.raises(SessionError) as raised:
+        load_model(absent, None)
+    assert str(raised.value) == f"{absent}: cannot read it: No such file or directory"
+    assert raised.value.model == str(absent)
 
 
-def test_invalid_model_is_a_session_error(tmp_path: Path) -> None:
-    junk = tmp_path / "junk.onnx"
-    junk.write_bytes(b"not a model")
-    with pytest.raises(SessionError, match="onnxruntime"):
-        build(junk, None)
+def _random_bytes(path: Path) -> None:
+    path.write_bytes(np.random.default_rng(7).bytes(4096))
+
+
+def _half_of_a_real_model(path: Path) -> None:
+    model = convnet(path.parent).read_bytes()
+    path.write_bytes(model[: len(model) // 2])
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("cached", [True, False])
+@pytest.mark.parametrize("make", [_random_bytes, _half_of_a_real_model, _empty])
+def test_a_file_that_is_no_onnx_model_is_named_and_said_so(
+        tmp_path: Path, make: Callable[[Path], None], cached: bool,
+        caplog: pytest.LogCaptureFixture) -> None:
+    bad = tmp_path / "m.onnx"
+    make(bad)
+    with pytest.raises(SessionError) as raised:
+        build(bad, tmp_path / "cache" if cached else None)
+    message = str(raised.value)
+    assert message.startswith(f"{bad}: not an ONNX model (onnxruntime: "), message
+    assert message.endswith(")") and "\n" not in message and "[ONNXRuntimeError]" not in message
+    assert raised.value.model == str(bad)
+    assert "save" not in caplog.text  # it was never a cache problem
+    if cached:
+        assert files(tmp_path / "cache") == []
+
+
+def test_a_model_onnxruntime_cannot_run_is_named(tmp_path: Path) -> None:
+    """Valid ONNX, but an operator ORT does not have: not a parse error."""
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"], domain="example.invalid")], "odd",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("example.invalid", 1)])
+    model.ir_version = 9
+    odd = tmp_path / "odd.onnx"
+    odd.write_bytes(model.SerializeToString())
+    with pytest.raises(SessionError) as raised:
+        build(odd, tmp_path / "cache")
+    message = str(raised.value)
+    assert message.startswith(f"{odd}: onnxruntime cannot build a session for it: "), message
+    assert "NoSuchOp" in message and "\n" not in message
 
 
 # -- cache -------------------------------------------------------------------------------------

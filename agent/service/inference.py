@@ -53,7 +53,9 @@ class Inference:
                            NpyDirectorySource(self.config.source.removeprefix("npy:"),
                                               inputs[0].name))
         except (SessionError, SourceError, OSError, ValueError) as error:
-            self.error = f"inference.model {self.model_path}: {error}"
+            named = isinstance(error, SessionError) and error.model is not None
+            self.error = (f"inference.model {error}" if named  # it begins with the file
+                          else f"inference.model {self.model_path}: {error}")
             logger.error("%s", self.error)
             return
         self.providers = built.providers
