@@ -8,7 +8,6 @@ import errno
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from agent_process import agent_config
-from mqtt_helpers import wait_until
+from mqtt_helpers import free_port, wait_until
 from tuning_helpers import copy_board
 
 WORKTREE = Path(__file__).resolve().parent.parent
@@ -82,19 +81,11 @@ def test_sigint_summary_says_the_run_was_stopped_early(tmp_path: Path) -> None:
     assert out.splitlines()[-1] == "stopped early by SIGINT"
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 def running_selftest(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
     """``selftest`` for 30 s against a broker that is not there, returned once its probe
     agent has built the model session (its optimised graph is in the probe's cache)."""
     config = tmp_path / "agent.yaml"
-    config.write_text(yaml.safe_dump(agent_config(tmp_path, closed_port())))
+    config.write_text(yaml.safe_dump(agent_config(tmp_path, free_port())))  # no broker there
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     process = spawn("selftest", "--config", str(config), "--seconds", "30",
