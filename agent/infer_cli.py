@@ -22,7 +22,12 @@ from agent.discovery import discover
 from agent.inference.io import SyntheticSource
 from agent.inference.loader import ModelLoader, model_cache_dir
 from agent.inference.loop import InferenceLoop, LoadedModel, SwapRejected
-from agent.inference.session import SessionError, choose_providers, thread_plan
+from agent.inference.session import (
+    SessionError,
+    choose_providers,
+    thread_plan,
+    unused_accelerators,
+)
 from agent.inference.stats import Window
 from agent.stopping import SIGINT_EXIT, StopSignals, exit_code
 
@@ -99,7 +104,8 @@ def run_inference(args: argparse.Namespace, progress: TextIO | None = None,
     stop = stop or threading.Event()
     ort.set_default_logger_severity(3)  # errors only: its warnings are not for an operator
     topology = discover(open_root(args.root))
-    providers = choose_providers(ort.get_available_providers(), topology,
+    available = ort.get_available_providers()
+    providers = choose_providers(available, topology,
                                  args.providers.split(",") if args.providers else None)
     loader = ModelLoader(providers, thread_plan(topology, None), model_cache_dir(args.state_dir))
     first, built = loader.load(args.model, args.sha256)
@@ -127,7 +133,9 @@ def run_inference(args: argparse.Namespace, progress: TextIO | None = None,
     result = {"model": str(args.model), "providers": built.providers,
               "threads": {"intra_op": loader.threads[0], "inter_op": loader.threads[1]},
               **first.stats.snapshot(), "load_ms": round(built.load_ms, 3),
-              "cache": built.cache, "warnings": loop.warnings}
+              "cache": built.cache, "warnings": loop.warnings,
+              "unused_accelerators": [accelerator.to_dict() for accelerator in
+                                      unused_accelerators(available, topology, built.providers)]}
     if swapper is not None:
         result["swap"] = {**swapper.report, "max_gap_ms": round(loop.max_gap_ns / 1e6, 3),
                           "active": loop.active.name}
@@ -143,6 +151,8 @@ def _print_summary(result: dict[str, Any]) -> None:
           f"{result['throughput_per_s']:.1f}/s, latency ms mean {latency['mean']:.3f} "
           f"p50 {latency['p50']:.3f} p95 {latency['p95']:.3f} p99 {latency['p99']:.3f} "
           f"max {latency['max']:.3f}, deadline misses {result['deadline_misses']}")
+    for accelerator in result["unused_accelerators"]:
+        print(f"{accelerator['device']} is not used: {accelerator['reason']}")
     if result.get("stopped_by"):
         print(f"stopped early by {result['stopped_by']}")
     swap = result.get("swap")

@@ -221,7 +221,7 @@ def status(args: argparse.Namespace) -> int:
 
 
 def selftest(args: argparse.Namespace) -> int:
-    """``edge-agent selftest``: pass, fail or n/a per check; exit 1 when one fails.
+    """``edge-agent selftest``: pass, fail, warn or n/a per check; exit 1 when one fails.
 
     SIGINT or SIGTERM stops the probe agent cleanly; with no verdict, the exit status is
     128 + the signal (130, 143), never the 0 of a pass."""
@@ -242,5 +242,7 @@ def selftest(args: argparse.Namespace) -> int:
     else:
         for check in report["checks"]:
             print(f"{check['status']:<5} {check['name']:<10} {check['detail']}")
-        print("selftest " + ("FAILED" if failed else "passed"))
+        warned = sum(check["status"] == "warn" for check in report["checks"])
+        print("selftest " + ("FAILED" if failed else "passed")
+              + (f" with {warned} warning(s)" if warned else ""))
     return 1 if failed else 0

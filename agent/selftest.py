@@ -1,4 +1,7 @@
-"""``selftest``: what a running agent can check about itself, honestly pass, fail or n/a."""
+"""``selftest``: what a running agent can check about itself, honestly pass, fail, warn or n/a.
+
+``warn`` is for what works but not as well as the board allows (an accelerator left unused);
+only ``fail`` fails the selftest."""
 
 from __future__ import annotations
 
@@ -33,6 +36,10 @@ def run_checks(service: Service) -> dict[str, Any]:
         checks.append(_check("inference", "pass" if ok else "fail",
                              f"{inference.loop.active.name} on {', '.join(inference.providers)}"
                              f": {stats['count']} calls, {stats['errors']} errors"))
+    if inference is not None:  # works, on the CPU, but the board has better: not a failure
+        for accelerator in inference.unused:
+            checks.append(_check("accelerator", "warn",
+                                 f"{accelerator.device} is not used: {accelerator.reason}"))
     tuning = service.tuning
     if tuning is not None and tuning.error:
         checks.append(_check("profile", "fail", tuning.error))
