@@ -341,6 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `edge-agent discover --json | head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C in a command without its own stop path: no traceback
+        print(file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

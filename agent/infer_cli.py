@@ -2,7 +2,8 @@
 
 Wires discovery (providers, threads) and the inference runtime together; the output is the
 "Inference statistics" contract of shared/DESIGN.md.  ``--swap-to M2 --after S`` hot-swaps to a
-second model under load and reports how the swap went.
+second model under load and reports how the swap went.  SIGINT or SIGTERM ends the run early:
+the loop is stopped as at the end of a normal run and the statistics so far are printed.
 """
 
 from __future__ import annotations
@@ -21,8 +22,14 @@ from agent.discovery import discover
 from agent.inference.io import SyntheticSource
 from agent.inference.loader import ModelLoader, model_cache_dir
 from agent.inference.loop import InferenceLoop, LoadedModel, SwapRejected
-from agent.inference.session import SessionError, choose_providers, thread_plan
+from agent.inference.session import (
+    SessionError,
+    choose_providers,
+    thread_plan,
+    unused_accelerators,
+)
 from agent.inference.stats import Window
+from agent.stopping import SIGINT_EXIT, StopSignals, exit_code
 
 DEFAULT_STATE_DIR = "/var/lib/edge-agent"
 PROGRESS_INTERVAL_S = 0.5
@@ -65,13 +72,15 @@ def _progress_line(elapsed_s: float, model: LoadedModel, since: Window, now: Win
             f"p99 {recent.percentile_ns(99) / 1e6:.3f} ms  errors {now.errors}")
 
 
-def _watch(loop: InferenceLoop, seconds: float, progress: TextIO | None) -> None:
-    """Sleep through the run, redrawing one status line on ``progress`` as it goes."""
+def _watch(loop: InferenceLoop, seconds: float, progress: TextIO | None,
+           stop: threading.Event) -> None:
+    """Wait through the run (or until ``stop``), redrawing one status line on ``progress``."""
     start = time.monotonic()
     end = start + seconds
     model, last = loop.active, loop.active.stats.window()
     while (now := time.monotonic()) < end:
-        time.sleep(min(PROGRESS_INTERVAL_S, end - now))
+        if stop.wait(min(PROGRESS_INTERVAL_S, end - now)):
+            break
         if progress is None:
             continue
         if loop.active is not model:
@@ -88,10 +97,15 @@ def _watch(loop: InferenceLoop, seconds: float, progress: TextIO | None) -> None
         progress.write("\n")
 
 
-def run_inference(args: argparse.Namespace, progress: TextIO | None = None) -> dict[str, Any]:
+def run_inference(args: argparse.Namespace, progress: TextIO | None = None,
+                  stop: threading.Event | None = None) -> tuple[dict[str, Any], bool]:
+    """The run's statistics, and whether the loop thread ended (a call stuck in ORT cannot be
+    joined); ``stop`` ends the run early, through the same stop path."""
+    stop = stop or threading.Event()
     ort.set_default_logger_severity(3)  # errors only: its warnings are not for an operator
     topology = discover(open_root(args.root))
-    providers = choose_providers(ort.get_available_providers(), topology,
+    available = ort.get_available_providers()
+    providers = choose_providers(available, topology,
                                  args.providers.split(",") if args.providers else None)
     loader = ModelLoader(providers, thread_plan(topology, None), model_cache_dir(args.state_dir))
     first, built = loader.load(args.model, args.sha256)
@@ -104,19 +118,28 @@ def run_inference(args: argparse.Namespace, progress: TextIO | None = None) -> d
     loop.start()
     if swapper is not None:
         swapper.start()
-    _watch(loop, args.seconds, progress)
-    if swapper is not None:
-        swapper.cancelled.set()
-        swapper.join()
-    loop.stop()
+    try:
+        _watch(loop, args.seconds, progress, stop)
+    finally:  # whatever ends the wait (a closed stderr too), no thread is left inside ORT
+        if swapper is not None:
+            swapper.cancelled.set()
+            if stop.is_set():
+                loop.stop()  # ends a canary window now instead of waiting it out
+            swapper.join()
+        loop.stop()
+    if loop.alive:
+        loop.warnings.append("the inference thread did not stop: a call is stuck in "
+                             "onnxruntime")
     result = {"model": str(args.model), "providers": built.providers,
               "threads": {"intra_op": loader.threads[0], "inter_op": loader.threads[1]},
               **first.stats.snapshot(), "load_ms": round(built.load_ms, 3),
-              "cache": built.cache, "warnings": loop.warnings}
+              "cache": built.cache, "warnings": loop.warnings,
+              "unused_accelerators": [accelerator.to_dict() for accelerator in
+                                      unused_accelerators(available, topology, built.providers)]}
     if swapper is not None:
         result["swap"] = {**swapper.report, "max_gap_ms": round(loop.max_gap_ns / 1e6, 3),
                           "active": loop.active.name}
-    return result
+    return result, not loop.alive
 
 
 def _print_summary(result: dict[str, Any]) -> None:
@@ -128,6 +151,10 @@ def _print_summary(result: dict[str, Any]) -> None:
           f"{result['throughput_per_s']:.1f}/s, latency ms mean {latency['mean']:.3f} "
           f"p50 {latency['p50']:.3f} p95 {latency['p95']:.3f} p99 {latency['p99']:.3f} "
           f"max {latency['max']:.3f}, deadline misses {result['deadline_misses']}")
+    for accelerator in result["unused_accelerators"]:
+        print(f"{accelerator['device']} is not used: {accelerator['reason']}")
+    if result.get("stopped_by"):
+        print(f"stopped early by {result['stopped_by']}")
     swap = result.get("swap")
     if swap is None:
         return
@@ -146,13 +173,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--after {args.after} must be at least 0 and below --seconds "
                          f"{args.seconds}")
     show = args.progress if args.progress is not None else sys.stderr.isatty()
-    try:
-        result = run_inference(args, sys.stderr if show else None)
-    except (SessionError, OSError) as error:
-        print(f"edge-agent infer: {error}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        _print_summary(result)
-    return 0
+    with StopSignals() as stop:
+        try:
+            result, joined = run_inference(args, sys.stderr if show else None, stop.event)
+        except (SessionError, OSError) as error:
+            print(f"edge-agent infer: {error}", file=sys.stderr)
+            return 1
+        if stop.name is not None:
+            result["stopped_by"] = stop.name
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            _print_summary(result)
+        # SIGTERM asks for a clean stop, and the statistics printed are a whole result.
+        code = SIGINT_EXIT if stop.name == "SIGINT" else 0
+        return exit_code(code, threads_stuck=not joined)

@@ -234,16 +234,28 @@ def status(args: argparse.Namespace) -> int:
 
 
 def selftest(args: argparse.Namespace) -> int:
-    """``edge-agent selftest``: pass, fail or n/a per check; exit 1 when one fails."""
+    """``edge-agent selftest``: pass, fail, warn or n/a per check; exit 1 when one fails.
+
+    SIGINT or SIGTERM stops the probe agent cleanly; with no verdict, the exit status is
+    128 + the signal (130, 143), never the 0 of a pass."""
     from agent.selftest import run_selftest
+    from agent.stopping import StopSignals
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    report = run_selftest(_config(args), seconds=args.seconds)
+    config = _config(args)
+    with StopSignals() as stop:
+        report = run_selftest(config, seconds=args.seconds, stop=stop.event)
+    if report is None:
+        print(f"edge-agent selftest: stopped by {stop.name}; the probe agent was stopped, "
+              "no verdict", file=sys.stderr)
+        return 128 + int(stop.received or signal.SIGINT)
     failed = any(check["status"] == "fail" for check in report["checks"])
     if args.json:
         print(json.dumps({**report, "ok": not failed}, indent=2))
     else:
         for check in report["checks"]:
             print(f"{check['status']:<5} {check['name']:<10} {check['detail']}")
-        print("selftest " + ("FAILED" if failed else "passed"))
+        warned = sum(check["status"] == "warn" for check in report["checks"])
+        print("selftest " + ("FAILED" if failed else "passed")
+              + (f" with {warned} warning(s)" if warned else ""))
     return 1 if failed else 0

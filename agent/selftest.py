@@ -1,7 +1,11 @@
-"""``selftest``: what a running agent can check about itself, honestly pass, fail or n/a."""
+"""``selftest``: what a running agent can check about itself, honestly pass, fail, warn or n/a.
+
+``warn`` is for what works but not as well as the board allows (an accelerator left unused);
+only ``fail`` fails the selftest."""
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -32,6 +36,10 @@ def run_checks(service: Service) -> dict[str, Any]:
         checks.append(_check("inference", "pass" if ok else "fail",
                              f"{inference.loop.active.name} on {', '.join(inference.providers)}"
                              f": {stats['count']} calls, {stats['errors']} errors"))
+    if inference is not None:  # works, on the CPU, but the board has better: not a failure
+        for accelerator in inference.unused:
+            checks.append(_check("accelerator", "warn",
+                                 f"{accelerator.device} is not used: {accelerator.reason}"))
     tuning = service.tuning
     if tuning is not None and tuning.error:
         checks.append(_check("profile", "fail", tuning.error))
@@ -53,9 +61,11 @@ def run_checks(service: Service) -> dict[str, Any]:
     return {"checks": checks}
 
 
-def run_selftest(config: Any, seconds: float = 3.0) -> dict[str, Any]:
+def run_selftest(config: Any, seconds: float = 3.0,
+                 stop: threading.Event | None = None) -> dict[str, Any] | None:
     """Start the agent beside any running one (its own state directory and MQTT client id,
-    nothing applied), let it work for ``seconds``, check it, stop it."""
+    nothing applied), let it work for ``seconds``, check it, stop it.  None when ``stop`` is
+    set first: the probe is stopped (its threads joined) and there is no verdict."""
     import dataclasses
     import tempfile
     import time
@@ -68,15 +78,17 @@ def run_selftest(config: Any, seconds: float = 3.0) -> dict[str, Any]:
             tuning=dataclasses.replace(config.tuning, apply=False),
             control={**config.control, "enabled": False}, prometheus_listen=None,
             home_assistant_enabled=False)
+        stop = stop or threading.Event()
         service = Service(probe)
-        service.start()
         try:
+            service.start()
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline and not (
                     service.link is not None and service.link.status.state == "connected"
                     and service.inference is not None and service.inference.loop is not None
                     and service.inference.loop.completions > 10):
-                time.sleep(0.1)
-            return run_checks(service)
+                if stop.wait(0.1):
+                    return None
+            return None if stop.is_set() else run_checks(service)
         finally:
             service.stop(flush_s=0, rollback=False)

@@ -257,15 +257,60 @@ def test_wrong_digest_builds_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_unreadable_model_is_a_session_error(tmp_path: Path) -> None:
-    with pytest.raises(SessionError, match=r"absent\.onnx"):
-        load_model(tmp_path / "absent.onnx", None)
+    absent = tmp_path / "absent.onnx"
+    with pytest.raises(SessionError) as raised:
+        load_model(absent, None)
+    assert str(raised.value) == f"{absent}: cannot read it: No such file or directory"
+    assert raised.value.model == str(absent)
 
 
-def test_invalid_model_is_a_session_error(tmp_path: Path) -> None:
-    junk = tmp_path / "junk.onnx"
-    junk.write_bytes(b"not a model")
-    with pytest.raises(SessionError, match="onnxruntime"):
-        build(junk, None)
+def _random_bytes(path: Path) -> None:
+    path.write_bytes(np.random.default_rng(7).bytes(4096))
+
+
+def _half_of_a_real_model(path: Path) -> None:
+    model = convnet(path.parent).read_bytes()
+    path.write_bytes(model[: len(model) // 2])
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("cached", [True, False])
+@pytest.mark.parametrize("make", [_random_bytes, _half_of_a_real_model, _empty])
+def test_a_file_that_is_no_onnx_model_is_named_and_said_so(
+        tmp_path: Path, make: Callable[[Path], None], cached: bool,
+        caplog: pytest.LogCaptureFixture) -> None:
+    bad = tmp_path / "m.onnx"
+    make(bad)
+    with pytest.raises(SessionError) as raised:
+        build(bad, tmp_path / "cache" if cached else None)
+    message = str(raised.value)
+    assert message.startswith(f"{bad}: not an ONNX model (onnxruntime: "), message
+    assert message.endswith(")") and "\n" not in message and "[ONNXRuntimeError]" not in message
+    assert raised.value.model == str(bad)
+    assert "save" not in caplog.text  # it was never a cache problem
+    if cached:
+        assert files(tmp_path / "cache") == []
+
+
+def test_a_model_onnxruntime_cannot_run_is_named(tmp_path: Path) -> None:
+    """Valid ONNX, but an operator ORT does not have: not a parse error."""
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"], domain="example.invalid")], "odd",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("example.invalid", 1)])
+    model.ir_version = 9
+    odd = tmp_path / "odd.onnx"
+    odd.write_bytes(model.SerializeToString())
+    with pytest.raises(SessionError) as raised:
+        build(odd, tmp_path / "cache")
+    message = str(raised.value)
+    assert message.startswith(f"{odd}: onnxruntime cannot build a session for it: "), message
+    assert "NoSuchOp" in message and "\n" not in message
 
 
 # -- cache -------------------------------------------------------------------------------------
@@ -319,43 +364,135 @@ def test_different_providers_or_level_is_a_different_key(tmp_path: Path) -> None
     assert len(keys) == 4
 
 
+def key_files(cache: Path, model: Path) -> list[Path]:
+    return sorted(cache.glob(f"{cache_key(digest(model), [CPU], 'all')}.*.onnx"))
+
+
+def the_verified_file(cache: Path, model: Path) -> Path:
+    """What the cache guarantees whatever bytes ORT writes: one file for the key, named by
+    the digest of its content, and no temporary left beside it."""
+    (stored,) = key_files(cache, model)
+    assert stored.name.split(".")[1] == digest(stored)
+    assert files(cache) == [stored.name]
+    return stored
+
+
+def ort_inputs(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every model handed to ORT from now on, recorded on its way to the real ORT."""
+    real, seen = ort.InferenceSession, []
+
+    def recording(model: bytes, *args: Any, **kwargs: Any) -> Any:
+        seen.append(model)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", recording)
+    return seen
+
+
+@pytest.fixture()
+def varying_writer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ORT that writes the same optimised graph with other bytes on every build (ORT
+    1.32 does so on some machines): the graph is re-serialised with a fresh nonce."""
+    real = ort.InferenceSession
+
+    def writing_other_bytes(model: bytes, options: Any, **kwargs: Any) -> Any:
+        session = real(model, options, **kwargs)
+        if options.optimized_model_filepath:
+            target = Path(options.optimized_model_filepath)
+            graph = onnx.load_from_string(target.read_bytes())
+            graph.doc_string = os.urandom(int.from_bytes(os.urandom(1)) + 1).hex()
+            target.write_bytes(graph.SerializeToString())
+        return session
+
+    monkeypatch.setattr(ort, "InferenceSession", writing_other_bytes)
+
+
 def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
-def _flip_a_weight(path: Path) -> None:
-    """Mid-file lies in the conv weights: ORT loads this and silently answers wrong."""
+def _negate_a_weight(path: Path) -> None:
+    """Flip the sign of every value of the largest weight, found by parsing the file (not
+    by guessing an offset: ORT's layout varies): the protobuf still parses and ORT loads it."""
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x40
+    weight = max(onnx.load_from_string(bytes(data)).graph.initializer,
+                 key=lambda t: len(t.raw_data))
+    assert weight.data_type == TensorProto.FLOAT and len(weight.raw_data) >= 64
+    offset = bytes(data).find(weight.raw_data)
+    assert offset >= 0 and bytes(data).count(weight.raw_data) == 1
+    for high_byte in range(offset + 3, offset + len(weight.raw_data), 4):  # little-endian
+        data[high_byte] ^= 0x80
     path.write_bytes(bytes(data))
 
 
-def test_a_flipped_weight_fools_ort(tmp_path: Path) -> None:
+def _garbage(path: Path) -> None:
+    path.write_bytes(os.urandom(path.stat().st_size))
+
+
+def test_a_damaged_weight_fools_ort(tmp_path: Path) -> None:
     """Why the cache checks digests: loading alone does not catch this damage."""
     model, cache = convnet(tmp_path), tmp_path / "cache"
     expected = run(build(model, cache))
-    (stored,) = cache.iterdir()
-    _flip_a_weight(stored)
+    stored = the_verified_file(cache, model)
+    _negate_a_weight(stored)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     fooled = ort.InferenceSession(stored.read_bytes(), options, providers=[CPU])
-    assert not np.array_equal(fooled.run(None, feed(build(model, None)))[0], expected)
+    assert not np.allclose(fooled.run(None, feed(build(model, None)))[0], expected)
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip_a_weight])
-def test_corrupt_cache_file_is_replaced(tmp_path: Path, damage: Callable[[Path], None],
-                                        caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("writer", ["ort", "varying"])
+@pytest.mark.parametrize("damage", [_truncate, _negate_a_weight, _garbage])
+def test_corrupt_cache_file_is_never_loaded_and_is_replaced(
+        tmp_path: Path, damage: Callable[[Path], None], writer: str,
+        monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+        caplog: pytest.LogCaptureFixture) -> None:
+    if writer == "varying":
+        request.getfixturevalue("varying_writer")
     model, cache = convnet(tmp_path), tmp_path / "cache"
     expected = run(build(model, cache))
-    (stored,) = cache.iterdir()
+    stored = the_verified_file(cache, model)
     damage(stored)
+    damaged = stored.read_bytes()
+    handed_to_ort = ort_inputs(monkeypatch)
     rebuilt = build(model, cache)
     assert rebuilt.cache == "miss"
     assert "corrupt" in caplog.text
-    assert files(cache) == [stored.name]  # same content, same name: rewritten whole
-    assert digest(stored) == stored.name.split(".")[1]
-    assert np.array_equal(run(rebuilt), expected)
+    # The digest caught it before ORT saw it: ORT was given the source model, only.
+    assert handed_to_ort == [model.read_bytes()]
+    assert damaged not in handed_to_ort
+    the_verified_file(cache, model)
+    np.testing.assert_allclose(run(rebuilt), expected, rtol=1e-5, atol=1e-6)
     assert build(model, cache).cache == "hit"
+
+
+def test_rebuilds_writing_other_bytes_keep_one_file_per_key(tmp_path: Path,
+                                                            varying_writer: None) -> None:
+    model, cache = mlp(tmp_path), tmp_path / "cache"
+    first = build(model, cache)
+    stored = the_verified_file(cache, model)
+    stored.unlink()  # a lost file: the next build writes other bytes under another name
+    assert build(model, cache).cache == "miss"
+    again = the_verified_file(cache, model)
+    assert again.name != stored.name
+    hit = build(model, cache)
+    assert hit.cache == "hit"
+    assert np.array_equal(run(hit), run(first))
+
+
+def test_a_file_that_verifies_but_does_not_load_is_replaced(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A name that matches its content is still no proof that ORT can use it."""
+    model, cache = mlp(tmp_path), tmp_path / "cache"
+    build(model, cache)
+    the_verified_file(cache, model).unlink()
+    junk = b"not an optimised graph"
+    key = cache_key(digest(model), [CPU], "all")
+    planted = cache / f"{key}.{hashlib.sha256(junk).hexdigest()}.onnx"
+    planted.write_bytes(junk)
+    assert build(model, cache).cache == "miss"
+    assert "does not load" in caplog.text
+    assert the_verified_file(cache, model) != planted
 
 
 def test_empty_cache_file_is_replaced(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -54,7 +55,36 @@ OptionsFactory = Callable[[], "ort.SessionOptions"]
 
 
 class SessionError(RuntimeError):
-    """The session cannot be built as configured (providers, model file, digest)."""
+    """The session cannot be built as configured (providers, model file, digest).
+
+    ``model`` is set when the model file is the problem; the message then begins with it.
+    """
+
+    def __init__(self, message: str, model: str | None = None) -> None:
+        super().__init__(message)
+        self.model = model
+
+
+def _model_error(path: Path, what: str) -> SessionError:
+    return SessionError(f"{path}: {what}", model=str(path))
+
+
+_ORT_STATUS = re.compile(r"^\[ONNXRuntimeError\] : \d+ : (\w+) : ")
+
+
+def _ort_error(path: Path, error: Exception) -> SessionError:
+    """ORT's refusal of a model file as one line that names the file.
+
+    ORT reports bytes that are no ONNX protobuf as INVALID_PROTOBUF (a truncated or random
+    file) or, for an empty or graph-less one, INVALID_ARGUMENT "No graph was found".
+    """
+    lines = str(error).strip().splitlines()
+    first = lines[0] if lines else type(error).__name__
+    status = _ORT_STATUS.match(first)
+    code, text = (status.group(1), first[status.end():]) if status else ("", first)
+    if code == "INVALID_PROTOBUF" or (code == "INVALID_ARGUMENT" and "No graph" in text):
+        return _model_error(path, f"not an ONNX model (onnxruntime: {text})")
+    return _model_error(path, f"onnxruntime cannot build a session for it: {text}")
 
 
 @dataclass(frozen=True)
@@ -119,6 +149,102 @@ def _filter_override(available: Sequence[str], override: Sequence[str]) -> list[
     return chosen
 
 
+@dataclass(frozen=True)
+class UnusedAccelerator:
+    """A discovered accelerator inference does not run on, and why, for an operator."""
+
+    kind: Literal["gpu", "npu"]
+    name: str  # as discovery names it
+    reason: str
+
+    @property
+    def device(self) -> str:
+        return f"{self.kind} {self.name}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"device": self.device, "kind": self.kind, "name": self.name,
+                "reason": self.reason}
+
+
+def unused_accelerators(available: Sequence[str], topology: Topology,
+                        providers: Sequence[str]) -> list[UnusedAccelerator]:
+    """The GPUs and NPUs discovery found that ``providers`` (the EPs inference uses) do not
+    reach, each with the reason and what would change it.
+
+    GPUs no ONNX Runtime EP runs inference on (an Arm Mali, a VM's display adapter) are
+    display devices to edge-agent and are not listed.  OpenVINO is taken to reach the Intel
+    GPU and NPU it was chosen for.
+    """
+    unused = []
+    for gpu in topology.gpus:
+        reason = None
+        if gpu.vendor == "nvidia" and (topology.board.family == "jetson"
+                                       or gpu.kind == "discrete"):
+            reason = _missing(available, providers, [TENSORRT, CUDA], _nvidia_wheel(topology))
+        elif gpu.vendor == "intel" and topology.board.family == "x86":
+            reason = _missing(available, providers, [OPENVINO], "install onnxruntime-openvino")
+        if reason:
+            unused.append(UnusedAccelerator("gpu", gpu.name, reason))
+    for npu in topology.npus:
+        reason = _npu_reason(available, providers, topology, npu.driver, npu.vendor)
+        if reason:
+            unused.append(UnusedAccelerator("npu", npu.name, reason))
+    return unused
+
+
+def _npu_reason(available: Sequence[str], providers: Sequence[str], topology: Topology,
+                driver: str | None, vendor: str | None) -> str | None:
+    if driver == "nvdla":
+        if TENSORRT not in providers:
+            return "only the TensorRT provider reaches the DLA, and " + _left_out(
+                available, providers, [TENSORRT], _nvidia_wheel(topology))
+        return ("TensorRT runs the model on the GPU: DLA offload (trt_dla_enable) is not "
+                "configured by edge-agent yet")
+    if driver == "intel_vpu":
+        return _missing(available, providers, [OPENVINO], "install onnxruntime-openvino")
+    if vendor == "rockchip" or driver in ("rknpu", "rocket"):
+        return ("no ONNX Runtime provider drives the Rockchip NPU: it needs edge-agent's "
+                "RKNN backend (a .rknn model), which is not built yet")
+    if vendor == "hailo" or driver == "hailo_pci":
+        return ("no ONNX Runtime provider drives Hailo devices (they run HEF models through "
+                "HailoRT), and edge-agent has no Hailo backend")
+    if vendor == "google":
+        return ("no ONNX Runtime provider drives the Edge TPU (it runs TFLite models through "
+                "libedgetpu), and edge-agent has no Edge TPU backend")
+    return f"no ONNX Runtime provider here drives it (driver {driver or 'unknown'})"
+
+
+_SHORT = {TENSORRT: "TensorRT", CUDA: "CUDA", OPENVINO: "OpenVINO"}
+
+
+def _missing(available: Sequence[str], providers: Sequence[str], wanted: Sequence[str],
+             remedy: str) -> str | None:
+    """None when one of ``wanted`` is in use, else why none is."""
+    if any(name in providers for name in wanted):
+        return None
+    return _left_out(available, providers, wanted, remedy)
+
+
+def _left_out(available: Sequence[str], providers: Sequence[str], wanted: Sequence[str],
+              remedy: str) -> str:
+    """Whether this ORT lacks ``wanted`` (and what to install) or the configured provider
+    list leaves them out."""
+    names = "/".join(_SHORT[name] for name in wanted)
+    present = [name for name in wanted if name in available]
+    if present:
+        return (f"the configured providers ({', '.join(providers) or 'none'}) leave out "
+                f"{', '.join(present)}")
+    return (f"onnxruntime here has no {names} provider (available: "
+            f"{', '.join(available) or 'none'}); {remedy}")
+
+
+def _nvidia_wheel(topology: Topology) -> str:
+    if topology.board.family == "jetson":
+        jetpack = f" {topology.board.jetpack}" if topology.board.jetpack else ""
+        return f"install the onnxruntime-gpu wheel built for JetPack{jetpack}"
+    return "install onnxruntime-gpu"
+
+
 # -- threads -----------------------------------------------------------------------------------
 
 def thread_plan(topology: Topology, inference_cpus: Sequence[int] | None) -> tuple[int, int]:
@@ -157,10 +283,10 @@ def _read_model(path: Path, expected_sha256: str | None) -> tuple[bytes, str]:
     try:
         data = path.read_bytes()
     except OSError as error:
-        raise SessionError(f"cannot read model {path}: {error}") from error
+        raise _model_error(path, f"cannot read it: {error.strerror or error}") from error
     actual = _sha256(data)
     if expected_sha256 is not None and actual != expected_sha256.strip().lower():
-        raise SessionError(f"model {path} has sha256 {actual}, expected {expected_sha256}; "
+        raise _model_error(path, f"has sha256 {actual}, expected {expected_sha256}; "
                            "refusing to load it")
     return data, actual
 
@@ -206,7 +332,7 @@ def build_session(model_path: Path, *, providers: Sequence[str], intra_op: int, 
                               allow_spinning)
     model, digest = _read_model(model_path, expected_sha256)
     threads_before = _own_threads()
-    session, cache = _create(model, digest, list(providers), fresh, cache_dir,
+    session, cache = _create(model_path, model, digest, list(providers), fresh, cache_dir,
                              graph_optimization)
     built = BuiltSession(session=session, providers=list(session.get_providers()),
                          intra_op=intra_op, inter_op=inter_op, model_sha256=digest,
@@ -222,13 +348,13 @@ def _own_threads() -> set[int]:
     return {int(tid) for tid in os.listdir("/proc/self/task")}
 
 
-def _session(model: bytes, options: ort.SessionOptions,
+def _session(path: Path, model: bytes, options: ort.SessionOptions,
              providers: list[str]) -> ort.InferenceSession:
     """ORT's own exceptions carry no common base, so they become one SessionError."""
     try:
         return ort.InferenceSession(model, options, providers=providers)
     except Exception as error:
-        raise SessionError(f"onnxruntime cannot build the session: {error}") from error
+        raise _ort_error(path, error) from error
 
 
 # -- optimised-graph cache ---------------------------------------------------------------------
@@ -258,12 +384,12 @@ def cache_key(model_sha256: str, providers: Sequence[str],
     return _sha256("|".join(parts).encode())[:32]
 
 
-def _create(model: bytes, digest: str, providers: list[str], fresh: OptionsFactory,
-            cache_dir: Path | None,
+def _create(path: Path, model: bytes, digest: str, providers: list[str],
+            fresh: OptionsFactory, cache_dir: Path | None,
             graph_optimization: GraphOptimization) -> tuple[ort.InferenceSession, CacheState]:
     """Hit, miss (and store) or off; a broken cache costs a rebuild, never the session."""
     if cache_dir is None or COMPILING_PROVIDERS.intersection(providers):
-        return _session(model, fresh(), providers), "off"
+        return _session(path, model, fresh(), providers), "off"
     key = cache_key(digest, providers, graph_optimization)
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -271,10 +397,10 @@ def _create(model: bytes, digest: str, providers: list[str], fresh: OptionsFacto
     except OSError as error:
         logger.warning("optimised-model cache %s unusable (%s); building uncached",
                        cache_dir, error)
-        return _session(model, fresh(), providers), "off"
+        return _session(path, model, fresh(), providers), "off"
     if session is not None:
         return session, "hit"
-    return _build_and_store(model, providers, fresh, cache_dir, key)
+    return _build_and_store(path, model, providers, fresh, cache_dir, key)
 
 
 def _load_cached(cache_dir: Path, key: str, providers: list[str],
@@ -308,11 +434,13 @@ def _try_cached(path: Path, providers: list[str],
         return None
 
 
-def _build_and_store(model: bytes, providers: list[str], fresh: OptionsFactory,
+def _build_and_store(path: Path, model: bytes, providers: list[str], fresh: OptionsFactory,
                      cache_dir: Path, key: str) -> tuple[ort.InferenceSession, CacheState]:
     """Let ORT write the optimised graph to a temporary name, then publish it atomically.
 
     The temporary name ends in ``.onnx``: ORT picks its own ``.ort`` format from the suffix.
+    When the build fails, an uncached build tells a refused save (it loads) from a model ORT
+    cannot use (it fails too, and that error names the model file).
     """
     _sweep_stale(cache_dir, key)
     tmp = cache_dir / f".{key}.{os.getpid()}.{uuid.uuid4().hex}.tmp.onnx"
@@ -322,9 +450,10 @@ def _build_and_store(model: bytes, providers: list[str], fresh: OptionsFactory,
         session = ort.InferenceSession(model, options, providers=providers)
     except Exception as error:
         tmp.unlink(missing_ok=True)
-        logger.warning("onnxruntime cannot save the optimised model (%s); building uncached",
-                       error)
-        return _session(model, fresh(), providers), "off"
+        uncached = _session(path, model, fresh(), providers)
+        logger.warning("onnxruntime cannot save the optimised model of %s (%s); running it "
+                       "uncached", path, error)
+        return uncached, "off"
     try:
         _publish(tmp, cache_dir, key)
     except OSError as error:

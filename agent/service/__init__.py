@@ -204,6 +204,12 @@ class Service:
             found.append(f"outbox: {self.outbox.last_error}")  # records wait in memory
         return found
 
+    def warnings(self) -> list[str]:
+        """What works but not as well as this board could: an accelerator left unused."""
+        unused = self.inference.unused if self.inference is not None else []
+        return [f"{accelerator.device} is not used: {accelerator.reason}"
+                for accelerator in unused]
+
     def link_health(self, state: str, reason: str | None) -> None:
         if self.link is not None:
             self.link.set_health(state, reason)
@@ -228,7 +234,9 @@ class Service:
             capabilities={"gpus": [g.name for g in self.topology.gpus],
                           "npus": [n.name for n in self.topology.npus],
                           "preempt_rt": self.topology.kernel.preempt_rt,
-                          "cgroup_v2": self.topology.kernel.cgroup_v2},
+                          "cgroup_v2": self.topology.kernel.cgroup_v2,
+                          "unused_accelerators": [accelerator.to_dict() for accelerator
+                                                  in self.inference.unused]},
             commands=list(self.config.control["allow"]) if self.config.control["enabled"]
             else [],
             telemetry={"interval_s": self.config.telemetry.interval_s,
@@ -286,7 +294,8 @@ class Service:
                 "node_id": self.config.node_id, "uptime_s": round(time.monotonic()
                                                                   - self.started, 1),
                 "link": self.link.status.to_dict(), "outbox": self.outbox.stats(),
-                "problems": self.problems(), "last_sample": self.last}
+                "problems": self.problems(), "warnings": self.warnings(),
+                "last_sample": self.last}
 
     def tick(self) -> dict[str, Any]:
         """Once a second from the main thread: periodic verify, the status file; returns the

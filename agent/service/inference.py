@@ -27,6 +27,7 @@ class Inference:
         self.loader: Any = None  # ModelLoader: replacements are built like the first model
         self.error: str | None = None
         self.providers: list[str] = []
+        self.unused: list[Any] = []  # UnusedAccelerator: discovered, not reached by providers
         self.model_path = self.config.model
 
     def start(self) -> None:
@@ -37,12 +38,18 @@ class Inference:
         from agent.inference.io import NpyDirectorySource, SourceError, SyntheticSource
         from agent.inference.loader import ModelLoader, model_cache_dir
         from agent.inference.loop import InferenceLoop
-        from agent.inference.session import SessionError, choose_providers, thread_plan
+        from agent.inference.session import (
+            SessionError,
+            choose_providers,
+            thread_plan,
+            unused_accelerators,
+        )
 
         ort.set_default_logger_severity(3)
+        available = ort.get_available_providers()
         try:
-            providers = choose_providers(ort.get_available_providers(), self.topology,
-                                         self.config.providers)
+            providers = choose_providers(available, self.topology, self.config.providers)
+            self.unused = unused_accelerators(available, self.topology, providers)
             self.loader = ModelLoader(providers, thread_plan(
                 self.topology, self.sched.cpus if self.sched else None),
                 model_cache_dir(str(self.state_dir)))
@@ -53,10 +60,16 @@ class Inference:
                            NpyDirectorySource(self.config.source.removeprefix("npy:"),
                                               inputs[0].name))
         except (SessionError, SourceError, OSError, ValueError) as error:
-            self.error = f"inference.model {self.model_path}: {error}"
+            named = isinstance(error, SessionError) and error.model is not None
+            self.error = (f"inference.model {error}" if named  # it begins with the file
+                          else f"inference.model {self.model_path}: {error}")
             logger.error("%s", self.error)
             return
         self.providers = built.providers
+        # What ORT registered, which is less than asked where an EP failed to start.
+        self.unused = unused_accelerators(available, self.topology, built.providers)
+        for accelerator in self.unused:
+            logger.warning("%s is not used: %s", accelerator.device, accelerator.reason)
         self.loop = InferenceLoop(model, source, rate_hz=self.config.rate_hz,
                                   thread_sched=self.sched,
                                   on_event=lambda e: self.on_event(e.pop("type"), **e))
