@@ -230,6 +230,8 @@ def status(args: argparse.Namespace) -> int:
     print(status_line(state))
     for problem in state.get("problems") or []:
         print(f"problem: {problem}")
+    for warning in state.get("warnings") or []:
+        print(f"warning: {warning}")
     return 0 if running else 1
 
 

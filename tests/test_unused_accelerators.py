@@ -151,6 +151,10 @@ def test_birth_and_status_name_the_unused_accelerators(tmp_path: Path,
         state = status(config)[1]
         assert state["warnings"] == [f"npu rknpu is not used: {RKNN}"]
         assert state["problems"] == []  # it runs, on the CPU: not degraded
+        text = subprocess.run([sys.executable, "-m", "agent", "status", "--state-dir",
+                               str(config.parent / "state")], capture_output=True, text=True,
+                              timeout=60, check=False).stdout
+        assert f"warning: npu rknpu is not used: {RKNN}" in text
     finally:
         agent.send_signal(signal.SIGTERM)
         agent.communicate(timeout=30)
