@@ -113,7 +113,17 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
         _emit(args, plan.to_dict(), "dry run, nothing written\n" + _plan_text(plan))
         return 0
     if args.action == "apply":
-        result = engine.apply(args.name, force=args.force)
+        try:
+            result = engine.apply(args.name, force=args.force)
+        except KeyboardInterrupt:  # as after a crash: the journal has every original
+            if not engine.journal.exists():
+                print("edge-agent profile apply: interrupted before anything was written",
+                      file=sys.stderr)
+                return 130
+            print(f"edge-agent profile apply: interrupted; {engine.journal.path} holds every "
+                  "original value: `edge-agent profile rollback` restores them (the unit's "
+                  "ExecStopPost does so after a crash)", file=sys.stderr)
+            return 130
         if args.name == "auto":
             result.plan.warnings[:0] = engine.store.skipped
         drift = engine.verify()

@@ -64,3 +64,42 @@ def test_sigkill_during_apply_always_rolls_back_exactly(tmp_path: Path) -> None:
         assert snapshot(tree) == expected, f"iteration {iteration}: tree not restored"
         assert not (state / FILE_NAME).exists()
     assert outcomes["applying"] >= 3, outcomes  # kills really landed mid-apply
+
+
+INTERRUPTED = """
+import os, signal, sys
+from agent import fsroot
+from agent.cli import main
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job ignores it
+write_text, writes = fsroot.Root.write_text, []
+
+def interrupted_after_two(self, path, value):
+    write_text(self, path, value)
+    writes.append(path)
+    if len(writes) == 2:  # Ctrl-C lands in the middle of the apply
+        os.kill(os.getpid(), signal.SIGINT)
+
+fsroot.Root.write_text = interrupted_after_two
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_during_apply_leaves_a_journal_that_rollback_restores(tmp_path: Path) -> None:
+    tree = copy_board("x86-edge-npu", tmp_path)
+    expected = snapshot(tree)
+    state = tmp_path / "state"
+    where = ["--root", str(tree), "--state-dir", str(state)]
+    child = subprocess.run([sys.executable, "-c", INTERRUPTED, "profile", "apply", "realtime",
+                            "--force", *where], capture_output=True, text=True, timeout=60,
+                           check=False)
+    assert child.returncode == 130, child.stderr
+    assert "Traceback" not in child.stderr
+    assert "interrupted" in child.stderr and "edge-agent profile rollback" in child.stderr
+    assert json.loads((state / FILE_NAME).read_text())["status"] == "applying"
+    assert snapshot(tree) != expected  # two writes happened
+    rollback = subprocess.run([sys.executable, "-m", "agent", "profile", "rollback", *where],
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert rollback.returncode == 0, rollback.stderr
+    assert snapshot(tree) == expected
+    assert not (state / FILE_NAME).exists()
