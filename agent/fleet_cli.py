@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -31,6 +32,7 @@ from agent.control.envelope import (
     sign,
 )
 from agent.link.mqtt import read_password
+from agent.stopping import SIGINT_EXIT, StopSignals
 from agent.telemetry.records import hottest_c
 
 FINAL = ("succeeded", "failed", "rejected", "expired")
@@ -494,29 +496,32 @@ CLEAR_SCREEN = "\033[H\033[J"
 
 def watch(args: argparse.Namespace) -> int:
     """A table per second: redrawn in place on a terminal; into a pipe each table once,
-    after a blank line; with --json one JSON object per line and refresh."""
+    after a blank line; with --json one JSON object per line and refresh.  SIGTERM ends it
+    cleanly (exit 0), Ctrl-C too (exit 130)."""
     bus = connect(args, ["edge/v1/{fleet}/+/state", "edge/v1/{fleet}/+/birth",
                          "edge/v1/{fleet}/+/telemetry", "edge/v1/{fleet}/+/reported"])
     redraw = not args.once and not args.json and sys.stdout.isatty()
     try:
-        end = time.monotonic() + args.seconds if args.seconds else None
-        if args.once:
-            time.sleep(args.settle)  # collect a round of telemetry
-        first = True
-        while True:
-            nodes = bus.nodes()
-            if args.json:
-                text = json.dumps({"ts": int(time.time() * 1000), "fleet": bus.fleet,
-                                   "nodes": watch_records(nodes)}) + "\n"
-            else:
-                text = (CLEAR_SCREEN if redraw else "" if first else "\n") + render(
-                    watch_rows(nodes)) + "\n"
-            sys.stdout.write(text)
-            sys.stdout.flush()  # a pipe is block-buffered: each refresh leaves at once
-            first = False
-            if args.once or (end is not None and time.monotonic() >= end):
-                return 0
-            time.sleep(1.0)
+        with StopSignals() as stop:
+            end = time.monotonic() + args.seconds if args.seconds else None
+            if args.once:
+                stop.event.wait(args.settle)  # collect a round of telemetry
+            first = True
+            while not stop.event.is_set():
+                nodes = bus.nodes()
+                if args.json:
+                    text = json.dumps({"ts": int(time.time() * 1000), "fleet": bus.fleet,
+                                       "nodes": watch_records(nodes)}) + "\n"
+                else:
+                    text = (CLEAR_SCREEN if redraw else "" if first else "\n") + render(
+                        watch_rows(nodes)) + "\n"
+                sys.stdout.write(text)
+                sys.stdout.flush()  # a pipe is block-buffered: each refresh leaves at once
+                first = False
+                if args.once or (end is not None and time.monotonic() >= end):
+                    break
+                stop.event.wait(1.0)
+        return SIGINT_EXIT if stop.received == signal.SIGINT else 0
     finally:
         bus.close()
 

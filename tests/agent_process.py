@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -43,3 +44,9 @@ def status(config: Path) -> tuple[int, dict[str, Any]]:
                              str(config.parent / "state"), "--json"], capture_output=True,
                             text=True, timeout=60, check=False)
     return result.returncode, json.loads(result.stdout) if result.stdout.strip() else {}
+
+
+def sigint_at_default() -> None:
+    """``preexec_fn`` for a child that is to get Ctrl-C: a test run started as a background
+    job ignores SIGINT, and a child inherits that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

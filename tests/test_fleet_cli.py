@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_process import sigint_at_default
 from control_helpers import FLEET, SimulatedNode, trusted
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, Subscriber, wait_until
@@ -300,18 +301,19 @@ def test_send_to_nobody_online_says_so_at_once(broker: Broker, key_file: Path,
     assert time.monotonic() - started < 15  # not the 30 s timeout
 
 
-def test_ctrl_c_ends_watch_and_send_with_130_and_no_traceback(
+def test_ctrl_c_and_sigterm_end_watch_and_send_cleanly(
         broker: Broker, key_file: Path, online_node: str) -> None:
     where = ["--broker", f"{broker.host}:{broker.port}", "--fleet", FLEET]
-    watch = subprocess.Popen([sys.executable, "-m", "agent", "fleet", "watch", *where],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=REPO)
-    assert watch.stdout is not None
-    assert watch.stdout.readline().startswith("NODE")  # it is watching
-    watch.send_signal(signal.SIGINT)
-    _, errors = watch.communicate(timeout=30)
-    assert watch.returncode == 130
-    assert errors == ""
+    for signum, code in ((signal.SIGINT, 130), (signal.SIGTERM, 0)):
+        watch = subprocess.Popen([sys.executable, "-m", "agent", "fleet", "watch", *where],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 cwd=REPO, preexec_fn=sigint_at_default)
+        assert watch.stdout is not None
+        assert watch.stdout.readline().startswith("NODE")  # it is watching
+        watch.send_signal(signum)
+        _, errors = watch.communicate(timeout=30)
+        assert watch.returncode == code
+        assert errors == ""
 
     listener = Subscriber(broker, [f"edge/v1/{FLEET}/ghost/cmd/ping"], client_id="listener")
     try:
@@ -319,7 +321,7 @@ def test_ctrl_c_ends_watch_and_send_with_130_and_no_traceback(
         send = subprocess.Popen([sys.executable, "-m", "agent", "fleet", "send", "ghost", "ping",
                                  "--key", str(key_file), "--timeout", "60", *where],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=REPO)
+                                cwd=REPO, preexec_fn=sigint_at_default)
         assert wait_until(lambda: listener.on("ping"), 30)  # sent: now waiting for replies
         send.send_signal(signal.SIGINT)
         _, errors = send.communicate(timeout=30)

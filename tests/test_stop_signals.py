@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from agent_process import agent_config
+from agent_process import agent_config, sigint_at_default
 from mqtt_helpers import free_port, wait_until
 from tuning_helpers import copy_board
 
@@ -27,7 +27,7 @@ def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[byt
     return subprocess.Popen([sys.executable, "-m", "agent", *args], cwd=WORKTREE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, **(env or {})},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=sigint_at_default)
 
 
 def stopped(process: subprocess.Popen[bytes], signum: int) -> tuple[int, str, str]:
