@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -50,3 +51,16 @@ def sigint_at_default() -> None:
     """``preexec_fn`` for a child that is to get Ctrl-C: a test run started as a background
     job ignores SIGINT, and a child inherits that."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def modules_loaded_by(statement: str, *prefixes: str) -> list[str]:
+    """The modules whose names start with one of ``prefixes`` that a fresh interpreter has
+    loaded after running ``statement`` from the checkout (the import-cost checks)."""
+    code = (f"import sys\n{statement}\n"
+            f"print(sorted(m for m in sys.modules if m.startswith({prefixes!r})), "
+            "file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[1], timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    loaded: list[str] = ast.literal_eval(result.stderr.strip().splitlines()[-1])
+    return loaded

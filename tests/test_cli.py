@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from agent_process import modules_loaded_by
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,52 +51,8 @@ def test_missing_root_is_a_one_line_error(tmp_path: Path) -> None:
 
 
 def test_discover_does_not_import_inference_or_mqtt() -> None:
-    code = ("import sys; from agent.cli import main; main(['discover', '--json']); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('onnxruntime', 'paho', 'numpy')), file=sys.stderr)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=REPO, timeout=60, check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == "[]"
-
-
-@pytest.mark.parametrize("args", [["--version"], ["discover", "--help"]])
-def test_help_and_version(args: list[str]) -> None:
-    result = run_cli(*args)
-    assert result.returncode == 0
-    assert "edge-agent" in result.stdout or "--root" in result.stdout
-
-
-@pytest.mark.parametrize("command", ["run", "selftest", "status"])
-def test_a_missing_root_flag_is_the_same_one_line_error(tmp_path: Path, command: str) -> None:
-    missing = tmp_path / "nowhere"
-    result = run_cli(command, "--root", str(missing), "--state-dir", str(tmp_path / "state"))
-    assert result.returncode == 2
-    assert result.stdout == ""
-    assert result.stderr.strip().splitlines() == [
-        f"edge-agent {command}: --root {missing}: no such directory"]
-
-
-@pytest.mark.parametrize("command", ["run", "selftest", "status"])
-def test_a_missing_config_root_names_the_file_and_key(tmp_path: Path, command: str) -> None:
-    missing = tmp_path / "nowhere"
-    config = tmp_path / "agent.yaml"
-    config.write_text(f"root: {missing}\nstate_dir: {tmp_path / 'state'}\n")
-    result = run_cli(command, "--config", str(config))
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        f"edge-agent {command}: {config}: root: {missing}: no such directory"]
-
-
-@pytest.mark.parametrize("command", ["selftest", "status"])
-def test_a_bad_config_value_is_a_one_line_error(tmp_path: Path, command: str) -> None:
-    config = tmp_path / "agent.yaml"
-    config.write_text("mqtt: {port: 70000}\n")
-    result = run_cli(command, "--config", str(config))
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        f"edge-agent {command}: {config}: mqtt.port: 70000 is not allowed: expected an "
-        "integer 1..65535"]
+    assert modules_loaded_by("from agent.cli import main; main(['discover', '--json'])",
+                             "onnxruntime", "paho", "numpy") == []
 
 
 def test_loading_the_config_stays_light(tmp_path: Path) -> None:
@@ -103,14 +60,9 @@ def test_loading_the_config_stays_light(tmp_path: Path) -> None:
     not load the collectors, nor inference or MQTT."""
     config = tmp_path / "agent.yaml"
     config.write_text("telemetry: {metrics: [cpu, inference]}\n")
-    code = (f"import sys; from agent.config import load_config; load_config({str(config)!r}); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('onnxruntime', 'paho', 'numpy', 'cryptography') or m.startswith("
-            "'agent.telemetry.collectors')), file=sys.stderr)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=REPO, timeout=60, check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == "[]"
+    assert modules_loaded_by(f"from agent.config import load_config; "
+                             f"load_config({str(config)!r})", "onnxruntime", "paho", "numpy",
+                             "cryptography", "agent.telemetry.collectors") == []
 
 
 @pytest.mark.parametrize(("args", "flag", "value"), [

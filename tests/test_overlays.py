@@ -11,10 +11,10 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from agent_process import modules_loaded_by
 
 from agent.cli import main
 from agent.fsroot import Root
@@ -430,13 +430,8 @@ def test_missing_dtc_is_named_with_the_package(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_discover_does_not_load_the_overlay_tools() -> None:
-    code = ("import sys; from agent.cli import main; main(['discover', '--json']); "
-            "print(sorted(m for m in sys.modules if m.startswith('agent.overlay')), "
-            "file=sys.stderr)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=REPO, timeout=60, check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == "[]"
+    assert modules_loaded_by("from agent.cli import main; main(['discover', '--json'])",
+                             "agent.overlay") == []
 
 
 # -- the installer ------------------------------------------------------------------------
