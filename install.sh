@@ -203,17 +203,10 @@ write_if_changed() {
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 
-# built-in profiles next to the venv, where the agent looks for them (sys.prefix)
-mkdir -p "$venv/profiles" "$venv/share/edge-agent"
-for profile in "$here"/profiles/*.yaml; do
-    write_if_changed "$profile" "$venv/profiles/$(basename "$profile")"
-done
+# The profiles and overlay sources come with the package (data files in <prefix>/profiles and
+# <prefix>/dts-overlays, where the agent looks: sys.prefix); the README goes beside them.
+mkdir -p "$venv/share/edge-agent"
 write_if_changed "$here/README.md" "$venv/share/edge-agent/README.md"
-# overlay sources, where `edge-agent overlay` looks for named entries (<prefix>/dts-overlays)
-mkdir -p "$venv/dts-overlays"
-for source in "$here"/dts-overlays/*; do
-    write_if_changed "$source" "$venv/dts-overlays/$(basename "$source")"
-done
 
 # the unit, with this install's paths
 sed -e "s#/opt/edge-agent#$prefix#g" "$here/systemd/edge-agent.service" > "$scratch/unit"
@@ -230,7 +223,7 @@ if [ -z "$destdir" ]; then
 else
     profile=auto
 fi
-step "writing the profiles, the overlay sources, the unit and the configuration"
+step "writing the unit and the configuration"
 cat > "$scratch/agent.yaml" <<EOF
 # edge-agent configuration. Every key has a default; see README "Running the agent".
 # Written by install.sh; an edited copy is kept, and a newer default lands beside it as

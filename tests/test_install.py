@@ -24,8 +24,8 @@ import yaml
 from mqtt_helpers import Broker, Subscriber, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGE = ("pyproject.toml", "README.md", "agent")
-INSTALLER = (*PACKAGE, "install.sh", "constraints", "profiles", "dts-overlays", "systemd")
+PACKAGE = ("pyproject.toml", "README.md", "agent", "profiles", "dts-overlays")
+INSTALLER = (*PACKAGE, "install.sh", "constraints", "systemd")
 NOT_DEPENDENCIES = ("__editable__", "edge_agent", "agent", "__pycache__")
 
 
@@ -140,6 +140,23 @@ def test_installed_discover_json_runs_outside_the_checkout(installed: Path,
     assert topology["board"]["arch"] == os.uname().machine
 
 
+def test_the_installed_agent_has_its_profiles_and_overlay_sources(installed: Path,
+                                                                  tmp_path: Path) -> None:
+    """A wheel installed with plain pip (no install.sh) plans profiles and finds overlays."""
+    listed = run([str(installed / "edge-agent"), "profile", "list", "--json"], cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    names = {p["name"] for p in json.loads(listed.stdout)["profiles"]}
+    assert names == {p.stem for p in (REPO / "profiles").glob("*.yaml")}
+    plan = run([str(installed / "edge-agent"), "profile", "plan", "auto", "--json"],
+               cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    overlays = run([str(installed / "python"), "-c", "from agent.overlays.build import "
+                    "entries; print(sorted(entries()))"], cwd=tmp_path)
+    assert overlays.returncode == 0, overlays.stderr
+    assert overlays.stdout.strip() == str(sorted(
+        p.stem for p in (REPO / "dts-overlays").glob("*.dts")))
+
+
 def test_installed_run_reports_to_a_broker(installed: Path, tmp_path: Path,
                                            broker: Broker) -> None:
     config = tmp_path / "agent.yaml"
@@ -166,6 +183,7 @@ def test_installed_run_reports_to_a_broker(installed: Path, tmp_path: Path,
     assert state_now["stopped"] is True, status.stdout
     assert state_now["link"]["acked"] >= 3, status.stdout
     assert state_now["outbox"]["depth"] == 0, status.stdout  # everything acknowledged
+    assert state_now["problems"] == [], status.stdout  # its profile was found and planned
 
 
 def test_installed_fleet_keygen(installed: Path, tmp_path: Path) -> None:
@@ -269,5 +287,5 @@ def test_destdir_install_runs_once_moved_to_its_prefix(tmp_path: Path, deps: Pat
     for step in ("install.sh: reusing the venv in ",
                  "install.sh: installing edge-agent and its dependencies with pip (",
                  f"install.sh: relocating the venv from {staged} to {prefix} (DESTDIR)",
-                 "install.sh: writing the profiles"):
+                 "install.sh: writing the unit"):
         assert step in result.stdout, result.stdout
