@@ -91,3 +91,13 @@ def test_keygen_writes_a_private_key_only_its_owner_reads(tmp_path: object) -> N
     again = subprocess.run([sys.executable, "-m", "agent", "fleet", "keygen", "--out",
                             str(out)], capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "exists; --force replaces it" in again.stderr
+
+
+def test_set_telemetry_takes_only_metric_groups_that_exist() -> None:
+    from agent.control.schemas import check
+    from agent.telemetry.groups import METRIC_GROUPS
+
+    assert check("set-telemetry", {"metrics": ["cpu", "inference"]}) is None
+    assert check("set-telemetry", {"metrics": "all"}) is None
+    assert check("set-telemetry", {"metrics": list(METRIC_GROUPS)}) is None
+    assert check("set-telemetry", {"metrics": ["cpu", "nosuch"]}) is not None

@@ -11,6 +11,8 @@ from typing import Any
 
 import fastjsonschema
 
+from agent.telemetry.groups import METRIC_GROUPS
+
 NAME = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"}
 PATH = {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": "^[^\\x00]+$"}
 SHA256 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
@@ -44,7 +46,7 @@ ARGS: dict[str, dict[str, Any]] = {
         "properties": {"interval_s": {"type": "number", "minimum": 0.05, "maximum": 86400},
                        "metrics": {"oneOf": [{"const": "all"}, {
                            "type": "array", "maxItems": 64, "uniqueItems": True,
-                           "items": NAME}]}}},
+                           "items": {"enum": list(METRIC_GROUPS)}}]}}},
     "rebirth": NO_ARGS,
     "restart-inference": NO_ARGS,
     "selftest": NO_ARGS,
