@@ -130,6 +130,10 @@ def test_ctrl_c_in_any_command_prints_no_traceback(tmp_path: Path) -> None:
 
     assert wait_until(reader_waiting, 60)
     assert writer, process.communicate()
+    # A signal that lands after open() but before read() is only noted by Python and the
+    # read then blocks for good (the handler runs between bytecodes): wait for the read.
+    wchan = Path(f"/proc/{process.pid}/wchan")
+    assert wait_until(lambda: "pipe_read" in wchan.read_text(), 60), wchan.read_text()
     try:
         code, out, err = stopped(process, signal.SIGINT)
     finally:
