@@ -23,6 +23,7 @@ from agent.config import (
     load_config,
     profile_problem,
 )
+from agent.stopping import SIGINT_EXIT, StopSignals
 from agent.terminal import TerminalLine, status_line
 from agent.validation import missing_directory
 
@@ -75,27 +76,18 @@ class Runner:
     """
 
     def __init__(self, args: argparse.Namespace, config: Config, service: Any,
-                 notifier: Any, terminal: TerminalLine | None) -> None:
+                 notifier: Any, terminal: TerminalLine | None, signals: StopSignals) -> None:
         self.args, self.config, self.service = args, config, service
-        self.notifier, self.terminal = notifier, terminal
-        self.stop = threading.Event()
+        self.notifier, self.terminal, self.signals = notifier, terminal, signals
+        self.stop = signals.event  # SIGTERM, SIGINT, or a reload that cannot go on
         self.reload = threading.Event()
         self.watchdog: Any = None
-        self.stopped_by: int | None = None  # the signal that ended the run
-
-    def install_signals(self) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._on_stop)
         signal.signal(signal.SIGHUP, lambda number, frame: self.reload.set())
-
-    def _on_stop(self, number: int, frame: object) -> None:
-        self.stopped_by = self.stopped_by or number
-        self.stop.set()
 
     @property
     def exit_status(self) -> int:
         """0 for a run that ended by itself or on SIGTERM, 130 for Ctrl-C (SIGINT)."""
-        return 130 if self.stopped_by == signal.SIGINT else 0
+        return SIGINT_EXIT if self.signals.received == signal.SIGINT else 0
 
     def start_watchdog(self) -> None:
         from agent.service.systemd import Watchdog, watchdog_interval_s
@@ -176,20 +168,20 @@ def run(args: argparse.Namespace) -> int:
     logger.info("node %s, fleet %s, broker %s:%d, state %s (config: %s)", config.node_id,
                 config.fleet, config.mqtt.host, config.mqtt.port, service.state_dir,
                 config.source)
-    runner = Runner(args, config, service, notifier, terminal)
-    runner.install_signals()
-    notifier.notify(STATUS="starting: discovery, tuning, model")
-    try:
-        service.start()
-    except ServiceError as error:
-        print(f"edge-agent run: {error}", file=sys.stderr)
-        return 1
-    notifier.notify(READY=1, STATUS="running")
-    runner.start_watchdog()
-    try:
-        runner.serve(args.seconds)
-    finally:
-        runner.shut_down()
+    with StopSignals() as signals:
+        runner = Runner(args, config, service, notifier, terminal, signals)
+        notifier.notify(STATUS="starting: discovery, tuning, model")
+        try:
+            service.start()
+        except ServiceError as error:
+            print(f"edge-agent run: {error}", file=sys.stderr)
+            return 1
+        notifier.notify(READY=1, STATUS="running")
+        runner.start_watchdog()
+        try:
+            runner.serve(args.seconds)
+        finally:
+            runner.shut_down()
     final = runner.service.final_status
     if final is not None:
         logger.info("stopped: %d records acknowledged by the broker, %d waiting in the "
@@ -241,9 +233,8 @@ def selftest(args: argparse.Namespace) -> int:
     SIGINT or SIGTERM stops the probe agent cleanly; with no verdict, the exit status is
     128 + the signal (130, 143), never the 0 of a pass."""
     from agent.selftest import run_selftest
-    from agent.stopping import StopSignals
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
     config = _config(args)
     with StopSignals() as stop:
         report = run_selftest(config, seconds=args.seconds, stop=stop.event)

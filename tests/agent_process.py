@@ -35,7 +35,8 @@ def write_config(tmp_path: Path, port: int, root: Path | None = None, **extra: A
 def start_agent(config: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config),
                              *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, **env})
+                            text=True, env={**os.environ, **env},
+                            preexec_fn=sigint_at_default)
 
 
 def status(config: Path) -> tuple[int, dict[str, Any]]:
