@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from agent import __version__
 
 if TYPE_CHECKING:
-    from agent.fsroot import Root
+    from agent.kernel.fsroot import Root
 
 
 class UsageError(Exception):
@@ -25,7 +25,7 @@ class UsageError(Exception):
 
 def open_root(directory: str) -> Root:
     """The filesystem layer for ``--root``; a missing directory is a usage error."""
-    from agent.fsroot import Root
+    from agent.kernel.fsroot import Root
     from agent.validation import missing_directory
 
     problem = missing_directory(directory)

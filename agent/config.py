@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from agent.discovery.udev import WATCHED_SUBSYSTEMS
-from agent.fsroot import Root
 from agent.inference.demo_model import DEMO_MODEL_PATH
+from agent.kernel.fsroot import Root
 from agent.telemetry.groups import METRIC_GROUPS
 from agent.tuning.profiles import SAFE_LOADER, ProfileStore, deep_merge
 from agent.validation import (

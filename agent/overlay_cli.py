@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.cli import UsageError, open_root
-from agent.fsroot import Root, RootError
+from agent.kernel.fsroot import Root, RootError
 from agent.overlays import build, installer
 from agent.overlays.bootfs import BootFiles
 from agent.overlays.build import Built

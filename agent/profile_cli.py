@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from agent.discovery import discover
-from agent.fsroot import Root, RootError
+from agent.kernel.fsroot import Root, RootError
 from agent.tuning.engine import Engine, TuningError
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal

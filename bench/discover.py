@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from agent.discovery import discover
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 

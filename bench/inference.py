@@ -29,11 +29,11 @@ import numpy as np
 import onnxruntime as ort
 
 from agent.discovery import discover
-from agent.fsroot import Root
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.inference.io import CallbackSink, SyntheticSource
 from agent.inference.loop import InferenceLoop, LoadedModel
 from agent.inference.session import build_session, session_options, thread_plan
+from agent.kernel.fsroot import Root
 
 
 def real_model() -> Path | None:

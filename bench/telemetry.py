@@ -32,7 +32,7 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.discovery import discover
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.link.mqtt import LinkSettings, MqttLink
 from agent.telemetry.collectors import build_collectors
 from agent.telemetry.outbox import Outbox

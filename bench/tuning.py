@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.discovery import discover
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.tuning.engine import Engine
 from agent.tuning.journal import Journal
 from agent.tuning.profiles import ProfileStore

@@ -8,8 +8,8 @@ import pytest
 
 from agent.config import ConfigError, from_dict, load_config
 from agent.discovery import discover
-from agent.fsroot import Root
 from agent.inference.demo_model import DEMO_MODEL_PATH
+from agent.kernel.fsroot import Root
 from agent.telemetry.collectors import COLLECTOR_GROUPS, build_collectors
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 from agent.discovery import discover
-from agent.discovery.reader import SysReader
 from agent.discovery.thermal import discover_thermal
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
+from agent.kernel.reader import SysReader
 
 
 class FaultyRoot(Root):
@@ -119,7 +119,7 @@ def test_empty_root_gives_empty_topology(tmp_path: Path) -> None:
 
 def test_reader_warnings_stay_bounded(tmp_path: Path) -> None:
     """A service reading garbage every second for weeks must not grow a list for ever."""
-    from agent.discovery.reader import SysReader
+    from agent.kernel.reader import SysReader
 
     reader = SysReader(Root(tmp_path), max_warnings=3)
     for number in range(10):

@@ -12,7 +12,7 @@ import pytest
 
 from agent.discovery import Topology, discover
 from agent.discovery.nvml import NvmlGpu
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BOARDS = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name[0] not in "_.")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.fsroot import PathEscapesRoot, Root, RootError, WriteRefused
+from agent.kernel.fsroot import PathEscapesRoot, Root, RootError, WriteRefused
 
 
 @pytest.fixture()

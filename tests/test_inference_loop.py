@@ -17,7 +17,7 @@ from onnx_models import incompatible_model, mlp, nan_model, slow_model
 
 from agent.inference.io import CallbackSink, NpyDirectorySource, SyntheticSource
 from agent.inference.loop import InferenceLoop, LoadedModel, SwapRejected
-from agent.tuning.rt import ThreadSched
+from agent.kernel.sched import ThreadSched
 
 
 def load(path: Path) -> LoadedModel:

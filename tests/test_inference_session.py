@@ -18,7 +18,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.discovery import Topology, discover
-from agent.fsroot import Root
 from agent.inference import session as sess
 from agent.inference.session import (
     CPU,
@@ -32,6 +31,7 @@ from agent.inference.session import (
     load_model,
     thread_plan,
 )
+from agent.kernel.fsroot import Root
 
 FIXTURES = Path(__file__).parent / "fixtures"
 AZURE = "AzureExecutionProvider"

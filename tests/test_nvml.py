@@ -11,8 +11,8 @@ import pytest
 from agent.discovery.gpu import discover_gpus
 from agent.discovery.model import PciDevice
 from agent.discovery.nvml import NvmlGpu, PynvmlSource, sysfs_bdf
-from agent.discovery.reader import SysReader
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
+from agent.kernel.reader import SysReader
 
 L4 = PciDevice(bdf="0000:ca:00.0", vendor_id="0x10de", device_id="0x27b8", class_="0x030200",
                driver="nvidia", numa_node=1, link_speed="16.0 GT/s PCIe", link_width=16)

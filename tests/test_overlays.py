@@ -17,7 +17,7 @@ import pytest
 from agent_process import modules_loaded_by
 
 from agent.cli import main
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.overlays import build, installer
 from agent.overlays.check import inspect
 from agent.overlays.dtc import DtcMissing

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.discovery import parsers
 from agent.discovery.block import parse_scheduler
 from agent.discovery.thermal import normalise_zone_type
+from agent.kernel import parsers
 
 
 @pytest.mark.parametrize(("text", "cpus"), [

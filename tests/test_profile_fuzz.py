@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 
 from agent.discovery import discover
 from agent.discovery.model import Topology
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.tuning import profiles as profiles_module
 from agent.tuning.engine import Engine
 from agent.tuning.errors import ProfileError

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from agent.discovery import Topology, discover
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from typing import NoReturn
 
 import pytest
 
-from agent.fsroot import Root
-from agent.tuning.rt import (
+from agent.kernel.fsroot import Root
+from agent.kernel.sched import (
     SCHED_POLICIES,
     RtError,
     ThreadSched,
@@ -174,7 +174,7 @@ def test_unrestorable_policy_is_refused_before_any_change(
 # sched_setaffinity call while the policy change is refused.
 _UNPRIVILEGED_CHILD = """
 import json, os, resource, threading
-from agent.tuning import rt
+from agent.kernel import sched as rt
 resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
 resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
 if os.geteuid() == 0:

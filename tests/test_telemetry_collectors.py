@@ -21,15 +21,15 @@ from typing import Any
 import pytest
 
 from agent.discovery import Topology, discover
-from agent.discovery.parsers import parse_psi
-from agent.discovery.reader import SysReader
-from agent.fsroot import Root
+from agent.kernel import counters as p
+from agent.kernel.fsroot import Root
+from agent.kernel.parsers import parse_psi
+from agent.kernel.reader import SysReader
 from agent.telemetry.collectors import (
     NvmlGpuSample,
     PynvmlTelemetry,
     build_collectors,
 )
-from agent.telemetry.collectors import parsers as p
 from agent.telemetry.collectors.block import BlockCollector
 from agent.telemetry.collectors.cgroup import CgroupCollector
 from agent.telemetry.collectors.cpu import CpuCollector

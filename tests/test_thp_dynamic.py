@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from agent.discovery import discover
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.tuning.engine import Engine
 from agent.tuning.journal import Journal
 from agent.tuning.profiles import ProfileStore

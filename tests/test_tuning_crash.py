@@ -21,7 +21,7 @@ SEED = 20261130
 CHILD = """
 import sys, time
 from agent.discovery import discover
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.tuning.engine import Engine
 from agent.tuning.journal import Journal
 from agent.tuning.profiles import ProfileStore

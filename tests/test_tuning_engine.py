@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tuning_helpers import BOARDS, copy_board, engine_for, snapshot
 
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.tuning.engine import TuningError
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import FILE_NAME

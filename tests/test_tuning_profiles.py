@@ -11,7 +11,7 @@ import pytest
 from tuning_helpers import FIXTURES, REPO_PROFILES, copy_board, engine_for
 
 from agent.discovery.model import Board
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.tuning import nvpmodel
 from agent.tuning.errors import ProfileError
 from agent.tuning.profiles import ProfileStore

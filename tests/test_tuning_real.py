@@ -13,7 +13,7 @@ import pytest
 from tuning_helpers import REPO_PROFILES
 
 from agent.discovery import discover
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.tuning.engine import Engine, TuningError
 from agent.tuning.journal import Journal
 from agent.tuning.profiles import ProfileStore
@@ -80,7 +80,7 @@ def test_profile_sets_and_restores_a_real_threads_scheduling(tmp_path: Path) -> 
     """rt.threads on the real root: only a thread this test starts and names is touched."""
     import threading
 
-    from agent.tuning import rt
+    from agent.kernel import sched as rt
 
     name = f"eatest-{uuid.uuid4().hex[:6]}"
     ready, release = threading.Event(), threading.Event()

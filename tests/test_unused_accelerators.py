@@ -18,7 +18,6 @@ from agent_process import FIXTURES, start_agent, status, write_config
 from mqtt_helpers import Broker, Subscriber, wait_until
 
 from agent.discovery import discover
-from agent.fsroot import Root
 from agent.inference.session import (
     CPU,
     CUDA,
@@ -27,6 +26,7 @@ from agent.inference.session import (
     choose_providers,
     unused_accelerators,
 )
+from agent.kernel.fsroot import Root
 
 HERE = ort.get_available_providers()
 HERE_TEXT = ", ".join(HERE)

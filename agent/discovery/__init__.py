@@ -5,7 +5,6 @@ Nothing here imports onnxruntime or paho: ``edge-agent discover`` must start fas
 
 from __future__ import annotations
 
-from agent.discovery import parsers
 from agent.discovery.block import discover_block
 from agent.discovery.board import discover_board
 from agent.discovery.cpu import discover_cpu
@@ -17,9 +16,10 @@ from agent.discovery.npu import discover_npus
 from agent.discovery.nvml import NvmlSource, PynvmlSource
 from agent.discovery.pci import discover_pci
 from agent.discovery.power import discover_power
-from agent.discovery.reader import SysReader
 from agent.discovery.thermal import discover_thermal
-from agent.fsroot import Root
+from agent.kernel import parsers
+from agent.kernel.fsroot import Root
+from agent.kernel.reader import SysReader
 
 __all__ = ["Topology", "discover"]
 

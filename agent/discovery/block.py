@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from agent.discovery import parsers
 from agent.discovery.model import BlockDevice
-from agent.discovery.reader import SysReader
+from agent.kernel import parsers
+from agent.kernel.reader import SysReader
 
 BLOCK = "/sys/block"
 SECTOR_BYTES = 512  # /sys/block/X/size counts 512-byte sectors whatever the device's blocks

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from agent.discovery import parsers
 from agent.discovery.model import Board
-from agent.discovery.reader import SysReader
+from agent.kernel import parsers
+from agent.kernel.reader import SysReader
 
 # /proc/device-tree links to the sysfs copy; containers may have only one of them.
 DT_BASES = ("/proc/device-tree", "/sys/firmware/devicetree/base")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 
-from agent.discovery import parsers
 from agent.discovery.model import Cluster, Cpu, IdleState
-from agent.discovery.reader import SysReader
+from agent.kernel import parsers
+from agent.kernel.reader import SysReader
 
 CPU = "/sys/devices/system/cpu"
 

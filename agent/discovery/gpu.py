@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from agent.discovery.model import Gpu, PciDevice
 from agent.discovery.nvml import NvmlSource, sysfs_bdf
-from agent.discovery.reader import SysReader
+from agent.kernel.reader import SysReader
 
 DEVFREQ = "/sys/class/devfreq"
 GPU_NODE_NAMES = {"gp10b", "gv11b", "ga10b", "gb10b", "gpu"}

@@ -8,9 +8,9 @@ import gzip
 import os
 import zlib
 
-from agent.discovery import parsers
 from agent.discovery.model import Kernel, Thp
-from agent.discovery.reader import SysReader
+from agent.kernel import parsers
+from agent.kernel.reader import SysReader
 
 THP = "/sys/kernel/mm/transparent_hugepage"
 CGROUP = "/sys/fs/cgroup"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from agent.discovery import parsers
 from agent.discovery.model import Memory, NumaNode
-from agent.discovery.reader import SysReader
+from agent.kernel import parsers
+from agent.kernel.reader import SysReader
 
 NODES = "/sys/devices/system/node"
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import re
 
-from agent.discovery import parsers
 from agent.discovery.gpu import DEVFREQ, read_devfreq
 from agent.discovery.model import Npu, PciDevice
-from agent.discovery.reader import SysReader
+from agent.kernel import parsers
+from agent.kernel.reader import SysReader
 
 RKNPU_DIRS = ("/sys/kernel/debug/rknpu", "/proc/rknpu")
 RKNPU_CORES_BY_SOC = {"rk3588": 3, "rk3588s": 3, "rk3576": 2, "rk3568": 1, "rk3566": 1}

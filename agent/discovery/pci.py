@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent.discovery import parsers
 from agent.discovery.model import PciDevice
-from agent.discovery.reader import SysReader
+from agent.kernel import parsers
+from agent.kernel.reader import SysReader
 
 PCI_DEVICES = "/sys/bus/pci/devices"
 

@@ -6,7 +6,7 @@ import os
 import re
 
 from agent.discovery.model import Fan, PowerRail
-from agent.discovery.reader import SysReader
+from agent.kernel.reader import SysReader
 
 HWMON = "/sys/class/hwmon"
 REGULATORS = "/sys/class/regulator"

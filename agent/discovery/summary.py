@@ -5,7 +5,7 @@ from __future__ import annotations
 from itertools import groupby
 
 from agent.discovery.model import Cluster, PowerRail, Topology
-from agent.discovery.parsers import format_cpulist
+from agent.kernel.parsers import format_cpulist
 
 
 def _mhz(low: int | None, high: int | None, per_mhz: int) -> str:

@@ -6,7 +6,7 @@ import errno
 import re
 
 from agent.discovery.model import ThermalZone
-from agent.discovery.reader import SysReader
+from agent.kernel.reader import SysReader
 
 THERMAL = "/sys/class/thermal"
 POWERED_DOWN_MC = -256000  # Jetson reports -256 °C for a rail-gated domain

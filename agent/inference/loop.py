@@ -18,7 +18,7 @@ import numpy as np
 
 from agent.inference.io import ORT_TYPES, Feeds, Sink, Source
 from agent.inference.stats import LatencyStats
-from agent.tuning import rt
+from agent.kernel import sched as rt
 
 logger = logging.getLogger(__name__)
 

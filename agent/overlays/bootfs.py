@@ -1,6 +1,6 @@
 """Boot-loader files below ``<root>/boot``: confined, and written atomically.
 
-Boot files are not kernel knobs, so they stay out of :class:`agent.fsroot.Root`'s sysfs
+Boot files are not kernel knobs, so they stay out of :class:`agent.kernel.fsroot.Root`'s sysfs
 allowlist and its single-write(2) semantics: a boot config must be replaced whole (temp file,
 fsync, rename, fsync of the directory) so a power cut leaves the old file or the new one,
 never half of one.  Paths are resolved with ``Root.resolve`` (links followed inside the
@@ -15,7 +15,7 @@ import os
 import stat
 import tempfile
 
-from agent.fsroot import PathEscapesRoot, Root, WriteRefused
+from agent.kernel.fsroot import PathEscapesRoot, Root, WriteRefused
 
 BOOT = "/boot"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agent.fsroot import Root, RootError
+from agent.kernel.fsroot import Root, RootError
 from agent.overlays.bootfs import BootFiles
 from agent.overlays.build import Built
 from agent.overlays.check import Overlay

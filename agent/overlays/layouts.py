@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.overlays import armbian_env, extlinux
 from agent.overlays.bootfs import BOOT, BootFiles
 from agent.overlays.errors import InstallRefused

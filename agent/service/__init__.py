@@ -22,7 +22,7 @@ from agent.control.envelope import TrustedKeys
 from agent.control.store import CommandStore
 from agent.discovery import discover
 from agent.discovery.model import Topology
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.link.homeassistant import discovery_messages
 from agent.link.mqtt import LinkSettings, MqttLink
 from agent.service.commands import ServiceCommands

@@ -11,7 +11,7 @@ from typing import Any
 
 from agent.config import Config
 from agent.discovery.model import Topology
-from agent.tuning.rt import ThreadSched
+from agent.kernel.sched import ThreadSched
 
 logger = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.discovery.model import Topology
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
+from agent.kernel.sched import ThreadSched
 from agent.tuning.engine import Engine, TuningError
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal
 from agent.tuning.profiles import ProfileStore
-from agent.tuning.rt import ThreadSched
 from agent.tuning.thp_dynamic import ThpDynamicController
 
 logger = logging.getLogger(__name__)

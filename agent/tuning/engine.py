@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.discovery.model import Topology
-from agent.fsroot import Root
-from agent.tuning import rt
+from agent.kernel import sched as rt
+from agent.kernel.fsroot import Root
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal, JournalState, current_boot_id
 from agent.tuning.plan import Change, Plan, PlanContext, matches, read_normalised

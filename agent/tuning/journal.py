@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.tuning.plan import Change
 
 SCHEMA = "tuning-journal/1"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 
 CONF = "/etc/nvpmodel.conf"
 STATUS = "/var/lib/nvpmodel/status"

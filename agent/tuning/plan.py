@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent.discovery import parsers
 from agent.discovery.model import Topology
-from agent.fsroot import Root
-from agent.tuning import rt
+from agent.kernel import parsers
+from agent.kernel import sched as rt
+from agent.kernel.fsroot import Root
 from agent.tuning.errors import ProfileError
 from agent.tuning.profiles import Profile
 

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from agent.discovery.model import Board
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.tuning.errors import ProfileError
 from agent.tuning.schema import validate_profile
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.discovery.parsers import parse_memory_events, parse_psi, thp_cmdline_choice
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
+from agent.kernel.parsers import parse_memory_events, parse_psi, thp_cmdline_choice
 from agent.tuning.journal import Journal, JournalState, current_boot_id
 from agent.tuning.plan import Change, read_normalised
 from agent.tuning.tuners.thp import THP

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from agent.discovery.model import Topology
-from agent.discovery.parsers import format_cpulist, parse_cpulist
+from agent.kernel.parsers import format_cpulist, parse_cpulist
 
 CORE_TYPES = ("big", "mid", "little")
 MAX_BYTES = 2**63  # the kernel's page-counter limit, far above any device

@@ -1,15 +1,15 @@
 """Telemetry collectors: one per kernel source, registered in :func:`build_collectors`.
 
 Each collector is built once from the discovered topology, resolves the files it needs up
-front, and reads only values per sample, through the same :class:`~agent.fsroot.Root` as
+front, and reads only values per sample, through the same :class:`~agent.kernel.fsroot.Root` as
 discovery, so a fixture tree can stand in for the device.
 """
 
 from __future__ import annotations
 
 from agent.discovery.model import Topology
-from agent.discovery.reader import SysReader
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
+from agent.kernel.reader import SysReader
 from agent.telemetry.collectors.base import Collector
 from agent.telemetry.collectors.block import BlockCollector
 from agent.telemetry.collectors.cgroup import CgroupCollector

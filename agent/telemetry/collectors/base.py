@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent.discovery.reader import SysReader
+from agent.kernel.reader import SysReader
 
 Clock = Callable[[], float]
 DECIMALS = 3  # telemetry floats carry at most this many decimals

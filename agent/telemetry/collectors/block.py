@@ -11,9 +11,9 @@ from typing import Any
 
 from agent.discovery.block import SECTOR_BYTES
 from agent.discovery.model import Topology
-from agent.discovery.reader import SysReader
+from agent.kernel.counters import DiskCounters, parse_diskstats
+from agent.kernel.reader import SysReader
 from agent.telemetry.collectors.base import Clock, Interval, percent, rate
-from agent.telemetry.collectors.parsers import DiskCounters, parse_diskstats
 
 
 class BlockCollector:

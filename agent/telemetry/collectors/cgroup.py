@@ -11,9 +11,9 @@ from typing import Any
 
 from agent.discovery.kernel import CGROUP
 from agent.discovery.model import Topology
-from agent.discovery.parsers import parse_memory_events
-from agent.discovery.reader import SysReader
-from agent.telemetry.collectors.parsers import parse_cgroup_limit, parse_cgroup_path
+from agent.kernel.counters import parse_cgroup_limit, parse_cgroup_path
+from agent.kernel.parsers import parse_memory_events
+from agent.kernel.reader import SysReader
 
 EVENTS = ("low", "high", "max", "oom", "oom_kill")
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from agent.discovery.cpu import CPU
 from agent.discovery.model import Topology
-from agent.discovery.reader import SysReader
+from agent.kernel.counters import CpuTicks, ProcStat, parse_proc_stat
+from agent.kernel.reader import SysReader
 from agent.telemetry.collectors.base import percent
-from agent.telemetry.collectors.parsers import CpuTicks, ProcStat, parse_proc_stat
 
 
 def busy_percent(before: CpuTicks | None, after: CpuTicks) -> float | None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from agent.discovery.model import Topology
 from agent.discovery.power import HWMON
-from agent.discovery.reader import SysReader
+from agent.kernel.reader import SysReader
 from agent.telemetry.collectors.base import resolved
 
 TACHOMETER_FILES = ("fan1_input", "rpm")  # standard hwmon, then the Tegra tachometer

@@ -14,9 +14,9 @@ from typing import Any, NamedTuple
 
 from agent.discovery.gpu import DEVFREQ
 from agent.discovery.model import Topology
-from agent.discovery.parsers import parse_int, parse_mali_load
-from agent.discovery.reader import SysReader
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
+from agent.kernel.parsers import parse_int, parse_mali_load
+from agent.kernel.reader import SysReader
 from agent.telemetry.collectors.base import resolved
 from agent.telemetry.collectors.nvml import NvmlGpuSample, NvmlTelemetry, PynvmlTelemetry
 

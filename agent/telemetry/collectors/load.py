@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.discovery.reader import SysReader
-from agent.telemetry.collectors.parsers import parse_loadavg
+from agent.kernel.counters import parse_loadavg
+from agent.kernel.reader import SysReader
 
 
 class LoadCollector:

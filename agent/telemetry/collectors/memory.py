@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.discovery.parsers import parse_meminfo
-from agent.discovery.reader import SysReader
+from agent.kernel.parsers import parse_meminfo
+from agent.kernel.reader import SysReader
 from agent.telemetry.collectors.base import percent
 
 MEMINFO = "/proc/meminfo"

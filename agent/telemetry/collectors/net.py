@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agent.discovery.reader import SysReader
+from agent.kernel.counters import NetCounters, parse_net_dev
+from agent.kernel.reader import SysReader
 from agent.telemetry.collectors.base import Clock, Interval, rate
-from agent.telemetry.collectors.parsers import NetCounters, parse_net_dev
 
 
 class NetCollector:

@@ -13,8 +13,8 @@ from typing import Any
 
 from agent.discovery.model import Npu, Topology
 from agent.discovery.npu import RKNPU_DIRS
-from agent.discovery.parsers import parse_rknpu_load
-from agent.discovery.reader import SysReader
+from agent.kernel.parsers import parse_rknpu_load
+from agent.kernel.reader import SysReader
 from agent.telemetry.collectors.base import Clock, Interval, percent, rate, rounded
 
 

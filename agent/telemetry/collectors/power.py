@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from agent.discovery.model import PowerRail, Topology
 from agent.discovery.power import HWMON, INA2XX_CHIPS, INA3221_CHANNELS, REGULATORS
-from agent.discovery.reader import SysReader
+from agent.kernel.reader import SysReader
 from agent.telemetry.collectors.base import resolved, rounded
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.discovery.parsers import parse_psi
-from agent.discovery.reader import SysReader
+from agent.kernel.parsers import parse_psi
+from agent.kernel.reader import SysReader
 
 # (metric key, resource file, line) in the order telemetry reports them
 FIELDS = (("cpu_some_avg10", "cpu", "some"), ("memory_some_avg10", "memory", "some"),

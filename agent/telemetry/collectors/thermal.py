@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from agent.discovery.model import Topology
-from agent.discovery.reader import SysReader
 from agent.discovery.thermal import POWERED_DOWN_ERRNOS, POWERED_DOWN_MC, THERMAL
+from agent.kernel.reader import SysReader
 from agent.telemetry.collectors.base import resolved
 
 

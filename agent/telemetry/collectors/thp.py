@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from agent.discovery.kernel import THP
-from agent.discovery.parsers import parse_selection
-from agent.discovery.reader import SysReader
-from agent.telemetry.collectors.parsers import parse_thp_counters
+from agent.kernel.counters import parse_thp_counters
+from agent.kernel.parsers import parse_selection
+from agent.kernel.reader import SysReader
 
 
 class ThpCollector:

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from agent.discovery.model import Topology
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
 from agent.tuning.plan import Change, PlanContext
 from agent.tuning.values import resolve_cpus, resolve_size
 

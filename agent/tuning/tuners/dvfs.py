@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.discovery.model import Cluster
-from agent.discovery.reader import SysReader
+from agent.kernel.reader import SysReader
 from agent.tuning import nvpmodel
 from agent.tuning.plan import PlanContext
 from agent.tuning.values import resolve_cpus, resolve_frequency

@@ -1,14 +1,14 @@
 """Real-time: RT throttling, IRQ affinity by action name, and the inference thread's policy.
 
 The inference thread's policy is not a file: it is handed to the service (``runtime``),
-which applies it to the loop's own thread through :mod:`agent.tuning.rt`.
+which applies it to the loop's own thread through :mod:`agent.kernel.sched`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from agent.tuning import rt
+from agent.kernel import sched as rt
 from agent.tuning.plan import Change, PlanContext, read_normalised
 from agent.tuning.values import resolve_cpus
 

@@ -15,8 +15,8 @@ import resource
 import threading
 from dataclasses import dataclass
 
-from agent.discovery.parsers import format_cpulist, parse_cpulist
-from agent.fsroot import Root
+from agent.kernel.fsroot import Root
+from agent.kernel.parsers import format_cpulist, parse_cpulist
 
 SCHED_POLICIES: dict[str, int] = {
     "other": os.SCHED_OTHER,

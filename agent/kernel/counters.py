@@ -2,7 +2,7 @@
 ValueError on garbage.
 
 Formats discovery or tuning read too (meminfo, ``[selected]`` lists, Mali and rknpu ``load``,
-plain integers, PSI, ``memory.events``) are parsed by :mod:`agent.discovery.parsers`.
+plain integers, PSI, ``memory.events``) are parsed by :mod:`agent.kernel.parsers`.
 """
 
 from __future__ import annotations

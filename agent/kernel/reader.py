@@ -1,4 +1,4 @@
-"""Tolerant reads over a :class:`~agent.fsroot.Root` that turn failures into warnings.
+"""Tolerant reads over a :class:`~agent.kernel.fsroot.Root` that turn failures into warnings.
 
 Discovery must never raise on a board nobody has fixtures for: a missing file is normal
 (hardware-reference §8.1) and silently yields ``None``; an unreadable file (EACCES on
@@ -13,8 +13,8 @@ import os
 from collections.abc import Callable
 from typing import TypeVar
 
-from agent.discovery import parsers
-from agent.fsroot import Root, RootError
+from agent.kernel import parsers
+from agent.kernel.fsroot import Root, RootError
 
 T = TypeVar("T")
 
