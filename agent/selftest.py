@@ -9,7 +9,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent.service import Service
+    from agent.service.node import Service
 
 
 def _check(name: str, status: str, detail: str) -> dict[str, str]:
@@ -70,7 +70,7 @@ def run_selftest(config: Any, seconds: float = 3.0,
     import tempfile
     import time
 
-    from agent.service import Service
+    from agent.service.node import Service
 
     with tempfile.TemporaryDirectory(prefix="edge-agent-selftest-") as scratch:
         probe = dataclasses.replace(

@@ -22,13 +22,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, wait_until
 from paho.mqtt.enums import CallbackAPIVersion
 
+from agent.cli.fleet import no_delay
 from agent.config import from_dict
 from agent.control.controller import Controller, Identity
 from agent.control.envelope import TrustedKeys, key_id, public_key_text, sign
 from agent.control.store import CommandStore
-from agent.fleet_cli import no_delay
 from agent.link.mqtt import LinkSettings, MqttLink
-from agent.service import Service
+from agent.service.node import Service
 from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence
 

@@ -27,7 +27,7 @@ from tuning_helpers import copy_board, snapshot
 from agent.control.controller import Controller, Identity, Incoming
 from agent.control.envelope import TrustedKeys, private_key_pem, sign
 from agent.control.store import CommandStore
-from agent.service import Service
+from agent.service.node import Service
 
 BOARD = "jetson-agx-orin-jp6"
 FINAL = ("succeeded", "failed", "rejected", "expired")

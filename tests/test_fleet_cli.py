@@ -18,6 +18,7 @@ from control_helpers import FLEET, SimulatedNode, trusted
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, Subscriber, wait_until
 
+from agent.cli.fleet import watch_rows
 from agent.control.envelope import (
     TrustedKeys,
     key_id,
@@ -25,7 +26,6 @@ from agent.control.envelope import (
     private_key_pem,
     public_key_text,
 )
-from agent.fleet_cli import watch_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -226,7 +226,7 @@ def test_a_replayed_telemetry_record_does_not_hide_the_live_one() -> None:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
-    from agent.fleet_cli import Bus
+    from agent.cli.fleet import Bus
 
     bus = Bus(fleet=FLEET, client=mqtt.Client(CallbackAPIVersion.VERSION2))
     for ts, historical in ((2000, False), (1000, True)):  # the replay comes in second

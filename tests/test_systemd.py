@@ -21,11 +21,11 @@ from mqtt_helpers import Broker, wait_until
 from onnx_models import mlp
 from tuning_helpers import copy_board, snapshot
 
-import agent.service as service_module
+import agent.service.node as service_module
 from agent.config import from_dict
 from agent.inference.io import QueueSource, SyntheticSource
 from agent.inference.loop import InferenceLoop, LoadedModel
-from agent.service import Service
+from agent.service.node import Service
 from agent.service.systemd import Notifier, Watchdog, watchdog_interval_s
 
 REPO = Path(__file__).resolve().parents[1]

@@ -68,7 +68,7 @@ def test_sigkill_during_apply_always_rolls_back_exactly(tmp_path: Path) -> None:
 
 INTERRUPTED = """
 import os, signal, sys
-from agent import fsroot
+from agent.kernel import fsroot
 from agent.cli import main
 
 signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job ignores it

@@ -20,7 +20,7 @@ from agent.tuning.engine import TuningError
 from agent.tuning.errors import ProfileError
 
 if TYPE_CHECKING:
-    from agent.service import Service
+    from agent.service.node import Service
 
 
 def _health(service: Service, before: Any, guard: dict[str, Any]) -> str | None:

@@ -23,7 +23,7 @@ import paho.mqtt.client as mqtt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.cli import UsageError
+from agent.cli.common import UsageError
 from agent.control.envelope import (
     key_id,
     load_private_key,

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.cli import UsageError
+from agent.cli.common import UsageError
 from agent.config import (
     Config,
     ConfigError,
@@ -119,7 +119,7 @@ class Runner:
             self.terminal.close()
 
     def _reload(self) -> None:
-        from agent.service import Service, ServiceError
+        from agent.service.node import Service, ServiceError
 
         self.notifier.notify(RELOADING=1, STATUS="reloading the configuration")
         try:
@@ -149,7 +149,7 @@ class Runner:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.service import Service, ServiceError
+    from agent.service.node import Service, ServiceError
     from agent.service.systemd import Notifier
 
     terminal = TerminalLine(sys.stdout) if sys.stdout.isatty() else None

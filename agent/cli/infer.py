@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import onnxruntime as ort
 
-from agent.cli import UsageError, open_root
+from agent.cli.common import UsageError, open_root
 from agent.discovery import discover
 from agent.inference.io import SyntheticSource
 from agent.inference.loader import ModelLoader, model_cache_dir

@@ -167,7 +167,7 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.cli import open_root
+    from agent.cli.common import open_root
 
     root = open_root(args.root)
     engine = Engine(root, discover(root), Journal(_state_dir(args, root)), ProfileStore(root))

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.cli import UsageError, open_root
+from agent.cli.common import UsageError, open_root
 from agent.kernel.fsroot import Root, RootError
 from agent.overlays import build, installer
 from agent.overlays.bootfs import BootFiles

@@ -8,52 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from agent import __version__
-
-if TYPE_CHECKING:
-    from agent.kernel.fsroot import Root
-
-
-class UsageError(Exception):
-    """A one-line error for the person at the terminal; exit status 2."""
-
-
-def open_root(directory: str) -> Root:
-    """The filesystem layer for ``--root``; a missing directory is a usage error."""
-    from agent.kernel.fsroot import Root
-    from agent.validation import missing_directory
-
-    problem = missing_directory(directory)
-    if problem is not None:
-        raise UsageError(f"--root {problem}")
-    return Root(directory)
-
-
-def _finite(text: str, above_zero: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and (value > 0 if above_zero else value >= 0)):
-        raise argparse.ArgumentTypeError(
-            f"{text}: expected a number {'above 0' if above_zero else '0 or above'}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An argparse type for durations and rates: a finite number above 0 (argparse names
-    the flag: ``argument --seconds: -5: expected a number above 0``, exit 2)."""
-    return _finite(text, above_zero=True)
-
-
-def non_negative_float(text: str) -> float:
-    """An argparse type for a wait that may be none at all (``--settle 0``)."""
-    return _finite(text, above_zero=False)
+from agent.cli.common import UsageError, non_negative_float, open_root, positive_float
 
 
 def _discover(args: argparse.Namespace) -> int:
@@ -90,14 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from agent import profile_cli
+    from agent.cli import profile as profile_cli
 
     return profile_cli.run(args)
 
 
 def _add_profile_commands(
         commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The profile subcommands; agent.profile_cli (tuning engine, YAML) loads only when used."""
+    """The profile subcommands; agent.cli.profile (tuning engine, YAML) loads only when used."""
     profile = commands.add_parser("profile", help="list, plan, apply, verify and roll back "
                                   "tuning profiles")
     actions = profile.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -131,7 +90,7 @@ def _add_profile_commands(
 
 
 def _infer(args: argparse.Namespace) -> int:
-    from agent import infer_cli
+    from agent.cli import infer as infer_cli
 
     return infer_cli.run(args)
 
@@ -164,19 +123,19 @@ def _add_infer_command(commands: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def _run(args: argparse.Namespace) -> int:
-    from agent import run_cli
+    from agent.cli import service as run_cli
 
     return run_cli.run(args)
 
 
 def _status(args: argparse.Namespace) -> int:
-    from agent import run_cli
+    from agent.cli import service as run_cli
 
     return run_cli.status(args)
 
 
 def _selftest(args: argparse.Namespace) -> int:
-    from agent import run_cli
+    from agent.cli import service as run_cli
 
     return run_cli.selftest(args)
 
@@ -208,7 +167,7 @@ def _add_service_commands(commands: argparse._SubParsersAction[argparse.Argument
 
 
 def _config_check(args: argparse.Namespace) -> int:
-    from agent import config_cli
+    from agent.cli import config as config_cli
 
     return config_cli.run(args)
 
@@ -227,7 +186,7 @@ def _add_config_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
 
 
 def _fleet(args: argparse.Namespace) -> int:
-    from agent import fleet_cli
+    from agent.cli import fleet as fleet_cli
 
     return fleet_cli.main_entry(args)
 
@@ -285,7 +244,7 @@ def _add_fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def _overlay(args: argparse.Namespace) -> int:
-    from agent import overlay_cli
+    from agent.cli import overlay as overlay_cli
 
     return overlay_cli.run(args)
 
