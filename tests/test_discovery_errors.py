@@ -1,4 +1,4 @@
-"""Discovery degrades to null plus a warning, never a traceback (reference §8)."""
+"""Discovery degrades to null plus a warning, never a traceback."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def test_notify_sequence_ready_status_watchdog_stopping(tmp_path: Path,
 
 def test_notifier_sends_utf8_through_sdnotify_and_logs_failures(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """The design card's sdnotify carries the messages; systemd drops a STATUS= that is not
+    """sdnotify carries the messages; systemd drops a STATUS= that is not
     UTF-8 (sdnotify itself encodes Latin-1), and a vanished socket is logged, not raised."""
     import sdnotify
 

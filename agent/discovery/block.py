@@ -1,4 +1,7 @@
-"""Block devices and their request-queue parameters (reference §6.5)."""
+"""Block devices and their request-queue parameters.
+
+Queue files: https://docs.kernel.org/block/queue-sysfs.html.
+"""
 
 from __future__ import annotations
 

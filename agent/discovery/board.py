@@ -1,4 +1,6 @@
-"""Board identification: device-tree compatible, /etc/nv_tegra_release, DMI (reference §1, §2.1)."""
+"""Board identification: device-tree compatible (never ``model``, whose strings differ
+between vendor and mainline trees), /etc/nv_tegra_release, DMI.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ JETSON_MODULES = {
     "p3668": "Jetson Xavier NX", "p3448": "Jetson Nano", "p3834-0008": "Jetson AGX Thor devkit",
 }
 
-# L4T release -> JetPack (hardware-reference §2.1); facts of the release history.
+# L4T release -> JetPack, facts of the release history:
+# https://developer.nvidia.com/embedded/jetpack-archive
 L4T_TO_JETPACK = {
     "35.1.0": "5.0.2", "35.2.1": "5.1", "35.3.1": "5.1.1", "35.4.1": "5.1.2", "35.5.0": "5.1.3",
     "35.6.0": "5.1.4", "35.6.4": "5.1.6", "36.3.0": "6.0", "36.4.0": "6.1", "36.4.3": "6.2",

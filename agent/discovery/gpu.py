@@ -1,4 +1,4 @@
-"""GPUs: Jetson iGPU and Mali through devfreq, discrete GPUs through PCI and NVML (§2.3, §4.2).
+"""GPUs: Jetson iGPU and Mali through devfreq, discrete GPUs through PCI and NVML.
 
 devfreq nodes are recognised by their device-tree node name, never by the devfreq name, which
 changes between releases (gv11b -> ga10b -> gpu); the memory controller (``dmc``) is skipped.

@@ -1,4 +1,7 @@
-"""Kernel features: release, PREEMPT_RT, cgroup mode, THP, PSI, io_uring (reference §6)."""
+"""Kernel features: release, PREEMPT_RT, cgroup mode, THP, PSI, io_uring.
+
+Each may be absent (not built, or off on the command line); absent is a finding, not an error.
+"""
 
 from __future__ import annotations
 

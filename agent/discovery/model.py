@@ -1,7 +1,7 @@
 """The topology contract (``schema: topology/1``) as dataclasses.
 
-Field names are the JSON keys; units are in the names.  Keys beyond the contract in
-shared/DESIGN.md are additions, never renames.
+Field names are the JSON keys; units are in the names.  The topology/1 keys are a contract:
+new keys may be added, none renamed or removed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
 """NPUs: RK3588 rknpu (vendor) and Rocket (mainline), Jetson DLA, Intel NPU, Hailo, Coral.
 
-See hardware-reference §2.4, §3.3 and §4.3-4.5.  Each kind has its own small finder; all of
-them tolerate the device vanishing (runtime PM, driver reload) between two reads.
+Each kind has its own small finder, reading what its driver exposes: rknpu's devfreq node
+and debugfs/procfs status, /sys/class/accel (Rocket, intel_vpu;
+https://docs.kernel.org/accel/introduction.html), host1x's ``nvdla`` children,
+/sys/class/hailo_chardev, /sys/class/apex.  All of them tolerate the device vanishing
+(runtime PM, driver reload) between two reads.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""PCI devices: ids, class, driver, NUMA node and link (reference §4.1)."""
+"""PCI devices: ids, class, driver, NUMA node and link.
+
+From /sys/bus/pci/devices/<bdf>/ (https://docs.kernel.org/PCI/sysfs-pci.html).
+"""
 
 from __future__ import annotations
 

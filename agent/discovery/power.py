@@ -1,4 +1,8 @@
-"""Power rails (INA3221, INA2xx, regulators) and fans from hwmon (reference §2.6, §2.7, §3.4)."""
+"""Power rails (INA3221, INA2xx, regulators) and fans from hwmon.
+
+Units as https://docs.kernel.org/hwmon/sysfs-interface.html gives them (mV, mA, µW), except
+the INA3221 shunt channels, which are µV (https://docs.kernel.org/hwmon/ina3221.html).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Thermal zones, identified by ``type`` (never by index; reference §2.5, §3.4, §8.3)."""
+"""Thermal zones, identified by ``type``, never by index (indices and spellings change
+between boards and releases); a powered-down zone reads null.
+"""
 
 from __future__ import annotations
 

@@ -135,8 +135,8 @@ class Window:
         )
 
     def snapshot(self) -> dict[str, Any]:
-        """The contract shape (DESIGN.md "Inference statistics"); latencies are 0 with no
-        successful call."""
+        """The shape ``infer --json`` prints and telemetry carries as ``metrics.inference``;
+        latencies are 0 with no successful call."""
         p50, p95, p99 = _percentiles_ns(self.buckets, _QUANTILES, self.max_ns)
         return {
             "count": self.count,

@@ -1,6 +1,6 @@
 """Pure parsers for kernel file formats: text in, typed value out, ValueError on garbage.
 
-Kept free of I/O so every format is testable from a string (see hardware-reference §0).
+Kept free of I/O so every format is testable from a string.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Tolerant reads over a :class:`~agent.kernel.fsroot.Root` that turn failures into warnings.
 
 Discovery must never raise on a board nobody has fixtures for: a missing file is normal
-(hardware-reference §8.1) and silently yields ``None``; an unreadable file (EACCES on
-debugfs, EBUSY on an inactive cpufreq policy, EINVAL from a powered-down sensor) or a value
-that does not parse yields ``None`` plus a warning naming the path and the reason.
+(no ``scaling_available_frequencies`` under intel_pstate, no /proc/pressure without
+CONFIG_PSI, no nv_tegra_release in a container) and silently yields ``None``; an unreadable
+file (EACCES on debugfs, EBUSY on an inactive cpufreq policy, EINVAL from a powered-down
+sensor) or a value that does not parse yields ``None`` plus a warning naming the path and
+the reason.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The boot script loads ``user_overlays=`` names from ``/boot/overlay-user/<name>.dtbo`` and
 ``overlays=`` names from ``/boot/dtb/<vendor>/overlay/<overlay_prefix>-<name>.dtbo``, both
-space-separated (hardware reference §5).  Only ``user_overlays`` is ever edited here; U-Boot's
+space-separated.  Only ``user_overlays`` is ever edited here; U-Boot's
 ``env import`` lets the last assignment of a key win, so that is the line edited.
 """
 

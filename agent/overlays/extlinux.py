@@ -2,8 +2,8 @@
 
 extlinux has no automatic A/B, so the booting entry is never edited: the DEFAULT entry is
 copied to a new ``LABEL edge-agent`` that carries the overlays, DEFAULT points at the copy,
-and the original stays in the menu as the fallback (hardware reference §5; jetson-io does
-the same).  Removing the last edge-agent overlay deletes the copy and restores DEFAULT.
+and the original stays in the menu as the fallback (jetson-io does the same).  Removing the
+last edge-agent overlay deletes the copy and restores DEFAULT.
 Keywords are matched case-insensitively and written in the file's own spelling.
 """
 

@@ -45,8 +45,8 @@ def _data(text: str) -> bytes:
 def check_board(root: Root, overlay: Overlay, name: str) -> list[str]:
     """Refuse an overlay the running device tree cannot take; notes for what went unchecked.
 
-    Without ``__symbols__`` in the base DTB labels do not resolve (hardware reference §8,
-    item 13): Armbian then drops every overlay, and an extlinux boot may fail.
+    Without ``__symbols__`` in the base DTB (one built without ``dtc -@``) labels do not
+    resolve: Armbian then drops every overlay, and an extlinux boot may fail.
     """
     if not root.is_dir(DT):
         return [f"no running device tree below {root.base}: the board's compatible and "

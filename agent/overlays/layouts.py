@@ -1,6 +1,6 @@
 """Which boot loader reads this board's overlays, where the ``.dtbo`` goes, how it is listed.
 
-Three layouts (hardware reference §5): Armbian's ``armbianEnv.txt``; U-Boot ``extlinux.conf``
+Three layouts: Armbian's ``armbianEnv.txt``; U-Boot ``extlinux.conf``
 (Radxa and other distros, ``fdtoverlays``); Jetson JP6+ ``extlinux.conf`` read by UEFI
 L4TLauncher (``OVERLAYS``, needs ``FDT``).  Anything else is refused, never guessed.
 """

@@ -1,9 +1,9 @@
 """SoC facts the overlay generator and checks rely on: OPP tables, their labels and limits.
 
 One place for every number, so a table is judged by the same facts whether it comes from a
-YAML file or from a compiled overlay.  Sources: shared/hardware-reference.md §3.2 (OPP
-tables, mainline max cells, clock latency, vendor triples and bins) and §5 (labels,
-``__symbols__``); node paths as the vendor BSP (5.10/6.1) and mainline trees spell them.
+YAML file or from a compiled overlay.  Sources: the RK3588 device trees of the vendor BSP
+(5.10/6.1) and of mainline (``arch/arm64/boot/dts/rockchip/rk3588*.dtsi``): OPP tables, max
+cells, clock latency, vendor triples and bins, labels and node paths as each spells them.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ FLAVOURS = ("vendor", "mainline")
 MHZ = 1_000_000
 
 # The lowest voltage RK3588 board device trees allow on the CPU/GPU/NPU rails
-# (regulator-min-microvolt of the RK806/RK8602 rails).  Not in the hardware reference:
-# confirm on a board with /sys/class/regulator/*/min_microvolts.
+# (regulator-min-microvolt of the RK806/RK8602 rails).  Unconfirmed on hardware:
+# check on a board with /sys/class/regulator/*/min_microvolts.
 RK3588_RAIL_MIN_UV = 550_000
 
 
@@ -69,7 +69,7 @@ RK3588 = Soc(
                                 "mainline": "/gpu@fb000000/opp-table"},
                          min_hz=300 * MHZ, max_hz=1000 * MHZ, min_uv=RK3588_RAIL_MIN_UV,
                          max_uv=850_000),
-        # mainline has no NPU OPP table (reference §3.2): vendor only
+        # mainline device trees have no NPU OPP table: vendor only
         "npu": OppTarget(name="npu", label="npu_opp_table", paths={"vendor": "/npu-opp-table"},
                          min_hz=300 * MHZ, max_hz=1000 * MHZ, min_uv=RK3588_RAIL_MIN_UV,
                          max_uv=850_000),
@@ -84,7 +84,7 @@ TEGRA234 = Soc(
     compatibles=("nvidia,tegra234",),
     targets={},
     note="Jetson CPU operating points come from BPMP firmware, not from device-tree OPP "
-         "tables (hardware reference §5), so there is no OPP table to overlay; cap them at "
+         "tables, so there is no OPP table to overlay; cap them at "
          "runtime (profile dvfs, nvpmodel). dts-overlays/jetson-orin-cpu-alert.dts shows what "
          "an overlay can change there: a thermal trip point",
 )

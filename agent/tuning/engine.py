@@ -1,4 +1,8 @@
-"""Plan, apply, verify, rollback (shared/DESIGN.md "Plan, apply, verify, rollback").
+"""Plan, apply, verify, rollback.
+
+A plan writes nothing; apply journals each original value (fsync'd, keyed by boot id) before
+writing it; verify re-reads every planned path; rollback restores the originals exactly, and a
+journal from another boot is not replayed onto fresh sysfs.
 
 Switching profiles is transactional: the new profile is loaded, validated and planned
 against the original values before anything is written, and the new journal (holding every

@@ -1,7 +1,8 @@
 """nvpmodel: the Jetson power mode is the base policy a profile tunes within.
 
 The live config (``/etc/nvpmodel.conf``) and the active mode (``/var/lib/nvpmodel/status``)
-are parsed, never embedded: values drift between releases (hardware-reference §2.8).  The
+are parsed, never embedded: values drift between releases (an older AGX Orin conf caps
+MODE_15W's GPU at 420750000 Hz, a newer one at 408000000).  The
 agent only warns when a profile asks beyond the mode's caps; nvpmodel rewrites the limits at
 boot and on ``nvpmodel -m`` anyway.
 """

@@ -5,7 +5,8 @@ while pressure is high the controller turns THP off.  It turns it back on only a
 has fallen well below the trigger (hysteresis) and a hold time has passed, so it never flaps.
 Every switch is journaled before the write, so ``Engine.rollback`` restores the true
 original value, and is reported through ``on_event``.  Signals: PSI ``some avg10`` of
-/proc/pressure/memory and a cgroup's ``memory.events`` ``high`` counter (reference §6.1-6.3).
+/proc/pressure/memory (https://docs.kernel.org/accounting/psi.html) and a cgroup's
+``memory.events`` ``high`` counter (https://docs.kernel.org/admin-guide/cgroup-v2.html).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Fan speed and PWM duty from the hwmon devices discovery found (reference §2.7, §3.4)."""
+"""Fan speed and PWM duty (0-255) from the hwmon devices discovery found.
+
+File names: https://docs.kernel.org/hwmon/sysfs-interface.html; Tegra kernels expose the
+tachometer as ``rpm``.
+"""
 
 from __future__ import annotations
 

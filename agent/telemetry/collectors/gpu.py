@@ -1,5 +1,5 @@
 """GPU load and clocks: devfreq GPUs (Jetson, Mali/panthor) from sysfs, NVIDIA discrete GPUs
-through NVML (reference §2.3, §3.3, §4.2).
+through NVML (https://docs.nvidia.com/deploy/nvml-api/), which does not cover the Jetson iGPU.
 
 Where a devfreq GPU's load lives is decided once: Rockchip's vendor Mali driver adds a
 ``load`` attribute to the devfreq node reading ``<pct>@<Hz>Hz``; a Jetson GPU keeps a

@@ -1,4 +1,4 @@
-"""NVIDIA discrete GPU telemetry through NVML (reference §4.2).
+"""NVIDIA discrete GPU telemetry through NVML (https://docs.nvidia.com/deploy/nvml-api/).
 
 NVML is initialised once and its handles are kept, since ``nvmlInit`` costs far more than a
 sample.  A query a GPU does not support (power on some boards, event reasons on an old

@@ -1,4 +1,7 @@
-"""Block queues per device-name pattern, and NVMe power-state latency (reference §6.5)."""
+"""Block queues per device-name pattern, and NVMe power-state latency.
+
+Queue files: https://docs.kernel.org/block/queue-sysfs.html.
+"""
 
 from __future__ import annotations
 

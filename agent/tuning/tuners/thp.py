@@ -1,4 +1,6 @@
-"""Transparent huge pages: enabled, defrag, khugepaged defrag (reference §6.2)."""
+"""Transparent huge pages: enabled, defrag, khugepaged defrag
+(https://docs.kernel.org/admin-guide/mm/transhuge.html).
+"""
 
 from __future__ import annotations
 
