@@ -27,7 +27,8 @@ from agent.config import from_dict
 from agent.control.controller import Controller, Identity
 from agent.control.envelope import TrustedKeys, key_id, public_key_text, sign
 from agent.control.store import CommandStore
-from agent.link.mqtt import LinkSettings, MqttLink
+from agent.link.mqtt import MqttLink
+from agent.link.settings import LinkSettings
 from agent.service.node import Service
 from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence
