@@ -259,7 +259,9 @@ class Config:
     @property
     def topic_root(self) -> str:
         """``edge/v1/<fleet>/<node>`` (DESIGN.md "MQTT")."""
-        return f"edge/v1/{self.fleet}/{self.node_id}"
+        from agent.control.protocol import node_root
+
+        return node_root(self.fleet, self.node_id)
 
 
 def _check_consistency(data: dict[str, Any], file: str) -> None:

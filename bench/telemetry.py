@@ -33,7 +33,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from agent.discovery import discover
 from agent.kernel.fsroot import Root
-from agent.link.mqtt import LinkSettings, MqttLink
+from agent.link.mqtt import MqttLink
+from agent.link.settings import LinkSettings
 from agent.telemetry.collectors import build_collectors
 from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence

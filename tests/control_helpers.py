@@ -6,28 +6,25 @@ else (no inference, no sampler), so hundreds fit in one test process.
 
 from __future__ import annotations
 
-import json
 import resource
-import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
 from agent_process import agent_config
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, wait_until
-from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.cli.fleet import no_delay
 from agent.config import from_dict
+from agent.control import operator, protocol
 from agent.control.controller import Controller, Identity
 from agent.control.envelope import TrustedKeys, key_id, public_key_text, sign
+from agent.control.operator import BrokerSettings
 from agent.control.store import CommandStore
-from agent.link.mqtt import LinkSettings, MqttLink
+from agent.link.mqtt import MqttLink
+from agent.link.settings import LinkSettings
 from agent.service.node import Service
 from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence
@@ -48,76 +45,64 @@ def raise_file_limit() -> None:
 
 
 class Operator:
-    """Publishes raw or signed commands and records every reply on the fleet's res topics."""
+    """The product's operator client on the fleet's res topics, recording every reply; its raw
+    publish also sends what a real operator never would (malformed, retained, replayed)."""
 
     def __init__(self, broker: Broker, key: Ed25519PrivateKey) -> None:
         self.key = key
-        self.replies: list[dict[str, Any]] = []
-        self.by_id: dict[Any, list[dict[str, Any]]] = {}
-        self.lock = threading.Lock()
-        self.arrived = threading.Condition(self.lock)
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2,
-                                  client_id=f"operator-{uuid.uuid4().hex[:8]}",
-                                  protocol=mqtt.MQTTv5)
-        self.client.on_message = self._record
-        subscribed = threading.Event()
-        self.client.on_subscribe = lambda *a: subscribed.set()
-        self.client.connect(broker.host, broker.port)
-        no_delay(self.client)
-        self.client.subscribe(f"edge/v1/{FLEET}/+/cmd/+/res", qos=1)
-        self.client.loop_start()
-        assert subscribed.wait(10)
+        self.bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), FLEET,
+                                    [protocol.reply_suffix("+")])
+        self.client = self.bus.client  # to watch more topics
 
-    def _record(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        reply = json.loads(message.payload)
-        with self.arrived:
-            self.replies.append(reply)
-            self.by_id.setdefault(reply.get("id"), []).append(reply)
-            self.arrived.notify_all()
+    @property
+    def replies(self) -> list[dict[str, Any]]:
+        with self.bus.lock:
+            return [payload for _topic, payload in self.bus.messages]
+
+    def _by_id(self, command_id: str | None) -> list[dict[str, Any]]:
+        """Under the bus lock."""
+        return [payload for _topic, payload in self.bus.messages
+                if payload.get("id") == command_id]
 
     def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
-        self.client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
+        self.bus.publish(topic, payload, retain=retain)
 
     def send(self, scope: str, command: str, args: dict[str, Any] | None = None,
-             target: str | None = None, **sign_options: Any) -> dict[str, Any]:
-        """Sign and send; ``scope`` is a node id, ``group/<g>`` or ``all``."""
-        target = target or ("all" if scope == "all" else scope.replace("/", ":")
-                            if scope.startswith("group/") else f"node:{scope}")
+             **sign_options: Any) -> dict[str, Any]:
+        """Sign and send; ``scope`` is a node id, ``group:<g>`` or ``all``."""
+        target, topic_scope = protocol.target_of(scope)
         envelope = sign(self.key, command, target, args or {}, **sign_options)
-        self.publish(f"edge/v1/{FLEET}/{scope}/cmd/{command}", json.dumps(envelope).encode())
+        operator.publish_command(self.bus, topic_scope, envelope)
         return envelope
 
     def for_id(self, command_id: str | None) -> list[dict[str, Any]]:
-        with self.lock:
-            return list(self.by_id.get(command_id, []))
+        with self.bus.lock:
+            return self._by_id(command_id)
 
     def wait_finals(self, command_id: str, count: int, seconds: float) -> dict[str, str]:
         """node -> final status, once ``count`` nodes have one (or the time is up)."""
         def finals() -> dict[str, str]:
-            return {r["node_id"]: r["status"] for r in self.by_id.get(command_id, [])
-                    if r["status"] in ("succeeded", "failed", "rejected", "expired")}
+            return {r["node_id"]: r["status"] for r in self._by_id(command_id)
+                    if r["status"] in protocol.FINAL}
 
-        with self.arrived:  # woken by each reply, not polling
-            self.arrived.wait_for(lambda: len(finals()) >= count, seconds)
+        with self.bus.arrived:  # woken by each reply, not polling
+            self.bus.arrived.wait_for(lambda: len(finals()) >= count, seconds)
             return finals()
 
     def final(self, command_id: str | None, node: str | None = None,
               seconds: float = 20) -> dict[str, Any]:
         def found() -> dict[str, Any] | None:
-            return next((r for r in self.by_id.get(command_id, [])
-                         if r["status"] in ("succeeded", "failed", "rejected", "expired")
+            return next((r for r in self._by_id(command_id) if r["status"] in protocol.FINAL
                          and (node is None or r["node_id"] == node)), None)
 
-        with self.arrived:  # woken by each reply: no polling delay in a round trip
-            assert self.arrived.wait_for(lambda: found() is not None, seconds), \
-                self.replies[-5:]
-            result = found()
-        assert result is not None
+        with self.bus.arrived:  # woken by each reply: no polling delay in a round trip
+            result = found() if self.bus.arrived.wait_for(
+                lambda: found() is not None, seconds) else None
+        assert result is not None, self.replies[-5:]
         return result
 
     def close(self) -> None:
-        self.client.loop_stop()
-        self.client.disconnect()
+        self.bus.close()
 
 
 class SimulatedNode:

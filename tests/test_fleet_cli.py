@@ -226,7 +226,7 @@ def test_a_replayed_telemetry_record_does_not_hide_the_live_one() -> None:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
 
-    from agent.cli.fleet import Bus
+    from agent.control.operator import Bus
 
     bus = Bus(fleet=FLEET, client=mqtt.Client(CallbackAPIVersion.VERSION2))
     for ts, historical in ((2000, False), (1000, True)):  # the replay comes in second

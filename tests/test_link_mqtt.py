@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from mqtt_helpers import Broker, Subscriber, TlsFiles, make_test_ca, wait_until
 
-from agent.link import mqtt as mqtt_link
-from agent.link.mqtt import LinkSettings, MqttLink, backoff_delay
+from agent.link import delivery
+from agent.link.mqtt import MqttLink
+from agent.link.settings import LinkSettings, backoff_delay
 from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence, encode
 from agent.telemetry.sampler import FunctionCollector, Sampler
@@ -207,7 +208,7 @@ def test_an_ack_with_nothing_else_in_flight_leaves_the_outbox_at_once(
         tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
     """At 1 Hz the record a second must not show as waiting after its PUBACK: acks are
     batched only while more are in flight (a batch window of 30 s would show it here)."""
-    monkeypatch.setattr(mqtt_link, "ACK_BATCH_S", 30.0)
+    monkeypatch.setattr(delivery, "ACK_BATCH_S", 30.0)
     agent = Agent(tmp_path, broker, interval_s=3600.0)  # the first sample, then none
     agent.start()
     try:

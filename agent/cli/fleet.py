@@ -1,64 +1,44 @@
 """``edge-agent fleet``: keygen, send (sign, send, collect replies), desired, watch.
 
-The operator side of fleet control.  It needs only the broker and a private key; who is in
-the fleet comes from the nodes' retained ``state`` and ``birth`` messages.
+Argument handling and rendering only: the broker session, signing, sending and collecting
+replies are the operator client's (agent.control.operator), imported when a command runs so
+that building the parser stays cheap.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import signal
-import socket
 import sys
-import threading
 import time
-import uuid
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import paho.mqtt.client as mqtt
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from paho.mqtt.enums import CallbackAPIVersion
+from typing import TYPE_CHECKING, Any
 
 from agent.cli.common import UsageError
-from agent.control.envelope import (
-    key_id,
-    load_private_key,
-    private_key_pem,
-    public_key_text,
-    sign,
-)
-from agent.link.mqtt import read_password
+from agent.control import protocol
 from agent.stopping import SIGINT_EXIT, StopSignals
 from agent.telemetry.records import hottest_c
 
-FINAL = ("succeeded", "failed", "rejected", "expired")
-RETAINED_SETTLE_S = 2.0  # at most, for the retained messages after subscribing
-HANDSHAKE_TIMEOUT_S = 5.0  # CONNACK and SUBACK
-PUBLISH_TIMEOUT_S = 10.0  # PUBACK
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-
-class FleetError(Exception):
-    """The broker took part but the operation failed (a refused publish): exit status 1."""
+    from agent.control.operator import BrokerSettings, Bus, Outcome
 
 
 # -- keys -----------------------------------------------------------------------------------
 
 
 def keygen(args: argparse.Namespace) -> int:
+    from agent.control.operator import generate_key
+
     path = Path(args.out)
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists; --force replaces it (and every node must then "
                          "trust the new key)")
-    key = Ed25519PrivateKey.generate()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(private_key_pem(key))
-    public = key.public_key()
-    entry = {"id": key_id(public), "public_key": public_key_text(public)}
+    entry = generate_key(path)
     if args.json:
         print(json.dumps({"path": str(path), "key_id": entry["id"],
                           "public_key": entry["public_key"], "trusted_key": entry}, indent=2))
@@ -71,6 +51,8 @@ def keygen(args: argparse.Namespace) -> int:
 
 
 def _private_key(path: str) -> Ed25519PrivateKey:
+    from agent.control.envelope import load_private_key
+
     try:
         return load_private_key(Path(path).read_bytes())
     except OSError as error:
@@ -82,185 +64,42 @@ def _private_key(path: str) -> Ed25519PrivateKey:
 # -- broker connection ----------------------------------------------------------------------
 
 
-@dataclass
-class Bus:
-    """An operator's MQTT session that records what arrives on the topics it watches."""
-
-    fleet: str
-    client: mqtt.Client
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    retained: dict[str, dict[str, Any]] = field(default_factory=dict)  # topic -> payload
-    messages: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    changed: threading.Event = field(default_factory=threading.Event)
-    acks: dict[int, str | None] = field(default_factory=dict)  # mid -> refusal, if any
-
-    def on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        try:
-            payload = json.loads(message.payload) if message.payload else None
-        except ValueError:
-            return
-        with self.lock:
-            if message.retain or message.topic.endswith(("/state", "/birth", "/reported")):
-                if payload is None:
-                    self.retained.pop(message.topic, None)
-                else:
-                    self.retained[message.topic] = payload
-            if payload is not None:
-                self.messages.append((message.topic, payload))
-        self.changed.set()
-
-    def on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any,
-                   properties: Any) -> None:
-        with self.lock:
-            self.acks[mid] = str(reason) if reason.is_failure else None
-
-    def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
-        """Publish at QoS 1 and wait for the broker's acknowledgement; FleetError if it
-        refuses the message (an ACL, say) or never acknowledges it."""
-        info = self.client.publish(topic, payload, qos=1, retain=retain)
-        try:
-            info.wait_for_publish(PUBLISH_TIMEOUT_S)
-        except (RuntimeError, ValueError) as error:
-            raise FleetError(f"could not publish on {topic}: {error}") from None
-        if not info.is_published():
-            raise FleetError(f"the broker did not acknowledge the message on {topic} "
-                             f"within {PUBLISH_TIMEOUT_S:.0f} s")
-        with self.lock:
-            refused = self.acks.pop(info.mid, None)
-        if refused:
-            raise FleetError(f"the broker refused the message on {topic}: {refused}")
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-    def nodes(self) -> dict[str, dict[str, Any]]:
-        """node id -> {state, birth, reported, telemetry (the newest)} from what arrived."""
-        found: dict[str, dict[str, Any]] = {}
-        prefix = f"edge/v1/{self.fleet}/"
-        with self.lock:
-            items = list(self.retained.items()) + [
-                (t, p) for t, p in self.messages if t.endswith("/telemetry")]
-        for topic, payload in items:
-            node, _, suffix = topic.removeprefix(prefix).partition("/")
-            if node in ("all", "group") or suffix not in ("state", "birth", "reported",
-                                                          "telemetry"):
-                continue
-            facts = found.setdefault(node, {})
-            if suffix == "telemetry" and (facts.get("telemetry") or {}).get("ts", 0) > \
-                    payload.get("ts", 0):
-                continue  # a replayed (historical) record arriving after a live one
-            facts[suffix] = payload
-        return found
-
-
-def _connection(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+def _connection(args: argparse.Namespace) -> tuple[BrokerSettings, str]:
     """Broker settings from --config (an agent.yaml) and --broker, and the fleet name."""
     from agent.config import ConfigError, load_config
+    from agent.control.operator import BrokerSettings
 
     try:
         config = load_config(args.config) if args.config else None
     except ConfigError as error:
         raise UsageError(str(error)) from None
-    settings: dict[str, Any] = {"host": "localhost", "port": 1883, "tls": None,
-                                "username": None, "password_file": None}
+    settings = BrokerSettings()
     if config is not None:
-        m = config.mqtt
-        settings.update(host=m.host, port=m.port, tls=m.tls, username=m.username,
-                        password_file=m.password_file)
+        m, tls = config.mqtt, config.mqtt.tls
+        settings = BrokerSettings(
+            host=m.host, port=m.port, tls=tls is not None,
+            tls_ca=tls.ca if tls else None, tls_cert=tls.cert if tls else None,
+            tls_key=tls.key if tls else None, username=m.username,
+            password_file=m.password_file)
     if args.broker:
         host, _, port = args.broker.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise UsageError(f"--broker {args.broker}: expected host:port")
-        settings.update(host=host, port=int(port))
+        settings = dataclasses.replace(settings, host=host, port=int(port))
     fleet = args.fleet or (config.fleet if config is not None else "default")
     return settings, fleet
 
 
-def no_delay(client: mqtt.Client) -> None:
-    """A command right after an ack must not wait for Nagle and a delayed ACK (~40 ms)."""
-    sock: Any = client.socket()
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def connect(args: argparse.Namespace, watch: Sequence[str]) -> Bus:
+    """The operator session for --broker/--config/--fleet; a broker that cannot be used is
+    a usage error (exit status 2) that says which broker and why."""
+    from agent.control import operator
 
-
-def connect(args: argparse.Namespace, topics: list[str]) -> Bus:
-    """A session whose handshake, subscriptions and retained messages are complete.
-
-    Every way the broker can fail us (no such host, nothing listening, TLS, a refused login,
-    a handshake or subscription never answered, a subscription denied) is a UsageError that
-    says which broker and why.  With no topics it only connects (``desired`` publishes)."""
     settings, fleet = _connection(args)
-    where = f"{settings['host']}:{settings['port']}"
-    client_id = f"edge-operator-{uuid.uuid4().hex[:12]}"
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                         protocol=mqtt.MQTTv5)
     try:
-        if settings["tls"] is not None:
-            tls = settings["tls"]
-            client.tls_set(ca_certs=tls.ca, certfile=tls.cert, keyfile=tls.key)
-        if settings["username"]:
-            client.username_pw_set(settings["username"],
-                                   read_password(settings["password_file"]))
-    except OSError as error:  # ssl.SSLError is one
-        raise UsageError(f"broker {where}: {error}") from None
-    bus = Bus(fleet=fleet, client=client)
-    sync_topic = f"edge/v1/{fleet}/operator/{client_id}/sync"
-    connected, subscribed, synced = threading.Event(), threading.Event(), threading.Event()
-    refused: list[str] = []
-
-    def on_connect(client: mqtt.Client, userdata: Any, flags: Any, reason: Any,
-                   properties: Any) -> None:
-        if reason.is_failure:
-            refused.append(str(reason))
-        connected.set()
-
-    def on_subscribe(client: mqtt.Client, userdata: Any, mid: int, reasons: Any,
-                     properties: Any) -> None:
-        refused.extend(f"{topic}: {reason}"
-                       for topic, reason in zip(topics_sent, reasons, strict=False)
-                       if reason.is_failure)
-        subscribed.set()
-
-    def on_message(client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        if message.topic == sync_topic:
-            synced.set()
-        else:
-            bus.on_message(client, userdata, message)
-
-    wanted = [topic.format(fleet=fleet) for topic in topics]
-    topics_sent = [*wanted, sync_topic]
-    client.on_connect, client.on_subscribe, client.on_message = (on_connect, on_subscribe,
-                                                                 on_message)
-    client.on_publish = bus.on_publish
-    try:
-        client.connect(settings["host"], settings["port"], keepalive=30)
-    except OSError as error:  # DNS (gaierror), refused, unreachable, timeout, TLS
-        raise UsageError(f"cannot reach the broker {where}: "
-                         f"{error.strerror or error}") from None
-    no_delay(client)
-    client.loop_start()
-    try:
-        if not connected.wait(HANDSHAKE_TIMEOUT_S):
-            raise UsageError(f"the broker {where} did not answer the MQTT handshake within "
-                             f"{HANDSHAKE_TIMEOUT_S:.0f} s")
-        if refused:
-            raise UsageError(f"the broker {where} refused the connection: {refused[0]}")
-        if wanted:
-            client.subscribe([(topic, 1) for topic in topics_sent])
-            if not subscribed.wait(HANDSHAKE_TIMEOUT_S):
-                raise UsageError(f"the broker {where} did not confirm the subscription "
-                                 f"within {HANDSHAKE_TIMEOUT_S:.0f} s")
-            if refused:
-                raise UsageError(f"the broker {where} refused the subscription to "
-                                 f"{'; '.join(refused)}")
-            # The broker sends a subscription's retained messages before anything published
-            # after it on this connection: once our own marker is back, they are all here.
-            client.publish(sync_topic, b"", qos=1)
-            synced.wait(RETAINED_SETTLE_S)
-    except BaseException:
-        bus.close()
-        raise
-    return bus
+        return operator.connect(settings, fleet, watch)
+    except operator.BrokerError as error:
+        raise UsageError(str(error)) from None
 
 
 # -- send -----------------------------------------------------------------------------------
@@ -285,81 +124,6 @@ def parse_args_list(pairs: list[str]) -> dict[str, Any]:
     return result
 
 
-def target_of(text: str) -> tuple[str, str]:
-    """(envelope target, topic scope) for ``node``, ``group:G`` or ``all``."""
-    if text == "all":
-        return "all", "all"
-    if text.startswith("group:"):
-        return text, f"group/{text.removeprefix('group:')}"
-    return f"node:{text}", text
-
-
-def expected_nodes(bus: Bus, target: str) -> set[str]:
-    """Who should answer: the node itself, or the online members of the fleet or group."""
-    if target.startswith("node:"):
-        return {target.removeprefix("node:")}
-    group = target.removeprefix("group:") if target.startswith("group:") else None
-    found = set()
-    for node, facts in bus.nodes().items():
-        if (facts.get("state") or {}).get("state") not in ("online", "degraded"):
-            continue
-        if group is None or group in (facts.get("birth") or {}).get("groups", []):
-            found.add(node)
-    return found
-
-
-@dataclass
-class Outcome:
-    node: str
-    status: str = "no reply"
-    code: str = ""
-    message: str = ""
-    ms: float | None = None
-    result: Any = None
-    chunks: dict[int, str] = field(default_factory=dict)
-
-
-def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
-            timeout: float) -> dict[str, Outcome]:
-    """Replies by node until every expected node has a final one, or the timeout."""
-    outcomes = {node: Outcome(node) for node in expected}
-    seen = 0
-    deadline = time.monotonic() + timeout
-    while True:
-        with bus.lock:
-            fresh, seen = bus.messages[seen:], len(bus.messages)
-        for topic, reply in fresh:
-            if not topic.endswith("/res") or reply.get("id") != command_id:
-                continue
-            outcome = outcomes.setdefault(reply.get("node_id", "?"),
-                                          Outcome(reply.get("node_id", "?")))
-            _absorb(outcome, reply, sent_at)
-        if all(o.status in FINAL for o in outcomes.values() if o.node in expected) and (
-                expected or time.monotonic() >= deadline):
-            return outcomes
-        if time.monotonic() >= deadline:
-            return outcomes
-        bus.changed.wait(0.05)
-        bus.changed.clear()
-
-
-def _absorb(outcome: Outcome, reply: dict[str, Any], sent_at: float) -> None:
-    if "chunk" in reply:
-        chunk = reply["chunk"]
-        outcome.chunks[chunk["index"]] = chunk["data"]
-        if len(outcome.chunks) < chunk["count"]:
-            return
-        reply = {**reply, "result": json.loads("".join(outcome.chunks[i]
-                                                       for i in range(chunk["count"])))}
-    if outcome.status in FINAL:
-        return
-    outcome.status = reply.get("status", "?")
-    outcome.code = reply.get("code", "")
-    outcome.message = reply.get("message") or reply.get("step") or ""
-    outcome.result = reply.get("result")
-    outcome.ms = round((time.time() - sent_at) * 1000, 1)
-
-
 def render(rows: list[tuple[str, ...]]) -> str:
     """Columns padded to their widest cell; the header is the first row."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -375,6 +139,9 @@ def table(outcomes: dict[str, Outcome]) -> str:
 
 
 def send(args: argparse.Namespace) -> int:
+    from agent.control.envelope import sign
+    from agent.control.operator import collect, expected_nodes, publish_command
+
     key = _private_key(args.key)
     arguments = parse_args_list(args.arg or [])
     if args.args_json:
@@ -382,9 +149,9 @@ def send(args: argparse.Namespace) -> int:
             arguments.update(json.loads(args.args_json))
         except ValueError as error:
             raise UsageError(f"--args-json: {error}") from None
-    target, scope = target_of(args.target)
-    bus = connect(args, ["edge/v1/{fleet}/+/state", "edge/v1/{fleet}/+/birth",
-                         f"edge/v1/{{fleet}}/+/cmd/{args.fleet_command}/res"])
+    target, scope = protocol.target_of(args.target)
+    bus = connect(args, [protocol.STATE, protocol.BIRTH,
+                         protocol.reply_suffix(args.fleet_command)])
     try:
         expected = expected_nodes(bus, target)
         if not expected:  # a node target always expects itself
@@ -397,8 +164,7 @@ def send(args: argparse.Namespace) -> int:
             return 1
         envelope = sign(key, args.fleet_command, target, arguments, ttl_s=args.ttl)
         sent_at = time.time()
-        bus.publish(f"edge/v1/{bus.fleet}/{scope}/cmd/{args.fleet_command}",
-                    json.dumps(envelope).encode())
+        publish_command(bus, scope, envelope)
         outcomes = collect(bus, envelope["id"], expected, sent_at, args.timeout)
     finally:
         bus.close()
@@ -409,15 +175,19 @@ def send(args: argparse.Namespace) -> int:
     else:
         print(f"{args.fleet_command} {envelope['id']} -> {args.target}: "
               f"{len(outcomes)} node(s)\n{table(outcomes)}")
-    return 0 if outcomes and all(o.status == "succeeded" for o in outcomes.values()) else 1
+    return 0 if outcomes and all(o.status == protocol.SUCCEEDED
+                                 for o in outcomes.values()) else 1
 
 
 # -- desired state --------------------------------------------------------------------------
 
 
 def desired(args: argparse.Namespace) -> int:
-    target, scope = target_of(args.target)
-    if target == "all":
+    from agent.control.envelope import sign
+    from agent.control.operator import publish_desired
+
+    target, scope = protocol.target_of(args.target)
+    if target == protocol.ALL:
         raise UsageError("desired state is per node or per group, not for all")
     wanted: dict[str, Any] = {}
     if args.profile is not None:
@@ -433,10 +203,8 @@ def desired(args: argparse.Namespace) -> int:
     envelope = None if args.clear else sign(_private_key(args.key), "desired", target,
                                             wanted, ttl_s=args.ttl)
     bus = connect(args, [])
-    topic = f"edge/v1/{bus.fleet}/{scope}/desired"
     try:
-        bus.publish(topic, b"" if envelope is None else json.dumps(envelope).encode(),
-                    retain=True)
+        topic = publish_desired(bus, scope, envelope)
     finally:
         bus.close()
     if args.json:
@@ -498,8 +266,8 @@ def watch(args: argparse.Namespace) -> int:
     """A table per second: redrawn in place on a terminal; into a pipe each table once,
     after a blank line; with --json one JSON object per line and refresh.  SIGTERM ends it
     cleanly (exit 0), Ctrl-C too (exit 130)."""
-    bus = connect(args, ["edge/v1/{fleet}/+/state", "edge/v1/{fleet}/+/birth",
-                         "edge/v1/{fleet}/+/telemetry", "edge/v1/{fleet}/+/reported"])
+    bus = connect(args, [protocol.STATE, protocol.BIRTH, protocol.TELEMETRY,
+                         protocol.REPORTED])
     redraw = not args.once and not args.json and sys.stdout.isatty()
     try:
         with StopSignals() as stop:
@@ -532,6 +300,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main_entry(args: argparse.Namespace) -> int:
+    from agent.control.operator import FleetError
+
     try:
         return run(args)
     except KeyboardInterrupt:  # Ctrl-C is how a watch ends; elsewhere it cut something short

@@ -24,14 +24,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.control import schemas
+from agent.control import protocol, schemas
 from agent.control.envelope import EnvelopeError, TrustedKeys
 from agent.control.store import CommandStore
 
 logger = logging.getLogger(__name__)
 audit = logging.getLogger("agent.audit")
 
-FINAL = ("succeeded", "failed", "rejected", "expired")
 PRUNE_INTERVAL_S = 3600.0  # how often the worker forgets ids a day past their expiry
 
 
@@ -58,12 +57,14 @@ class Identity:
 
     @property
     def root(self) -> str:
-        return f"edge/v1/{self.fleet}/{self.node_id}"
+        return protocol.node_root(self.fleet, self.node_id)
 
     def scopes(self) -> dict[str, str]:
         """Topic prefix -> the target an envelope there must name."""
-        prefixes = {self.root: f"node:{self.node_id}", f"edge/v1/{self.fleet}/all": "all"}
-        prefixes.update({f"edge/v1/{self.fleet}/group/{g}": f"group:{g}" for g in self.groups})
+        prefixes = {self.root: f"node:{self.node_id}",
+                    protocol.scope_root(self.fleet, protocol.ALL): protocol.ALL}
+        prefixes.update({protocol.scope_root(self.fleet, protocol.group_scope(g)): f"group:{g}"
+                         for g in self.groups})
         return prefixes
 
 
@@ -100,8 +101,9 @@ class Controller:
     # -- lifecycle --------------------------------------------------------------------------
 
     def subscriptions(self) -> tuple[str, ...]:
-        topics = [f"{prefix}/cmd/+" for prefix in self._scopes]
-        topics += [f"{prefix}/desired" for prefix in self._scopes if not prefix.endswith("/all")]
+        topics = [protocol.topic(prefix, protocol.command_suffix("+")) for prefix in self._scopes]
+        topics += [protocol.topic(prefix, protocol.DESIRED) for prefix, target
+                   in self._scopes.items() if target != protocol.ALL]
         return tuple(topics)
 
     def start(self) -> None:
@@ -150,10 +152,10 @@ class Controller:
     def on_message(self, message: Any) -> None:
         """Called by the link thread: check, answer ``accepted`` or why not, queue the run."""
         incoming = _incoming(message)
-        prefix, _, rest = incoming.topic.rpartition("/cmd/")
-        if rest and "/" not in rest and prefix in self._scopes:
-            self._command(incoming, prefix, rest)
-        elif incoming.topic.endswith("/desired"):
+        command = protocol.command_of(incoming.topic)
+        if command is not None and command[0] in self._scopes:
+            self._command(incoming, *command)
+        elif protocol.desired_of(incoming.topic) is not None:
             self._desired_state(incoming)
 
     def _command(self, incoming: Incoming, prefix: str, name: str) -> None:
@@ -172,11 +174,11 @@ class Controller:
         try:
             self._allowed(name, envelope["args"])
         except EnvelopeError as error:
-            reply = self._reply_body(envelope, name, "rejected", error.code, str(error))
+            reply = self._reply_body(envelope, name, protocol.REJECTED, error.code, str(error))
             self.store.record(envelope["id"], name, envelope["expires_at"], reply)
             self._reject(incoming, name, envelope, error, stored=reply)
             return
-        accepted = self._reply_body(envelope, name, "accepted")
+        accepted = self._reply_body(envelope, name, protocol.ACCEPTED)
         self.store.record(envelope["id"], name, envelope["expires_at"], accepted)
         audit.info("audit: accepted %s id %s from key %s", name, envelope["id"],
                    envelope.get("key_id"))
@@ -230,24 +232,25 @@ class Controller:
 
     def _run(self, incoming: Incoming, name: str, envelope: dict[str, Any]) -> None:
         if envelope["expires_at"] < int(self.clock() * 1000):  # waited too long in the queue
-            self._finish(incoming, name, envelope, "expired", "expired", "expired before it "
-                         "could run")
+            self._finish(incoming, name, envelope, protocol.EXPIRED, "expired",
+                         "expired before it could run")
             return
 
         def progress(step: str) -> None:
-            self._send(incoming, name, self._reply_body(envelope, name, "in_progress", step=step))
+            self._send(incoming, name, self._reply_body(envelope, name, protocol.IN_PROGRESS,
+                                                          step=step))
 
         try:
             result = self.handlers[name](envelope["args"], progress)
         except CommandFailed as failure:
-            self._finish(incoming, name, envelope, "failed", failure.code, str(failure),
+            self._finish(incoming, name, envelope, protocol.FAILED, failure.code, str(failure),
                          failure.result)
             return
         except Exception as error:  # reported, not raised: the fleet must hear about it
             logger.exception("control: %s failed", name)
-            self._finish(incoming, name, envelope, "failed", "error", str(error))
+            self._finish(incoming, name, envelope, protocol.FAILED, "error", str(error))
             return
-        self._finish(incoming, name, envelope, "succeeded", "ok", None, result)
+        self._finish(incoming, name, envelope, protocol.SUCCEEDED, "ok", None, result)
 
     def _finish(self, incoming: Incoming, name: str, envelope: dict[str, Any], status: str,
                 code: str, message: str | None, result: dict[str, Any] | None = None) -> None:
@@ -258,8 +261,8 @@ class Controller:
     # -- desired state ----------------------------------------------------------------------
 
     def _desired_state(self, incoming: Incoming) -> None:
-        prefix = incoming.topic.removesuffix("/desired")
-        if prefix not in self._scopes or self.converge is None:
+        prefix = protocol.desired_of(incoming.topic)
+        if prefix is None or prefix not in self._scopes or self.converge is None:
             return
         target = self._scopes[prefix]
         if not incoming.payload:  # cleared
@@ -296,7 +299,7 @@ class Controller:
                     code: str | None = None, message: str | None = None,
                     step: str | None = None,
                     result: dict[str, Any] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"schema": "cmd-res/1", "id": envelope.get("id"),
+        body: dict[str, Any] = {"schema": protocol.REPLY_SCHEMA, "id": envelope.get("id"),
                                 "command": name, "node_id": self.identity.node_id,
                                 "status": status, "ts": int(self.clock() * 1000)}
         for key, value in (("code", code), ("message", message), ("step", step),
@@ -308,7 +311,7 @@ class Controller:
     def _reject(self, incoming: Incoming, name: str, envelope: Mapping[str, Any],
                 error: EnvelopeError, stored: dict[str, Any] | None = None) -> None:
         self.rejected += 1
-        status = "expired" if error.code == "expired" else "rejected"
+        status = protocol.EXPIRED if error.code == "expired" else protocol.REJECTED
         audit.warning("audit: rejected %s id %s on %s: %s (%s)", name, envelope.get("id"),
                       incoming.topic, error, error.code)
         self._send(incoming, name, stored or self._reply_body(envelope, name, status,
@@ -319,10 +322,10 @@ class Controller:
         operator tree, so a message cannot steer replies onto arbitrary topics."""
         response = incoming.response_topic
         if response is not None and not response.startswith(
-                f"edge/v1/{self.identity.fleet}/operator/"):
+                f"{protocol.operator_root(self.identity.fleet)}/"):
             response = None
-        self.reply(f"{self.identity.root}/cmd/{name}/res", body, response,
-                   incoming.correlation)
+        self.reply(protocol.topic(self.identity.root, protocol.reply_suffix(name)), body,
+                   response, incoming.correlation)
 
 
 def _incoming(message: Any) -> Incoming:

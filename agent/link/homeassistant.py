@@ -11,6 +11,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from agent import __version__
+from agent.control import protocol
 from agent.discovery.model import Topology
 from agent.telemetry.records import encode
 
@@ -37,9 +38,10 @@ def _sensor(config: Config, device: dict[str, Any], object_id: str, name: str,
     node = config.node_id
     payload: dict[str, Any] = {
         "name": name, "unique_id": f"edge_agent_{node}_{object_id}",
-        "object_id": f"{node}_{object_id}", "state_topic": f"{config.topic_root}/telemetry",
+        "object_id": f"{node}_{object_id}",
+        "state_topic": protocol.topic(config.topic_root, protocol.TELEMETRY),
         "value_template": "{{ " + template + " }}", "state_class": "measurement",
-        "availability": [{"topic": f"{config.topic_root}/state",
+        "availability": [{"topic": protocol.topic(config.topic_root, protocol.STATE),
                           "value_template": "{{ value_json.state }}",
                           "payload_available": "online", "payload_not_available": "offline"}],
         "device": device,

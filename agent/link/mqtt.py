@@ -13,17 +13,12 @@ published on every connect, and the Last Will says ``offline`` with the connect'
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import random
 import selectors
-import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -33,85 +28,16 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from agent.telemetry.outbox import Outbox, Record
+from agent.control import protocol
+from agent.link.delivery import IN_FLIGHT, WINDOW, Delivery, reason_failed
+from agent.link.settings import LinkSettings, LinkStatus, backoff_delay, read_password
+from agent.link.sockets import Waker, cork, no_delay
+from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence, encode, stamp
 
 logger = logging.getLogger(__name__)
 
-# On the wire: at most IN_FLIGHT unacknowledged messages, paho's default and Mosquitto's
-# receive maximum.  Handed to paho: up to WINDOW; paho sends the next one as each PUBACK
-# arrives, so the connection never idles while this thread fetches the next batch.
-IN_FLIGHT = 20
-WINDOW = 200
-_RETRYABLE = {0x89, 0x97}  # server busy, quota exceeded: the message may go later
 _STOP_ACK_S = 2.0
-# Acknowledged records leave the outbox in batches: one transaction per batch, not per
-# message.  A crash before a batch is deleted re-sends it (duplicates, never a loss).
-ACK_BATCH = 200
-ACK_BATCH_S = 0.25
-
-
-@dataclass(frozen=True)
-class LinkSettings:
-    client_id: str
-    topic_root: str  # edge/v1/<fleet>/<node>
-    host: str = "localhost"
-    port: int = 1883
-    protocol: str = "5"  # or "3.1.1"
-    tls_ca: str | None = None
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls: bool = False
-    username: str | None = None
-    password_file: str | None = None
-    keepalive_s: int = 30
-    max_payload_bytes: int = 64 * 1024
-    reconnect_min_s: float = 0.5
-    reconnect_max_s: float = 30.0
-    replay_per_s: float = 200.0
-
-
-@dataclass
-class LinkStatus:
-    """What ``edge-agent status`` and the live terminal line show."""
-
-    state: str = "starting"  # connecting, connected, disconnected, stopped
-    broker: str = ""
-    session: int = 0
-    since: float = field(default_factory=time.time)
-    last_error: str | None = None
-    connects: int = 0
-    published: int = 0
-    acked: int = 0
-    replayed: int = 0
-    rejected: int = 0
-    sessions_ended: dict[int, int] = field(default_factory=dict)  # session -> records taken
-    heartbeat: float = field(default_factory=time.monotonic)  # the link thread's last round
-
-    def to_dict(self) -> dict[str, Any]:
-        fields = dict(self.__dict__)
-        del fields["sessions_ended"], fields["heartbeat"]
-        return fields
-
-
-def backoff_delay(attempt: int, low: float, high: float) -> float:
-    """Exponential backoff with equal jitter: a fleet reconnecting after a broker restart
-    spreads out instead of arriving in one wave."""
-    ceiling = min(high, low * 2.0 ** min(attempt, 30))
-    return float(ceiling / 2 + random.uniform(0, ceiling / 2))
-
-
-def read_password(path: str | None) -> str | None:
-    """The password in ``path`` without its trailing newline; read at every connect, so a
-    rotated file is picked up."""
-    if path is None:
-        return None
-    with open(path) as handle:
-        return handle.read().rstrip("\n")
-
-
-def _reason_failed(code: Any) -> bool:
-    return bool(getattr(code, "is_failure", False))
 
 
 class MqttLink:
@@ -127,10 +53,7 @@ class MqttLink:
         self.health_reason: str | None = None
         self.status = LinkStatus(broker=f"{settings.host}:{settings.port}")
         self._stop = threading.Event()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._wake_pending = False
+        self._waker = Waker()
         # live-only messages (command replies, state changes): topic, payload, retain, props
         self._direct: deque[tuple[str, bytes, bool, Properties | None]] = deque(maxlen=1000)
         self._rebirth = False
@@ -138,14 +61,7 @@ class MqttLink:
         self._thread: threading.Thread | None = None
         self._flush_s = 0.0
         self._candidate_session = 0
-        # per connection: records in flight by mid, and the two cursors into the outbox
-        self._inflight: dict[int, Record] = {}
-        self._acked: list[Record] = []
-        self._acked_since = 0.0
-        self._live_cursor = self._replay_cursor = 0
-        self._replay_below = 1
-        self._replay_tokens = 0.0
-        self._last_refill = time.monotonic()
+        self._delivery = Delivery(settings, outbox, self.status)
 
     # -- API for other threads --------------------------------------------------------------
 
@@ -162,27 +78,11 @@ class MqttLink:
         self.wake()
         if self._thread is not None:
             self._thread.join(timeout)
-        self._wake_r.close()
-        self._wake_w.close()
+        self._waker.close()
 
     def wake(self) -> None:
-        """Tell the link thread there is something to publish (safe from any thread).
-        Wakes coalesce: a burst of records costs one system call, not one each."""
-        if self._wake_pending:
-            return
-        self._wake_pending = True
-        with contextlib.suppress(OSError):  # closed, or already a byte waiting
-            self._wake_w.send(b"\0")
-
-    def _drain_wake(self) -> None:
-        """Read the wake bytes, then let the next wake() write one.  A wake() racing with
-        this either found the flag still set (its message, queued before, goes out in the
-        pump that follows) or wrote a byte that makes the next select return at once;
-        clearing the flag first could swallow that byte and leave the flag set for good."""
-        with contextlib.suppress(OSError):  # BlockingIOError: drained
-            while self._wake_r.recv(4096):
-                pass
-        self._wake_pending = False
+        """Tell the link thread there is something to publish (safe from any thread)."""
+        self._waker.wake()
 
     def publish_now(self, suffix: str, payload: dict[str, Any], retain: bool = False) -> None:
         """A message that is only worth sending live: not kept on disk."""
@@ -211,12 +111,12 @@ class MqttLink:
         """``online`` or ``degraded`` (with why): the retained state changes at once."""
         self.health, self.health_reason = state, reason
         if self.status.state == "connected":
-            self._direct.append((self.topic("state"),
+            self._direct.append((self.topic(protocol.STATE),
                                  self._state_payload(state, self.status.session), True, None))
             self.wake()
 
     def topic(self, suffix: str) -> str:
-        return f"{self.settings.topic_root}/{suffix}"
+        return protocol.topic(self.settings.topic_root, suffix)
 
     @property
     def alive(self) -> bool:
@@ -233,7 +133,7 @@ class MqttLink:
                     attempt = 0
                 sock = client.socket()
                 client.disconnect()  # written at once (no paho thread); no-op when gone
-                _cork(sock, False)  # and sent now
+                cork(sock, False)  # and sent now
                 if self._stop.is_set():
                     break
             delay = backoff_delay(attempt, self.settings.reconnect_min_s,
@@ -267,7 +167,7 @@ class MqttLink:
                              else True)
         client.max_inflight_messages_set(IN_FLIGHT)
         client.connect_timeout = 5.0
-        client.will_set(self.topic("state"), self._state_payload("offline", session), qos=1,
+        client.will_set(self.topic(protocol.STATE), self._state_payload("offline", session), qos=1,
                         retain=True)
         if s.tls:
             client.tls_set(ca_certs=s.tls_ca, certfile=s.tls_cert, keyfile=s.tls_key)
@@ -290,10 +190,7 @@ class MqttLink:
         try:
             client = self._new_client(self._candidate_session)
             client.connect(self.settings.host, self.settings.port, self.settings.keepalive_s)
-            sock: Any = client.socket()
-            # Replies and telemetry are small writes: Nagle would hold the second of two
-            # until the broker's delayed ACK (tens of ms) arrives.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            no_delay(client.socket())
         except (OSError, ValueError) as error:
             message = f"cannot reach the broker {self.status.broker}: {error}"
             if message != self.status.last_error:
@@ -306,17 +203,15 @@ class MqttLink:
         """Run one connection until it ends or the agent stops (then flush and say
         ``stopped`` on it); True once it was accepted."""
         accepted = False
-        self._inflight = {}
-        self._live_cursor = self._replay_cursor = 0
-        self._replay_below = 1
+        self._delivery.reset()
         sock = client.socket()
         if sock is None:
             return False
         with selectors.DefaultSelector() as selector:
-            selector.register(self._wake_r, selectors.EVENT_READ)
+            selector.register(self._waker.reader, selectors.EVENT_READ)
             selector.register(sock, selectors.EVENT_READ)
             while not (self._stop.is_set() and accepted):
-                if not self._step(client, sock, selector, self._wait_s(accepted)):
+                if not self._step(client, sock, selector, self._delivery.wait_s(accepted)):
                     self._events.append(("gone", "socket closed"))
                 outcome = self._handle_events()
                 if outcome == "accepted":
@@ -337,12 +232,12 @@ class MqttLink:
             return False
         wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.want_write() else 0)
         selector.modify(sock, wanted)
-        _cork(sock, False)  # what the last round wrote leaves before this one waits
+        cork(sock, False)  # what the last round wrote leaves before this one waits
         events = selector.select(timeout)
-        _cork(sock, True)  # this round's writes go out together, in full segments
+        cork(sock, True)  # this round's writes go out together, in full segments
         for key, mask in events:
-            if key.fileobj is self._wake_r:
-                self._drain_wake()
+            if key.fileobj is self._waker.reader:
+                self._waker.drain()
                 continue
             if mask & selectors.EVENT_READ:
                 client.loop_read()
@@ -353,52 +248,29 @@ class MqttLink:
         self.status.heartbeat = time.monotonic()
         return client.socket() is sock
 
-    def _wait_s(self, accepted: bool) -> float:
-        """Sleep until woken, readable, the next replay slot or ack batch, at most 1 s."""
-        wait = 1.0
-        if accepted and self._replay_below > self._replay_cursor + 1:
-            wait = min(wait, max(0.001, 1.0 / self.settings.replay_per_s))
-        if self._acked:
-            wait = min(wait, max(0.0, self._acked_since + ACK_BATCH_S - time.monotonic()))
-        return wait
-
     def _handle_events(self) -> str | None:
         outcome = None
         while self._events:
             event = self._events.popleft()
             kind = event[0]
             if kind == "connack":
-                if _reason_failed(event[1]):
+                if reason_failed(event[1]):
                     self._refused(event[1])
                     outcome = "refused"
                 else:
                     outcome = "accepted"
             elif kind == "gone":
-                self._forget_acked()
+                self._delivery.forget_acked()
                 if self.status.state == "connected":
                     logger.warning("mqtt: connection to %s lost (%s)", self.status.broker,
                                    event[1])
                 outcome = outcome if outcome == "refused" else "gone"
             elif kind == "ack":
-                record = self._ack(event[1], event[2])
-                if record is not None:
-                    if not self._acked:
-                        self._acked_since = time.monotonic()
-                    self._acked.append(record)
-                    self.status.acked += 1
+                self._delivery.acknowledged(event[1], event[2])
             elif kind == "message" and self.on_message is not None:
                 self.on_message(event[1])
-        # Acks are batched while a burst is in flight; once nothing is, the outbox hears at
-        # once (a record a second must not show as waiting for the broker after its PUBACK).
-        if len(self._acked) >= ACK_BATCH or (self._acked and (
-                not self._inflight or time.monotonic() - self._acked_since >= ACK_BATCH_S)):
-            self._forget_acked()
+        self._delivery.settle()
         return outcome
-
-    def _forget_acked(self) -> None:
-        if self._acked:
-            self.outbox.delete(self._acked)
-            self._acked = []
 
     def _refused(self, code: ReasonCode) -> None:
         hint = ""
@@ -408,21 +280,6 @@ class MqttLink:
         if message != self.status.last_error:
             logger.error("mqtt: %s; retrying", message)
         self._set_state("connecting", message)
-
-    def _ack(self, mid: int, code: Any) -> Record | None:
-        """The outbox record a PUBACK settles, or None (a direct message, or retry later)."""
-        record = self._inflight.pop(mid, None)
-        if record is None:
-            return None
-        value = getattr(code, "value", 0)
-        if _reason_failed(code) and value in _RETRYABLE:
-            self._replay_below = max(self._replay_below, record.id + 1)
-            self._replay_cursor = min(self._replay_cursor, record.id - 1)
-            return None
-        if _reason_failed(code):
-            self.status.rejected += 1
-            logger.error("mqtt: the broker refused %s: %s; dropped", record.topic, code)
-        return record
 
     def _on_accepted(self, client: mqtt.Client) -> None:
         session = self._candidate_session
@@ -441,15 +298,13 @@ class MqttLink:
                             if self.settings.protocol == "5" else 1)
             client.subscribe([(pattern, options) for pattern in self.subscriptions])
         # Everything stored before this connect is the backlog: replayed, marked historical.
-        self._forget_acked()
-        backlog = self.outbox.last_id()
-        self._live_cursor, self._replay_cursor, self._replay_below = backlog, 0, backlog + 1
+        self._delivery.begin()
 
     def _announce(self, client: mqtt.Client) -> None:
         """The retained state, birth and Home Assistant discovery of this session."""
         session = self.status.session
-        client.publish(self.topic("state"), self._state_payload(self.health, session), qos=1,
-                       retain=True)
+        client.publish(self.topic(protocol.STATE), self._state_payload(self.health, session),
+                       qos=1, retain=True)
         for topic, payload in self.announce(session):
             client.publish(topic, payload, qos=1, retain=True)
 
@@ -458,45 +313,14 @@ class MqttLink:
         if self._rebirth:
             self._rebirth = False
             self._announce(client)
-        free = WINDOW - len(self._inflight)
+        free = WINDOW - len(self._delivery.inflight)
         while free > 0 and self._direct:
             topic, payload, retain, properties = self._direct.popleft()
             client.publish(topic, payload, qos=1, retain=retain, properties=properties)
             free -= 1
         if free <= 0:
             return
-        if self.outbox.last_id() > self._live_cursor:  # no query when nothing new was put
-            for record in self.outbox.pending(self._live_cursor, free):
-                self._send(client, record, record.payload)
-                self._live_cursor = record.id
-                free -= 1
-        now = time.monotonic()
-        rate = self.settings.replay_per_s
-        self._replay_tokens = min(float(IN_FLIGHT), self._replay_tokens
-                                  + (now - self._last_refill) * rate)
-        self._last_refill = now
-        allowed = min(free, int(self._replay_tokens))
-        if allowed <= 0 or self._replay_cursor + 1 >= self._replay_below:
-            return
-        batch = self.outbox.pending(self._replay_cursor, allowed, self._replay_below)
-        for record in batch:
-            self._send(client, record, _as_historical(record.payload))
-            self._replay_cursor = record.id
-            self._replay_tokens -= 1
-            self.status.replayed += 1
-        if len(batch) < allowed:
-            self._replay_cursor = self._replay_below - 1  # the backlog is all sent
-
-    def _send(self, client: mqtt.Client, record: Record, payload: bytes) -> None:
-        if len(payload) > self.settings.max_payload_bytes:
-            self.status.rejected += 1
-            logger.error("mqtt: %s record %d is %d bytes, above the %d limit; dropped",
-                         record.topic, record.id, len(payload), self.settings.max_payload_bytes)
-            self.outbox.delete([record])
-            return
-        info = client.publish(record.topic, payload, qos=1)
-        self._inflight[info.mid] = record
-        self.status.published += 1
+        self._delivery.fill(client, free)
 
     def _shut_down(self, client: mqtt.Client, sock: Any,
                    selector: selectors.BaseSelector) -> None:
@@ -504,15 +328,13 @@ class MqttLink:
         so the broker drops the Last Will)."""
         self.outbox.flush()  # what was handed over last (the sampler has stopped) goes too
         deadline = time.monotonic() + self._flush_s
-        while time.monotonic() < deadline and (
-                self._inflight or self.outbox.last_id() > self._live_cursor
-                or self._replay_cursor + 1 < self._replay_below):
+        while time.monotonic() < deadline and self._delivery.pending:
             if not self._step(client, sock, selector, 0.05) or \
                     self._handle_events() == "gone":
                 return
             self._pump(client)
-        self._forget_acked()
-        info = client.publish(self.topic("state"),
+        self._delivery.forget_acked()
+        info = client.publish(self.topic(protocol.STATE),
                               self._state_payload("stopped", self.status.session), qos=1,
                               retain=True)
         deadline = time.monotonic() + _STOP_ACK_S
@@ -520,27 +342,5 @@ class MqttLink:
             if not self._step(client, sock, selector, 0.05):
                 return
         self._handle_events()
-        self._forget_acked()
-
-
-def _cork(sock: Any, on: bool) -> None:
-    """Hold a round's writes back and send them together when it ends (Linux's TCP_CORK):
-    a burst of publishes becomes a few full segments instead of one each, which spares both
-    ends per-segment work (in a burst of 3,000: a sixth less CPU per message here, a third
-    less in Mosquitto), and nothing waits past the round, as it would for Nagle.  A no-op
-    without a socket."""
-    with contextlib.suppress(OSError, AttributeError):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, int(on))
-
-
-def _as_historical(payload: bytes) -> bytes:
-    """The same record, marked as replayed (not live) for the subscriber."""
-    try:
-        document = json.loads(payload)
-    except ValueError:
-        return payload
-    if isinstance(document, dict):
-        document["historical"] = True
-        return encode(document)
-    return payload
+        self._delivery.forget_acked()
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from agent import __version__
 from agent.config import Config
+from agent.control import protocol
 from agent.control.controller import Controller, Identity
 from agent.control.envelope import TrustedKeys
 from agent.control.store import CommandStore
@@ -24,7 +25,8 @@ from agent.discovery import discover
 from agent.discovery.model import Topology
 from agent.kernel.fsroot import Root
 from agent.link.homeassistant import discovery_messages
-from agent.link.mqtt import LinkSettings, MqttLink
+from agent.link.mqtt import MqttLink
+from agent.link.settings import LinkSettings
 from agent.service.commands import ServiceCommands
 from agent.service.hotplug import Hotplug
 from agent.service.inference import Inference
@@ -159,26 +161,15 @@ class Service:
         """A command reply; a result above the payload limit goes in numbered chunks."""
         if self.link is None:
             return
-        limit = self.config.mqtt.max_payload_kb * 1024
-        if len(encode(body)) <= limit or "result" not in body:
-            self.link.publish_reply(topic, body, response_topic, correlation)
-            return
-        text = encode(body["result"]).decode()
-        size = max(1024, limit - 2048)  # room for the envelope of each chunk
-        parts = [text[i:i + size] for i in range(0, len(text), size)]
-        head = {k: v for k, v in body.items() if k != "result"}
-        for index, part in enumerate(parts):
-            self.link.publish_reply(topic, {**head, "chunk": {"index": index,
-                                                               "count": len(parts),
-                                                               "data": part}},
-                                    response_topic, correlation)
+        for part in protocol.chunked(body, self.config.mqtt.max_payload_kb * 1024):
+            self.link.publish_reply(topic, part, response_topic, correlation)
 
     def _start_sampler(self) -> None:
         assert self.outbox is not None and self.topology is not None
         assert self.link is not None and self.tuning is not None
         assert self.inference is not None
         self.sampler = Sampler(self._collectors(), self.outbox, self.sequence,
-                               f"{self.config.topic_root}/telemetry",
+                               protocol.topic(self.config.topic_root, protocol.TELEMETRY),
                                self.config.telemetry.interval_s,
                                self.config.mqtt.max_payload_kb * 1024,
                                self.config.telemetry.metrics)
@@ -245,7 +236,8 @@ class Service:
 
     def announcements(self, session: int) -> list[tuple[str, bytes]]:
         """Retained messages published on every connect: birth, and Home Assistant's."""
-        messages = [(f"{self.config.topic_root}/birth", encode(self.birth(session)))]
+        messages = [(protocol.topic(self.config.topic_root, protocol.BIRTH),
+                     encode(self.birth(session)))]
         if self.config.home_assistant_enabled and self.topology is not None:
             messages += discovery_messages(self.config, self.topology)
         return messages
@@ -256,7 +248,7 @@ class Service:
         if self.outbox is None:
             return
         payload = encode(stamp("event/1", session=self.sequence.session, type=kind, **fields))
-        self.outbox.put(f"{self.config.topic_root}/event", payload)
+        self.outbox.put(protocol.topic(self.config.topic_root, protocol.EVENT), payload)
 
     # -- while running ------------------------------------------------------------------------
 

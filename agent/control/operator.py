@@ -1,0 +1,307 @@
+"""The operator client: a broker session that knows the fleet, and signed commands over it.
+
+It needs only the broker and a private key; who is in the fleet comes from the nodes'
+retained ``state`` and ``birth`` messages.  ``edge-agent fleet`` and the tests both use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from paho.mqtt.enums import CallbackAPIVersion
+
+from agent.control import protocol
+from agent.control.envelope import key_id, private_key_pem, public_key_text
+from agent.link.settings import read_password
+from agent.link.sockets import no_delay
+
+RETAINED_SETTLE_S = 2.0  # at most, for the retained messages after subscribing
+HANDSHAKE_TIMEOUT_S = 5.0  # CONNACK and SUBACK
+PUBLISH_TIMEOUT_S = 10.0  # PUBACK
+
+
+class FleetError(Exception):
+    """The broker took part but the operation failed (a refused publish)."""
+
+
+class BrokerError(Exception):
+    """The broker cannot be used at all: unreachable, TLS, a refused login or subscription,
+    a handshake never answered.  The message says which broker and why."""
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    host: str = "localhost"
+    port: int = 1883
+    tls: bool = False
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    username: str | None = None
+    password_file: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+# -- keys -----------------------------------------------------------------------------------
+
+
+def generate_key(path: Path) -> dict[str, str]:
+    """A new private key written to ``path`` (mode 0600), and the ``trusted_keys`` entry
+    every node needs to accept what it signs."""
+    key = Ed25519PrivateKey.generate()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(private_key_pem(key))
+    public = key.public_key()
+    return {"id": key_id(public), "public_key": public_key_text(public)}
+
+
+# -- the session ----------------------------------------------------------------------------
+
+
+@dataclass
+class Bus:
+    """An operator's MQTT session that records what arrives on the topics it watches."""
+
+    fleet: str
+    client: mqtt.Client
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    retained: dict[str, dict[str, Any]] = field(default_factory=dict)  # topic -> payload
+    messages: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    acks: dict[int, str | None] = field(default_factory=dict)  # mid -> refusal, if any
+    arrived: threading.Condition = field(init=False)  # notified on each message
+
+    def __post_init__(self) -> None:
+        self.arrived = threading.Condition(self.lock)
+
+    def on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        try:
+            payload = json.loads(message.payload) if message.payload else None
+        except ValueError:
+            return
+        with self.arrived:
+            if message.retain or protocol.suffix_of(message.topic) in protocol.RETAINED:
+                if payload is None:
+                    self.retained.pop(message.topic, None)
+                else:
+                    self.retained[message.topic] = payload
+            if payload is not None:
+                self.messages.append((message.topic, payload))
+            self.arrived.notify_all()
+
+    def on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any,
+                   properties: Any) -> None:
+        with self.lock:
+            self.acks[mid] = str(reason) if reason.is_failure else None
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
+        """Publish at QoS 1 and wait for the broker's acknowledgement; FleetError if it
+        refuses the message (an ACL, say) or never acknowledges it."""
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
+        try:
+            info.wait_for_publish(PUBLISH_TIMEOUT_S)
+        except (RuntimeError, ValueError) as error:
+            raise FleetError(f"could not publish on {topic}: {error}") from None
+        if not info.is_published():
+            raise FleetError(f"the broker did not acknowledge the message on {topic} "
+                             f"within {PUBLISH_TIMEOUT_S:.0f} s")
+        with self.lock:
+            refused = self.acks.pop(info.mid, None)
+        if refused:
+            raise FleetError(f"the broker refused the message on {topic}: {refused}")
+
+    def wait_past(self, count: int, timeout: float) -> None:
+        """Until more than ``count`` messages arrived or ``timeout`` passed: woken by each
+        message, not polling."""
+        with self.arrived:
+            self.arrived.wait_for(lambda: len(self.messages) > count, timeout)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """node id -> {state, birth, reported, telemetry (the newest)} from what arrived."""
+        found: dict[str, dict[str, Any]] = {}
+        with self.lock:
+            items = list(self.retained.items()) + [
+                (t, p) for t, p in self.messages
+                if protocol.suffix_of(t) == protocol.TELEMETRY]
+        for topic, payload in items:
+            parsed = protocol.node_topic(self.fleet, topic)
+            if parsed is None or parsed[1] not in protocol.NODE_FACTS:
+                continue
+            node, suffix = parsed
+            facts = found.setdefault(node, {})
+            if suffix == protocol.TELEMETRY and (facts.get("telemetry") or {}).get("ts", 0) > \
+                    payload.get("ts", 0):
+                continue  # a replayed (historical) record arriving after a live one
+            facts[suffix] = payload
+        return found
+
+
+def connect(settings: BrokerSettings, fleet: str, watch: Sequence[str] = ()) -> Bus:
+    """A session whose handshake, subscriptions and retained messages are complete.
+
+    ``watch`` names the topics of every node to subscribe to (``state``, ``cmd/ping/res``);
+    with none it only connects (``desired`` publishes).  Every way the broker can fail us is
+    a BrokerError that says which broker and why."""
+    where = settings.where
+    client_id = f"edge-operator-{uuid.uuid4().hex[:12]}"
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                         protocol=mqtt.MQTTv5)
+    try:
+        if settings.tls:
+            client.tls_set(ca_certs=settings.tls_ca, certfile=settings.tls_cert,
+                           keyfile=settings.tls_key)
+        if settings.username:
+            client.username_pw_set(settings.username, read_password(settings.password_file))
+    except OSError as error:  # ssl.SSLError is one
+        raise BrokerError(f"broker {where}: {error}") from None
+    bus = Bus(fleet=fleet, client=client)
+    sync_topic = protocol.sync_topic(fleet, client_id)
+    connected, subscribed, synced = threading.Event(), threading.Event(), threading.Event()
+    refused: list[str] = []
+
+    def on_connect(client: mqtt.Client, userdata: Any, flags: Any, reason: Any,
+                   properties: Any) -> None:
+        if reason.is_failure:
+            refused.append(str(reason))
+        connected.set()
+
+    def on_subscribe(client: mqtt.Client, userdata: Any, mid: int, reasons: Any,
+                     properties: Any) -> None:
+        refused.extend(f"{topic}: {reason}"
+                       for topic, reason in zip(topics_sent, reasons, strict=False)
+                       if reason.is_failure)
+        subscribed.set()
+
+    def on_message(client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        if message.topic == sync_topic:
+            synced.set()
+        else:
+            bus.on_message(client, userdata, message)
+
+    wanted = [protocol.each_node(fleet, suffix) for suffix in watch]
+    topics_sent = [*wanted, sync_topic]
+    client.on_connect, client.on_subscribe, client.on_message = (on_connect, on_subscribe,
+                                                                 on_message)
+    client.on_publish = bus.on_publish
+    try:
+        client.connect(settings.host, settings.port, keepalive=30)
+    except OSError as error:  # DNS (gaierror), refused, unreachable, timeout, TLS
+        raise BrokerError(f"cannot reach the broker {where}: "
+                          f"{error.strerror or error}") from None
+    no_delay(client.socket())  # a command right after an ack must not wait for Nagle
+    client.loop_start()
+    try:
+        if not connected.wait(HANDSHAKE_TIMEOUT_S):
+            raise BrokerError(f"the broker {where} did not answer the MQTT handshake within "
+                              f"{HANDSHAKE_TIMEOUT_S:.0f} s")
+        if refused:
+            raise BrokerError(f"the broker {where} refused the connection: {refused[0]}")
+        if wanted:
+            client.subscribe([(topic, 1) for topic in topics_sent])
+            if not subscribed.wait(HANDSHAKE_TIMEOUT_S):
+                raise BrokerError(f"the broker {where} did not confirm the subscription "
+                                  f"within {HANDSHAKE_TIMEOUT_S:.0f} s")
+            if refused:
+                raise BrokerError(f"the broker {where} refused the subscription to "
+                                  f"{'; '.join(refused)}")
+            # The broker sends a subscription's retained messages before anything published
+            # after it on this connection: once our own marker is back, they are all here.
+            client.publish(sync_topic, b"", qos=1)
+            synced.wait(RETAINED_SETTLE_S)
+    except BaseException:
+        bus.close()
+        raise
+    return bus
+
+
+# -- commands and desired state -------------------------------------------------------------
+
+
+def publish_command(bus: Bus, scope: str, envelope: dict[str, Any]) -> None:
+    """A signed envelope on ``<scope>/cmd/<command>`` (scope: a node, ``all``, ``group/<g>``)."""
+    bus.publish(protocol.topic(protocol.scope_root(bus.fleet, scope),
+                               protocol.command_suffix(envelope["command"])),
+                json.dumps(envelope).encode())
+
+
+def publish_desired(bus: Bus, scope: str, envelope: dict[str, Any] | None) -> str:
+    """Retain a signed desired state on ``<scope>/desired``, or clear it (None); its topic."""
+    topic = protocol.topic(protocol.scope_root(bus.fleet, scope), protocol.DESIRED)
+    bus.publish(topic, b"" if envelope is None else json.dumps(envelope).encode(), retain=True)
+    return topic
+
+
+def expected_nodes(bus: Bus, target: str) -> set[str]:
+    """Who should answer: the node itself, or the online members of the fleet or group."""
+    if target.startswith("node:"):
+        return {target.removeprefix("node:")}
+    group = target.removeprefix("group:") if target.startswith("group:") else None
+    found = set()
+    for node, facts in bus.nodes().items():
+        if (facts.get("state") or {}).get("state") not in ("online", "degraded"):
+            continue
+        if group is None or group in (facts.get("birth") or {}).get("groups", []):
+            found.add(node)
+    return found
+
+
+@dataclass
+class Outcome:
+    """One node's answer to a command, its result put back together from chunks."""
+
+    node: str
+    status: str = "no reply"
+    code: str = ""
+    message: str = ""
+    ms: float | None = None
+    result: Any = None
+    chunks: dict[int, str] = field(default_factory=dict)
+
+    def absorb(self, reply: dict[str, Any], sent_at: float) -> None:
+        whole = protocol.reassembled(self.chunks, reply)
+        if whole is None or self.status in protocol.FINAL:
+            return
+        self.status = whole.get("status", "?")
+        self.code = whole.get("code", "")
+        self.message = whole.get("message") or whole.get("step") or ""
+        self.result = whole.get("result")
+        self.ms = round((time.time() - sent_at) * 1000, 1)
+
+
+def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
+            timeout: float) -> dict[str, Outcome]:
+    """Replies by node until every expected node has a final one, or the timeout."""
+    outcomes = {node: Outcome(node) for node in expected}
+    seen = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        with bus.lock:
+            fresh, seen = bus.messages[seen:], len(bus.messages)
+        for topic, reply in fresh:
+            if not protocol.is_reply(topic) or reply.get("id") != command_id:
+                continue
+            node = reply.get("node_id", "?")
+            outcomes.setdefault(node, Outcome(node)).absorb(reply, sent_at)
+        if all(o.status in protocol.FINAL for o in outcomes.values() if o.node in expected) \
+                and (expected or time.monotonic() >= deadline):
+            return outcomes
+        if time.monotonic() >= deadline:
+            return outcomes
+        bus.wait_past(seen, deadline - time.monotonic())

@@ -1,0 +1,70 @@
+"""What the MQTT link is told (``LinkSettings``) and what it tells (``LinkStatus``), with the
+reconnect backoff and the password file both the link and the operator client read.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LinkSettings:
+    client_id: str
+    topic_root: str  # edge/v1/<fleet>/<node>
+    host: str = "localhost"
+    port: int = 1883
+    protocol: str = "5"  # or "3.1.1"
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls: bool = False
+    username: str | None = None
+    password_file: str | None = None
+    keepalive_s: int = 30
+    max_payload_bytes: int = 64 * 1024
+    reconnect_min_s: float = 0.5
+    reconnect_max_s: float = 30.0
+    replay_per_s: float = 200.0
+
+
+@dataclass
+class LinkStatus:
+    """What ``edge-agent status`` and the live terminal line show."""
+
+    state: str = "starting"  # connecting, connected, disconnected, stopped
+    broker: str = ""
+    session: int = 0
+    since: float = field(default_factory=time.time)
+    last_error: str | None = None
+    connects: int = 0
+    published: int = 0
+    acked: int = 0
+    replayed: int = 0
+    rejected: int = 0
+    sessions_ended: dict[int, int] = field(default_factory=dict)  # session -> records taken
+    heartbeat: float = field(default_factory=time.monotonic)  # the link thread's last round
+
+    def to_dict(self) -> dict[str, Any]:
+        fields = dict(self.__dict__)
+        del fields["sessions_ended"], fields["heartbeat"]
+        return fields
+
+
+def backoff_delay(attempt: int, low: float, high: float) -> float:
+    """Exponential backoff with equal jitter: a fleet reconnecting after a broker restart
+    spreads out instead of arriving in one wave."""
+    ceiling = min(high, low * 2.0 ** min(attempt, 30))
+    return float(ceiling / 2 + random.uniform(0, ceiling / 2))
+
+
+def read_password(path: str | None) -> str | None:
+    """The password in ``path`` without its trailing newline; read at every connect, so a
+    rotated file is picked up."""
+    if path is None:
+        return None
+    with open(path) as handle:
+        return handle.read().rstrip("\n")
+
