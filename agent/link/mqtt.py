@@ -33,7 +33,8 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from agent.telemetry.outbox import Outbox, Record
+from agent.telemetry.outbox import Outbox
+from agent.telemetry.outbox_db import Record
 from agent.telemetry.records import Sequence, encode, stamp
 
 logger = logging.getLogger(__name__)
