@@ -32,7 +32,8 @@ from agent.discovery import discover
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.inference.io import CallbackSink, SyntheticSource
 from agent.inference.loop import InferenceLoop, LoadedModel
-from agent.inference.session import build_session, session_options, thread_plan
+from agent.inference.options import session_options, thread_plan
+from agent.inference.session import build_session
 from agent.kernel.fsroot import Root
 
 

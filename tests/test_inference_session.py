@@ -18,19 +18,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.discovery import Topology, discover
+from agent.inference import options as opts
 from agent.inference import session as sess
-from agent.inference.session import (
-    CPU,
-    CUDA,
-    OPENVINO,
-    TENSORRT,
-    SessionError,
-    build_session,
-    cache_key,
-    choose_providers,
-    load_model,
-    thread_plan,
-)
+from agent.inference.errors import SessionError
+from agent.inference.graph_cache import cache_key
+from agent.inference.options import thread_plan
+from agent.inference.providers import CPU, CUDA, OPENVINO, TENSORRT, choose_providers
+from agent.inference.session import build_session, load_model
 from agent.kernel.fsroot import Root
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -228,9 +222,9 @@ def test_unknown_optimisation_level_fails_before_reading(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("level", ["disabled", "basic", "extended", "all"])
-def test_levels_map_to_ort(tmp_path: Path, level: sess.GraphOptimization) -> None:
+def test_levels_map_to_ort(tmp_path: Path, level: opts.GraphOptimization) -> None:
     built = build(mlp(tmp_path), None, graph_optimization=level)
-    assert built.session.get_session_options().graph_optimization_level == sess._LEVELS[level]
+    assert built.session.get_session_options().graph_optimization_level == opts._LEVELS[level]
 
 
 # -- model pinning -----------------------------------------------------------------------------
@@ -573,7 +567,7 @@ def test_built_session_reports_what_ort_used(tmp_path: Path) -> None:
 
 def test_another_cpu_misses_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ORT lays graphs out for the CPU's ISA: a copied state directory must not be reused."""
-    from agent.inference import session as session_module
+    from agent.inference import graph_cache as session_module
 
     identity = session_module.cpu_identity()
     assert len(identity) == 16 and int(identity, 16) >= 0  # a digest of this CPU's ISA

@@ -18,14 +18,8 @@ from agent_process import FIXTURES, start_agent, status, write_config
 from mqtt_helpers import Broker, Subscriber, wait_until
 
 from agent.discovery import discover
-from agent.inference.session import (
-    CPU,
-    CUDA,
-    OPENVINO,
-    TENSORRT,
-    choose_providers,
-    unused_accelerators,
-)
+from agent.inference.accelerators import unused_accelerators
+from agent.inference.providers import CPU, CUDA, OPENVINO, TENSORRT, choose_providers
 from agent.kernel.fsroot import Root
 
 HERE = ort.get_available_providers()

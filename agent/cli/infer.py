@@ -19,15 +19,13 @@ import onnxruntime as ort
 
 from agent.cli.common import UsageError, open_root
 from agent.discovery import discover
+from agent.inference.accelerators import unused_accelerators
+from agent.inference.errors import SessionError
 from agent.inference.io import SyntheticSource
 from agent.inference.loader import ModelLoader, model_cache_dir
 from agent.inference.loop import InferenceLoop, LoadedModel, SwapRejected
-from agent.inference.session import (
-    SessionError,
-    choose_providers,
-    thread_plan,
-    unused_accelerators,
-)
+from agent.inference.options import thread_plan
+from agent.inference.providers import choose_providers
 from agent.inference.stats import Window
 from agent.stopping import SIGINT_EXIT, StopSignals, exit_code
 

@@ -16,7 +16,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from agent.link.settings import LinkSettings, LinkStatus
-from agent.telemetry.outbox import Outbox, Record
+from agent.telemetry.outbox import Outbox
+from agent.telemetry.outbox_db import Record
 from agent.telemetry.records import encode
 
 logger = logging.getLogger("agent.link.mqtt")  # its lines are the link's

@@ -181,8 +181,8 @@ class ServiceCommands:
         return any(resolved.is_relative_to(d.resolve()) for d in allowed)
 
     def set_model(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
+        from agent.inference.errors import SessionError
         from agent.inference.loop import SwapRejected
-        from agent.inference.session import SessionError
 
         inference = self.service.inference
         assert inference is not None

@@ -35,15 +35,13 @@ class Inference:
             return
         import onnxruntime as ort
 
+        from agent.inference.accelerators import unused_accelerators
+        from agent.inference.errors import SessionError
         from agent.inference.io import NpyDirectorySource, SourceError, SyntheticSource
         from agent.inference.loader import ModelLoader, model_cache_dir
         from agent.inference.loop import InferenceLoop
-        from agent.inference.session import (
-            SessionError,
-            choose_providers,
-            thread_plan,
-            unused_accelerators,
-        )
+        from agent.inference.options import thread_plan
+        from agent.inference.providers import choose_providers
 
         ort.set_default_logger_severity(3)
         available = ort.get_available_providers()

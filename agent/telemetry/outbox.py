@@ -15,6 +15,10 @@ lose is what was handed over in the last round (typically well under a milliseco
 ``bench/telemetry.py``), as it can lose a record still being sampled.  WAL with
 ``synchronous=NORMAL`` keeps commits cheap; a power cut may lose the last records not yet
 checkpointed, never corrupt the queue.
+
+The table and its statements are in ``outbox_db``, the window of recent records kept in
+memory in ``outbox_window``; this module queues, runs the writer's rounds and keeps the
+bounds.
 """
 
 from __future__ import annotations
@@ -23,46 +27,21 @@ import logging
 import sqlite3
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
+
+from agent.telemetry import outbox_db
+from agent.telemetry.outbox_db import Record
+from agent.telemetry.outbox_window import RecentWindow
 
 logger = logging.getLogger(__name__)
 
 AGE_CHECK_INTERVAL_S = 10.0
 WRITE_RETRY_S = 1.0
-# Committed records are also kept in memory, up to this many bytes, so the link sends live
-# records without reading back what was just written.
-RECENT_BYTES = 1 << 20
-_BATCH = 500  # ids per DELETE: old SQLite allows 999 parameters a statement
-_ROWS_PER_INSERT = 200  # 4 parameters each
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY,
-    topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    created_ms INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-"""
 
 
 class OutboxBusy(RuntimeError):
     """The outbox belongs to another running agent."""
-
-
-@dataclass(frozen=True)
-class Record:
-    id: int
-    topic: str
-    payload: bytes
-    created_ms: int
-
-    @property
-    def size(self) -> int:
-        """What the record counts against ``max_bytes`` (SQLite's LENGTH of both columns)."""
-        return len(self.payload) + len(self.topic)
 
 
 class Outbox:
@@ -80,31 +59,19 @@ class Outbox:
         self.max_bytes, self.max_age_s, self._clock = max_bytes, max_age_s, clock
         self._db_lock = threading.Lock()
         self._mem_lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=1.0,
-                                   check_same_thread=False)
         try:
-            # One agent owns its outbox: the exclusive lock refuses a second one on the same
-            # state directory, and spares every transaction the shared-memory locking.
-            self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
+            self._db = outbox_db.connect(self.path)
         except sqlite3.OperationalError as error:
-            self._db.close()
             raise OutboxBusy(f"{self.path}: {error} (is another edge-agent using this "
                              "state directory?)") from error
         self._recount()
         self._dropped = self.counter("dropped")  # kept in memory: status reads it each second
         # Ids come from here, not SQLite: they must never repeat within a run (the link's
         # cursors rely on it), and AUTOINCREMENT would cost a second table write per put.
-        self._next_id = int(self._db.execute(
-            "SELECT COALESCE(MAX(id), 0) + 1 FROM outbox").fetchone()[0])
+        self._next_id = outbox_db.next_id(self._db)
         self._committed_id = self._next_id - 1
         self._last_age_check = 0.0
-        # A window of committed records with consecutive ids, none of them deleted or asked
-        # to be: a delete or a drop evicts it and everything older.
-        self._recent: deque[Record] = deque()
-        self._recent_bytes = 0
+        self._recent = RecentWindow()
         # Handed over, not yet on disk: records to store (in id order) and ones to forget.
         self._queue: list[Record] = []
         self._queued_bytes = 0
@@ -151,7 +118,7 @@ class Outbox:
         with self._mem_lock:
             first = not self._forget
             self._forget.extend(wanted)
-            self._evict_through(max(r.id for r in wanted))
+            self._recent.evict_through(max(r.id for r in wanted))
         if first:
             self._wake.set()
 
@@ -162,7 +129,7 @@ class Outbox:
         with self._mem_lock:
             if after_id >= self._committed_id:
                 return []
-            found = self._from_memory(after_id, limit, upper)
+            found = self._recent.read(after_id, limit, upper)
             if len(found) == limit or (found and found[-1].id + 1 >= min(
                     upper, self._committed_id + 1)):
                 return found
@@ -170,23 +137,12 @@ class Outbox:
             after_id, limit = found[-1].id, limit - len(found)
         return found + self._from_disk(after_id, limit, upper)
 
-    def _from_memory(self, after_id: int, limit: int, upper: int) -> list[Record]:
-        """The part of the answer the window in memory holds (caller holds ``_mem_lock``)."""
-        recent = self._recent
-        if not recent or not recent[0].id <= after_id + 1 <= recent[-1].id:
-            return []
-        start = after_id + 1 - recent[0].id
-        end = min(len(recent), start + limit, upper - recent[0].id)
-        return [recent[i] for i in range(start, end)]
-
     def _from_disk(self, after_id: int, limit: int, upper: int) -> list[Record]:
         with self._db_lock:
             with self._mem_lock:  # acknowledged, not yet deleted: skipped, not counted
                 forgotten = {r.id for r in self._forget if after_id < r.id < upper}
-            rows = self._db.execute(
-                "SELECT id, topic, payload, created_ms FROM outbox WHERE id > ? AND id < ? "
-                "ORDER BY id LIMIT ?", (after_id, upper, limit + len(forgotten))).fetchall()
-        return [Record(*row) for row in rows if row[0] not in forgotten][:limit]
+            stored = outbox_db.select(self._db, after_id, upper, limit + len(forgotten))
+        return [r for r in stored if r.id not in forgotten][:limit]
 
     def listen(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (cheap, never raising) after each round that stored records."""
@@ -286,17 +242,9 @@ class Outbox:
             return 0
         try:
             self._db.execute("BEGIN")
-            # Many rows per statement: each statement's step lets go of the interpreter
-            # lock, and a row-by-row executemany would hand it to the link thread per row.
-            for start in range(0, len(batch), _ROWS_PER_INSERT):
-                rows = batch[start:start + _ROWS_PER_INSERT]
-                self._db.execute(
-                    "INSERT INTO outbox (id, topic, payload, created_ms) VALUES "
-                    + ",".join(["(?, ?, ?, ?)"] * len(rows)),
-                    [value for r in rows for value in (r.id, r.topic, r.payload,
-                                                       r.created_ms)])
+            outbox_db.insert(self._db, batch)
             if drops:
-                self._add(self._db, "dropped", drops)
+                outbox_db.add_to_counter(self._db, "dropped", drops)
             self._db.execute("COMMIT")
         except sqlite3.Error as error:
             with self._mem_lock:  # back in front, in order
@@ -310,7 +258,7 @@ class Outbox:
             self._depth += len(batch)
             self._bytes += queued_bytes
             for record in batch:
-                self._remember(record)
+                self._recent.remember(record)
             self._committed_id = batch[-1].id
             self._storing = self._storing_bytes = 0
         return len(batch)
@@ -324,14 +272,9 @@ class Outbox:
             self._forgetting_bytes = sum(r.size for r in wanted)
         if not wanted:
             return True
-        deleted = 0
         try:
             self._db.execute("BEGIN")
-            for start in range(0, len(wanted), _BATCH):
-                chunk = [r.id for r in wanted[start:start + _BATCH]]
-                deleted += self._db.execute(
-                    f"DELETE FROM outbox WHERE id IN ({','.join('?' * len(chunk))})",
-                    chunk).rowcount
+            deleted = outbox_db.delete(self._db, [r.id for r in wanted])
             self._db.execute("COMMIT")
         except sqlite3.Error as error:
             with self._mem_lock:
@@ -348,29 +291,11 @@ class Outbox:
             self._recount()
         return True
 
-    # -- memory mirrors (callers hold _mem_lock) --------------------------------------------
-
-    def _remember(self, record: Record) -> None:
-        """Keep the record in memory if it extends the window there.  A full window keeps
-        its oldest records, the ones the link reads next, and the rest are read from disk;
-        once acknowledgements have emptied it, it opens again at the next record stored."""
-        if self._recent and (self._recent[-1].id != record.id - 1
-                             or self._recent_bytes + record.size > RECENT_BYTES):
-            return
-        self._recent.append(record)
-        self._recent_bytes += record.size
-
-    def _evict_through(self, last_id: int) -> None:
-        while self._recent and self._recent[0].id <= last_id:
-            self._recent_bytes -= self._recent.popleft().size
-
     def _recount(self) -> None:
         """Caller holds ``_db_lock`` (or is the constructor)."""
-        depth, size = self._db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload) + LENGTH(topic)), 0) "
-            "FROM outbox").fetchone()
+        depth, size = outbox_db.totals(self._db)
         with self._mem_lock:
-            self._depth, self._bytes = int(depth), int(size)
+            self._depth, self._bytes = depth, size
 
     # -- bounds -----------------------------------------------------------------------------
 
@@ -393,57 +318,37 @@ class Outbox:
             self._last_age_check = now
 
     def _drop_oldest_until_within_size(self) -> None:
-        excess, last, count = self._bytes - self.max_bytes, 0, 0
-        freed = 0
-        for record_id, size in self._db.execute(
-                "SELECT id, LENGTH(payload) + LENGTH(topic) FROM outbox ORDER BY id"):
-            if freed >= excess:
-                break
-            freed, last, count = freed + int(size), int(record_id), count + 1
-        self._forget_through(last, count, freed)
+        self._forget_through(*outbox_db.oldest_covering(self._db, self._bytes - self.max_bytes))
 
     def _drop_expired(self, now: float) -> None:
-        cutoff = int((now - self.max_age_s) * 1000)
-        last, count, freed = self._db.execute(
-            "SELECT COALESCE(MAX(id), 0), COUNT(*), "
-            "COALESCE(SUM(LENGTH(payload) + LENGTH(topic)), 0) FROM outbox "
-            "WHERE created_ms < ?", (cutoff,)).fetchone()
-        self._forget_through(int(last), int(count), int(freed))
+        cutoff_ms = int((now - self.max_age_s) * 1000)
+        self._forget_through(*outbox_db.created_before(self._db, cutoff_ms))
 
     def _forget_through(self, last_id: int, count: int, freed: int) -> None:
         """Drop every record up to ``last_id`` (they are the oldest) and count them."""
         if count == 0:
             return
         self._db.execute("BEGIN")
-        self._db.execute("DELETE FROM outbox WHERE id <= ?", (last_id,))
-        self._add(self._db, "dropped", count)
+        outbox_db.delete_through(self._db, last_id)
+        outbox_db.add_to_counter(self._db, "dropped", count)
         self._db.execute("COMMIT")
         with self._mem_lock:
-            self._evict_through(last_id)
+            self._recent.evict_through(last_id)
             self._dropped += count
             self._depth -= count
             self._bytes -= freed
 
     # -- persisted counters -----------------------------------------------------------------
 
-    @staticmethod
-    def _add(db: sqlite3.Connection, name: str, amount: int) -> None:
-        db.execute("INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT(name) "
-                   "DO UPDATE SET value = value + excluded.value", (name, amount))
-
     def counter(self, name: str) -> int:
         with self._db_lock:
-            row = self._db.execute("SELECT value FROM counters WHERE name = ?",
-                                   (name,)).fetchone()
-        return int(row[0]) if row else 0
+            return outbox_db.counter(self._db, name)
 
     def bump(self, name: str) -> int:
         """Add one to a persisted counter and return the new value (committed)."""
         with self._db_lock:
-            self._add(self._db, name, 1)
-            row = self._db.execute("SELECT value FROM counters WHERE name = ?",
-                                   (name,)).fetchone()
-        return int(row[0])
+            outbox_db.add_to_counter(self._db, name, 1)
+            return outbox_db.counter(self._db, name)
 
     def close(self) -> None:
         """Finish the writer's work (one last round), then close the database."""
