@@ -23,7 +23,7 @@ import paho.mqtt.client as mqtt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.cli.common import UsageError
+from agent.cli.common import UsageError, non_negative_float, positive_float
 from agent.control.envelope import (
     key_id,
     load_private_key,
@@ -34,6 +34,59 @@ from agent.control.envelope import (
 from agent.link.mqtt import read_password
 from agent.stopping import SIGINT_EXIT, StopSignals
 from agent.telemetry.records import hottest_c
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``fleet``: keygen, send, desired, watch."""
+    fleet = commands.add_parser("fleet", help="operator side: keys, signed commands, desired "
+                                "state, a live table of nodes")
+    actions = fleet.add_subparsers(dest="fleet_action", required=True)
+    key = actions.add_parser("keygen", help="create an Ed25519 operator key")
+    key.add_argument("--out", default="operator.key")
+    key.add_argument("--force", action="store_true")
+    key.add_argument("--json", action="store_true",
+                     help="print {path, key_id, public_key, trusted_key}")
+    for name, text in (("send", "sign a command, send it, print each node's outcome"),
+                       ("desired", "set (retained) the profile/model a node or group should "
+                        "run"),
+                       ("watch", "a live table of nodes from their retained topics (redrawn "
+                        "on a terminal; into a pipe, one table per refresh)")):
+        sub = actions.add_parser(name, help=text)
+        sub.add_argument("--config", metavar="FILE", help="take broker, TLS and fleet from an "
+                         "agent.yaml")
+        sub.add_argument("--broker", metavar="HOST:PORT")
+        sub.add_argument("--fleet")
+        if name in ("send", "desired"):
+            sub.add_argument("target", help="a node id, group:NAME, or all")
+            sub.add_argument("--key", required=True, help="the operator's private key (PEM)")
+        if name == "send":
+            # not dest "command": that names the top-level command in error messages
+            sub.add_argument("fleet_command", metavar="command",
+                             help="ping, get-status, apply-profile, ... (README)")
+            sub.add_argument("--arg", action="append", metavar="K=V",
+                             help="an argument; repeat; values are JSON when they parse")
+            sub.add_argument("--args-json", metavar="JSON")
+            sub.add_argument("--timeout", type=positive_float, default=15.0)
+            sub.add_argument("--ttl", type=positive_float, default=60.0, help="seconds it is valid")
+            sub.add_argument("--json", action="store_true")
+        if name == "desired":
+            sub.add_argument("--profile", help="a profile name, or none to roll back")
+            sub.add_argument("--model")
+            sub.add_argument("--sha256")
+            sub.add_argument("--clear", action="store_true", help="remove the desired state")
+            sub.add_argument("--ttl", type=positive_float, default=365 * 86400.0)
+            sub.add_argument("--json", action="store_true",
+                             help="print {topic, target, cleared, id, issued_at, expires_at, "
+                             "args}")
+        if name == "watch":
+            sub.add_argument("--once", action="store_true", help="print one table and exit")
+            sub.add_argument("--settle", type=non_negative_float, default=2.0,
+                             help="with --once: seconds to collect before printing")
+            sub.add_argument("--seconds", type=positive_float, help="stop after N seconds")
+            sub.add_argument("--json", action="store_true",
+                             help="one JSON object per line and refresh: {ts, fleet, nodes}")
+    fleet.set_defaults(handler=main_entry)
+
 
 FINAL = ("succeeded", "failed", "rejected", "expired")
 RETAINED_SETTLE_S = 2.0  # at most, for the retained messages after subscribing
