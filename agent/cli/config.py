@@ -8,13 +8,26 @@ and the key, and any problem is exit 2.
 from __future__ import annotations
 
 import argparse
-import json
 
-from agent.config import DEFAULT_PATH, ConfigError, check_root, load_config, profile_problem
+from agent.cli.common import print_json
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    config = commands.add_parser("config", help="check an agent.yaml as run would read it")
+    actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
+    check = actions.add_parser("check", help="schema, values, root and tuning profile; "
+                               "exit 0 if fine, 2 with each problem")
+    check.add_argument("--config", metavar="FILE",
+                       help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
+                       "else built-in defaults)")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.set_defaults(handler=run)
 
 
 def problems(path: str | None) -> tuple[str, list[str]]:
     """(the file as messages name it, each problem in the order run would meet them)."""
+    from agent.config import ConfigError, check_root, load_config, profile_problem
+
     try:
         config = load_config(path)
     except ConfigError as error:
@@ -28,12 +41,13 @@ def problems(path: str | None) -> tuple[str, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agent.config import DEFAULT_PATH
+
     file, found = problems(args.config)
     if args.config is None and file == "built-in defaults":
         file += f" (no {DEFAULT_PATH})"
     if args.json:
-        print(json.dumps({"file": file, "ok": not found, "problems": found}, indent=2))
+        print_json({"file": file, "ok": not found, "problems": found})
     else:
         print("\n".join(found) if found else f"{file}: ok")
     return 2 if found else 0
-

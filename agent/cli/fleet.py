@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.cli.common import UsageError
+from agent.cli.common import UsageError, non_negative_float, positive_float, render_table
 from agent.control import protocol
 from agent.stopping import SIGINT_EXIT, StopSignals
 from agent.telemetry.records import hottest_c
@@ -26,6 +26,58 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from agent.control.operator import BrokerSettings, Bus, Outcome
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``fleet``: keygen, send, desired, watch."""
+    fleet = commands.add_parser("fleet", help="operator side: keys, signed commands, desired "
+                                "state, a live table of nodes")
+    actions = fleet.add_subparsers(dest="action", required=True)
+    key = actions.add_parser("keygen", help="create an Ed25519 operator key")
+    key.add_argument("--out", default="operator.key")
+    key.add_argument("--force", action="store_true")
+    key.add_argument("--json", action="store_true",
+                     help="print {path, key_id, public_key, trusted_key}")
+    for name, text in (("send", "sign a command, send it, print each node's outcome"),
+                       ("desired", "set (retained) the profile/model a node or group should "
+                        "run"),
+                       ("watch", "a live table of nodes from their retained topics (redrawn "
+                        "on a terminal; into a pipe, one table per refresh)")):
+        sub = actions.add_parser(name, help=text)
+        sub.add_argument("--config", metavar="FILE", help="take broker, TLS and fleet from an "
+                         "agent.yaml")
+        sub.add_argument("--broker", metavar="HOST:PORT")
+        sub.add_argument("--fleet")
+        if name in ("send", "desired"):
+            sub.add_argument("target", help="a node id, group:NAME, or all")
+            sub.add_argument("--key", required=True, help="the operator's private key (PEM)")
+        if name == "send":
+            # not dest "command": that names the top-level command in error messages
+            sub.add_argument("fleet_command", metavar="command",
+                             help="ping, get-status, apply-profile, ... (README)")
+            sub.add_argument("--arg", action="append", metavar="K=V",
+                             help="an argument; repeat; values are JSON when they parse")
+            sub.add_argument("--args-json", metavar="JSON")
+            sub.add_argument("--timeout", type=positive_float, default=15.0)
+            sub.add_argument("--ttl", type=positive_float, default=60.0, help="seconds it is valid")
+            sub.add_argument("--json", action="store_true")
+        if name == "desired":
+            sub.add_argument("--profile", help="a profile name, or none to roll back")
+            sub.add_argument("--model")
+            sub.add_argument("--sha256")
+            sub.add_argument("--clear", action="store_true", help="remove the desired state")
+            sub.add_argument("--ttl", type=positive_float, default=365 * 86400.0)
+            sub.add_argument("--json", action="store_true",
+                             help="print {topic, target, cleared, id, issued_at, expires_at, "
+                             "args}")
+        if name == "watch":
+            sub.add_argument("--once", action="store_true", help="print one table and exit")
+            sub.add_argument("--settle", type=non_negative_float, default=2.0,
+                             help="with --once: seconds to collect before printing")
+            sub.add_argument("--seconds", type=positive_float, help="stop after N seconds")
+            sub.add_argument("--json", action="store_true",
+                             help="one JSON object per line and refresh: {ts, fleet, nodes}")
+    fleet.set_defaults(handler=main_entry)
 
 
 # -- keys -----------------------------------------------------------------------------------
@@ -124,18 +176,11 @@ def parse_args_list(pairs: list[str]) -> dict[str, Any]:
     return result
 
 
-def render(rows: list[tuple[str, ...]]) -> str:
-    """Columns padded to their widest cell; the header is the first row."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip()
-                     for row in rows)
-
-
 def table(outcomes: dict[str, Outcome]) -> str:
     rows: list[tuple[str, ...]] = [("NODE", "STATUS", "CODE", "MS", "MESSAGE")]
     rows += [(o.node, o.status, o.code, "" if o.ms is None else f"{o.ms:.0f}", o.message[:80])
              for o in sorted(outcomes.values(), key=lambda o: o.node)]
-    return render(rows)
+    return render_table(rows)
 
 
 def send(args: argparse.Namespace) -> int:
@@ -281,7 +326,7 @@ def watch(args: argparse.Namespace) -> int:
                     text = json.dumps({"ts": int(time.time() * 1000), "fleet": bus.fleet,
                                        "nodes": watch_records(nodes)}) + "\n"
                 else:
-                    text = (CLEAR_SCREEN if redraw else "" if first else "\n") + render(
+                    text = (CLEAR_SCREEN if redraw else "" if first else "\n") + render_table(
                         watch_rows(nodes)) + "\n"
                 sys.stdout.write(text)
                 sys.stdout.flush()  # a pipe is block-buffered: each refresh leaves at once
@@ -294,22 +339,13 @@ def watch(args: argparse.Namespace) -> int:
         bus.close()
 
 
-def run(args: argparse.Namespace) -> int:
-    return {"keygen": keygen, "send": send, "desired": desired, "watch": watch}[
-        args.fleet_action](args)
-
-
 def main_entry(args: argparse.Namespace) -> int:
-    from agent.control.operator import FleetError
-
+    """The action; its errors end as agent.cli.common's table says, but Ctrl-C, which is how
+    a watch ends, is said only where it cut something short."""
     try:
-        return run(args)
-    except KeyboardInterrupt:  # Ctrl-C is how a watch ends; elsewhere it cut something short
-        if args.fleet_action != "watch":
-            print(f"edge-agent fleet {args.fleet_action}: interrupted", file=sys.stderr)
-        return 130
-    except UsageError:
-        raise
-    except (FleetError, OSError) as error:
-        print(f"edge-agent fleet {args.fleet_action}: {error}", file=sys.stderr)
-        return 1
+        return {"keygen": keygen, "send": send, "desired": desired, "watch": watch}[
+            args.action](args)
+    except KeyboardInterrupt:
+        if args.action != "watch":
+            print(f"edge-agent fleet {args.action}: interrupted", file=sys.stderr)
+        return SIGINT_EXIT

@@ -1,7 +1,8 @@
 """``edge-agent infer``: run the inference loop on a model for a while and print its statistics.
 
 Wires discovery (providers, threads) and the inference runtime together; the output is the
-"Inference statistics" contract of shared/DESIGN.md.  ``--swap-to M2 --after S`` hot-swaps to a
+statistics contract: model, providers, threads, count, errors, throughput and latency
+percentiles in ms, load time and cache outcome.  ``--swap-to M2 --after S`` hot-swaps to a
 second model under load and reports how the swap went.  SIGINT or SIGTERM ends the run early:
 the loop is stopped as at the end of a normal run and the statistics so far are printed.
 """
@@ -9,28 +10,52 @@ the loop is stopped as at the end of a normal run and the statistics so far are 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import onnxruntime as ort
-
-from agent.cli.common import UsageError, open_root
-from agent.discovery import discover
-from agent.inference.accelerators import unused_accelerators
-from agent.inference.errors import SessionError
-from agent.inference.io import SyntheticSource
-from agent.inference.loader import ModelLoader, model_cache_dir
-from agent.inference.loop import InferenceLoop, LoadedModel, SwapRejected
-from agent.inference.options import thread_plan
-from agent.inference.providers import choose_providers
-from agent.inference.stats import Window
+from agent.cli.common import (
+    UsageError,
+    add_state_dir,
+    open_root,
+    positive_float,
+    print_json,
+    resolve_state_dir,
+)
 from agent.stopping import SIGINT_EXIT, StopSignals, exit_code
 
-DEFAULT_STATE_DIR = "/var/lib/edge-agent"
+if TYPE_CHECKING:
+    from agent.inference.loader import ModelLoader
+    from agent.inference.loop import InferenceLoop, LoadedModel
+    from agent.inference.stats import Window
+
 PROGRESS_INTERVAL_S = 0.5
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agent.inference.demo_model import DEMO_MODEL_PATH  # a path: imports nothing heavy
+
+    infer = commands.add_parser("infer", help="run a model in the inference loop for a while "
+                                "and print latency statistics")
+    infer.add_argument("--model", default=str(DEMO_MODEL_PATH),
+                       help="ONNX model (default: the bundled demo CNN)")
+    infer.add_argument("--seconds", type=positive_float, default=5.0)
+    infer.add_argument("--rate", type=positive_float, default=None, metavar="HZ",
+                       help="fixed call rate with deadline-miss counting (default: free-running)")
+    infer.add_argument("--providers", metavar="P1,P2",
+                       help="execution providers in order (default: chosen from the hardware)")
+    infer.add_argument("--sha256", help="refuse the model unless its sha256 matches")
+    infer.add_argument("--root", default="/", metavar="DIR",
+                       help="discover the hardware below DIR instead of /")
+    add_state_dir(infer, "where the optimised-model cache lives")
+    infer.add_argument("--json", action="store_true", help="print the statistics contract")
+    infer.add_argument("--swap-to", metavar="M2", help="hot-swap to this model during the run")
+    infer.add_argument("--after", type=float, metavar="S",
+                       help="seconds into the run for --swap-to (default: a third of it)")
+    infer.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                       help="a live status line on stderr (default: when it is a terminal)")
+    infer.set_defaults(handler=run)
 
 
 class _Swapper(threading.Thread):
@@ -45,6 +70,9 @@ class _Swapper(threading.Thread):
         self.report: dict[str, Any] = {"to": path, "switched": False}
 
     def run(self) -> None:
+        from agent.inference.errors import SessionError
+        from agent.inference.loop import SwapRejected
+
         if self.cancelled.wait(self.after_s):
             self.report["reason"] = "the run ended before the swap was due"
             return
@@ -99,13 +127,24 @@ def run_inference(args: argparse.Namespace, progress: TextIO | None = None,
                   stop: threading.Event | None = None) -> tuple[dict[str, Any], bool]:
     """The run's statistics, and whether the loop thread ended (a call stuck in ORT cannot be
     joined); ``stop`` ends the run early, through the same stop path."""
+    import onnxruntime as ort
+
+    from agent.discovery import discover
+    from agent.inference.accelerators import unused_accelerators
+    from agent.inference.io import SyntheticSource
+    from agent.inference.loader import ModelLoader, model_cache_dir
+    from agent.inference.loop import InferenceLoop
+    from agent.inference.options import thread_plan
+    from agent.inference.providers import choose_providers
+
     stop = stop or threading.Event()
     ort.set_default_logger_severity(3)  # errors only: its warnings are not for an operator
     topology = discover(open_root(args.root))
     available = ort.get_available_providers()
     providers = choose_providers(available, topology,
                                  args.providers.split(",") if args.providers else None)
-    loader = ModelLoader(providers, thread_plan(topology, None), model_cache_dir(args.state_dir))
+    loader = ModelLoader(providers, thread_plan(topology, None),
+                         model_cache_dir(resolve_state_dir(args.state_dir, args.root)))
     first, built = loader.load(args.model, args.sha256)
     loop = InferenceLoop(first, SyntheticSource(built.session.get_inputs()), rate_hz=args.rate)
     swapper = None
@@ -172,15 +211,11 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.seconds}")
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     with StopSignals() as stop:
-        try:
-            result, joined = run_inference(args, sys.stderr if show else None, stop.event)
-        except (SessionError, OSError) as error:
-            print(f"edge-agent infer: {error}", file=sys.stderr)
-            return 1
+        result, joined = run_inference(args, sys.stderr if show else None, stop.event)
         if stop.name is not None:
             result["stopped_by"] = stop.name
         if args.json:
-            print(json.dumps(result, indent=2))
+            print_json(result)
         else:
             _print_summary(result)
         # SIGTERM asks for a clean stop, and the statistics printed are a whole result.

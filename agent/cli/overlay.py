@@ -8,26 +8,64 @@ checked ``.dtbo``, which the installer registers with the board's boot loader.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.cli.common import UsageError, open_root
-from agent.kernel.fsroot import Root, RootError
-from agent.overlays import build, installer
-from agent.overlays.bootfs import BootFiles
-from agent.overlays.build import Built
-from agent.overlays.dtc import DtcMissing
-from agent.overlays.errors import InstallRefused, OverlayError
-from agent.overlays.layouts import detect
-from agent.overlays.socs import MHZ
-from agent.overlays.table import load_table
-from agent.tuning.errors import ProfileError
-from agent.tuning.profiles import ProfileStore
+from agent.cli.common import UsageError, open_root, print_json, render_table
+
+if TYPE_CHECKING:
+    from agent.kernel.fsroot import Root
+    from agent.overlays import installer
+    from agent.overlays.bootfs import BootFiles
+    from agent.overlays.build import Built
+
+JSON_FIELDS = {"build": ": {name, out, format, bytes, warnings, tables}",
+               "install": ": {name, layout, config, dtbo, backup, changed, reboot_needed, "
+               "warnings, result}",
+               "remove": ": as install's"}
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    overlay = commands.add_parser("overlay", help="build, validate, install and remove "
+                                  "device-tree overlays for OPP tables (DVFS)")
+    actions = overlay.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (("build", "compile an overlay (.dtbo) from a table, entry or profile"),
+                         ("validate", "check a table or overlay against the SoC's limits"),
+                         ("install", "register an overlay with the boot loader (no reboot)"),
+                         ("remove", "unregister an overlay edge-agent installed"),
+                         ("list", "the overlays the boot configuration applies")):
+        sub = actions.add_parser(action, help=text)
+        if action in ("build", "validate", "install"):
+            sub.add_argument("name", nargs="?", help="a dts-overlays/ entry, or a .dtbo/.dts "
+                             "file")
+            sub.add_argument("--profile", metavar="NAME", help="the entry named by a "
+                             "profile's overlay.dvfs")
+        if action in ("build", "validate"):
+            sub.add_argument("--table", metavar="FILE.yaml", help="an OPP table to generate "
+                             "the overlay from")
+            sub.add_argument("--soc", help="with --table: rk3588 (or soc: in the table)")
+            sub.add_argument("--flavour", help="with --table: vendor or mainline kernel")
+            sub.add_argument("--target", help="with --table: cpu-little, cpu-big0, cpu-big1, "
+                             "gpu or npu")
+        if action == "build":
+            sub.add_argument("--out", metavar="FILE", help="output (default: NAME.dtbo, or "
+                             "stdout with --dts)")
+            sub.add_argument("--dts", action="store_true", help="write the overlay source "
+                             "instead of the compiled .dtbo")
+        if action == "remove":
+            sub.add_argument("name", help="the overlay's name")
+        if action in ("install", "remove", "list"):
+            sub.add_argument("--root", default="/", metavar="DIR",
+                             help="the board's files below DIR (/boot, /proc/device-tree)")
+        sub.add_argument("--json", action="store_true", help="machine-readable output"
+                         + JSON_FIELDS.get(action, ""))
+        sub.set_defaults(handler=run)
 
 
 def _profile_overlay(name: str, root: Root) -> str:
+    from agent.tuning.profiles import ProfileStore
+
     profile = ProfileStore(root).load(name)
     entry = profile.settings.get("overlay", {}).get("dvfs")
     if not entry:
@@ -37,6 +75,9 @@ def _profile_overlay(name: str, root: Root) -> str:
 
 def _source(args: argparse.Namespace, root: Root) -> Built:
     """The one source the command names, compiled and checked."""
+    from agent.overlays import build
+    from agent.overlays.table import load_table
+
     given = [s for s in (args.name, getattr(args, "table", None), args.profile) if s]
     if len(given) != 1:
         raise UsageError("name one source: an overlay NAME (or a .dtbo/.dts file), "
@@ -55,6 +96,8 @@ def _source(args: argparse.Namespace, root: Root) -> Built:
 
 
 def _summary(built: Built) -> list[str]:
+    from agent.overlays.socs import MHZ
+
     lines = []
     for table in built.overlay.tables:
         live = [o.hz for o in table.opps if not o.disabled]
@@ -83,7 +126,7 @@ def _tables(built: Built) -> list[dict[str, Any]]:
 
 
 def _build(args: argparse.Namespace) -> int:
-    built = _source(args, Root("/"))
+    built = _source(args, open_root("/"))
     if not args.json:
         _warn(built.warnings)
     if args.dts and built.source is None:
@@ -93,10 +136,9 @@ def _build(args: argparse.Namespace) -> int:
     if out is not None:
         Path(out).write_bytes(data)
     if args.json:
-        print(json.dumps({"name": built.name, "out": out,
-                          "format": "dts" if args.dts else "dtbo", "bytes": len(data),
-                          **({"source": built.source} if out is None else {}),
-                          "warnings": built.warnings, "tables": _tables(built)}, indent=2))
+        print_json({"name": built.name, "out": out, "format": "dts" if args.dts else "dtbo",
+                    "bytes": len(data), **({"source": built.source} if out is None else {}),
+                    "warnings": built.warnings, "tables": _tables(built)})
     elif out is None:
         print(built.source, end="")
     else:
@@ -105,12 +147,11 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    built = _source(args, Root("/"))
+    built = _source(args, open_root("/"))
     if args.json:
-        print(json.dumps({"name": built.name, "ok": True, "warnings": built.warnings,
-                          "compatible": built.overlay.compatibles,
-                          "labels": built.overlay.labels,
-                          "tables": _tables(built)}, indent=2))
+        print_json({"name": built.name, "ok": True, "warnings": built.warnings,
+                    "compatible": built.overlay.compatibles, "labels": built.overlay.labels,
+                    "tables": _tables(built)})
         return 0
     _warn(built.warnings)
     print("\n".join([f"{built.name}: valid, compiles with dtc -@", *_summary(built)]))
@@ -120,6 +161,9 @@ def _validate(args: argparse.Namespace) -> int:
 def _files(root: Root, name: str) -> tuple[BootFiles, list[str]]:
     """The files an install or remove of ``name`` may touch: the .dtbo, the boot config,
     its backup."""
+    from agent.overlays.bootfs import BootFiles
+    from agent.overlays.layouts import detect
+
     boot = BootFiles(root)
     layout = detect(root, boot)
     return boot, [layout.dtbo_path(name), layout.config, layout.backup_path(name)]
@@ -137,21 +181,23 @@ def _changed(boot: BootFiles, before: dict[str, bytes | None]) -> list[dict[str,
 
 
 def _report(outcome: installer.Outcome, changes: list[dict[str, str]],
-            backup: str) -> str:
-    return json.dumps({"name": outcome.name, "layout": outcome.layout,
-                       "config": outcome.config, "dtbo": outcome.dtbo, "backup": backup,
-                       "changed": changes, "reboot_needed": bool(changes),
-                       "warnings": outcome.warnings, "result": outcome.result}, indent=2)
+            backup: str) -> dict[str, Any]:
+    return {"name": outcome.name, "layout": outcome.layout, "config": outcome.config,
+            "dtbo": outcome.dtbo, "backup": backup, "changed": changes,
+            "reboot_needed": bool(changes), "warnings": outcome.warnings,
+            "result": outcome.result}
 
 
 def _install(args: argparse.Namespace) -> int:
+    from agent.overlays import installer
+
     root = open_root(args.root)
     built = _source(args, root)
     boot, paths = _files(root, built.name)
     before = {path: boot.read(path) for path in paths}
     outcome = installer.install(root, built)
     if args.json:
-        print(_report(outcome, _changed(boot, before), paths[2]))
+        print_json(_report(outcome, _changed(boot, before), paths[2]))
         return 0
     _warn(outcome.warnings)
     print(f"{outcome.name}: {outcome.dtbo}, registered in {outcome.config} ({outcome.layout})"
@@ -160,13 +206,15 @@ def _install(args: argparse.Namespace) -> int:
 
 
 def _remove(args: argparse.Namespace) -> int:
+    from agent.overlays import build, installer
+
     root = open_root(args.root)
     name = build.check_name(args.name)
     boot, paths = _files(root, name)
     before = {path: boot.read(path) for path in paths}
     outcome = installer.remove(root, name)
     if args.json:
-        print(_report(outcome, _changed(boot, before), paths[2]))
+        print_json(_report(outcome, _changed(boot, before), paths[2]))
         return 0
     print(f"{outcome.name}: removed from {outcome.config} ({outcome.layout})\n"
           f"{outcome.result}")
@@ -174,15 +222,18 @@ def _remove(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from agent.overlays import installer
+
     layout, items = installer.listed(open_root(args.root))
     if args.json:
-        print(json.dumps({"layout": layout.kind, "config": layout.config, "overlays": items},
-                         indent=2))
+        print_json({"layout": layout.kind, "config": layout.config, "overlays": items})
         return 0
-    lines = [f"{layout.kind}: {layout.config}"]
-    lines += [f"  {'*' if item['edge_agent'] else ' '} {item['name']:<36} {item['path']}"
-              + ("" if item["present"] is not False else "  (missing)") for item in items]
-    print("\n".join([*lines, "(* = installed by edge-agent)" if items else "  no overlays"]))
+    rows = [(f"{'*' if item['edge_agent'] else ' '} {item['name']}",
+             f"{item['path']}{'' if item['present'] is not False else '  (missing)'}")
+            for item in items]
+    print("\n".join([f"{layout.kind}: {layout.config}",
+                     *([render_table(rows, indent="  "), "(* = installed by edge-agent)"] if rows
+                       else ["  no overlays"])]))
     return 0
 
 
@@ -191,11 +242,4 @@ ACTIONS = {"build": _build, "validate": _validate, "install": _install, "remove"
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return ACTIONS[args.action](args)
-    except (OverlayError, ProfileError) as error:
-        print(f"edge-agent overlay {args.action}: {error}", file=sys.stderr)
-        return 2
-    except (InstallRefused, DtcMissing, RootError, OSError) as error:
-        print(f"edge-agent overlay {args.action}: {error}", file=sys.stderr)
-        return 1
+    return ACTIONS[args.action](args)

@@ -6,32 +6,48 @@ Wires discovery and the tuning engine together for a person or a script (``--jso
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
-import yaml
+from agent.cli.common import add_state_dir, emit, open_root, resolve_state_dir
 
-from agent.discovery import discover
-from agent.kernel.fsroot import Root, RootError
-from agent.tuning.engine import Engine, TuningError
-from agent.tuning.errors import ProfileError
-from agent.tuning.journal import Journal
-from agent.tuning.plan import Change, Plan
-from agent.tuning.profiles import ProfileStore, match_score
+if TYPE_CHECKING:
+    from agent.tuning.engine import Engine
+    from agent.tuning.plan import Change, Plan
 
-DEFAULT_STATE_DIR = "/var/lib/edge-agent"
-
-
-def _state_dir(args: argparse.Namespace, root: Root) -> str:
-    if args.state_dir:
-        return str(args.state_dir)
-    return DEFAULT_STATE_DIR if root.is_host else f"{root.base}{DEFAULT_STATE_DIR}"
+ACTIONS = (("list", "profiles, marking those that match this device"),
+           ("show", "a profile's merged settings"),
+           ("plan", "what applying a profile would change (nothing is written)"),
+           ("apply", "apply a profile through the crash-safe journal"),
+           ("verify", "check every applied setting still holds (exit 0 if so)"),
+           ("rollback", "restore every original value and clear the journal"),
+           ("status", "what is applied, from the journal"))
 
 
-def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
-    print(json.dumps(data, indent=2) if args.json else text)
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    profile = commands.add_parser("profile", help="list, plan, apply, verify and roll back "
+                                  "tuning profiles")
+    actions = profile.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in ACTIONS:
+        sub = actions.add_parser(action, help=text)
+        if action in ("show", "plan", "apply"):
+            sub.add_argument("name", help="profile name, or auto for the best match")
+        if action in ("plan", "apply"):
+            sub.add_argument("--force", action="store_true",
+                             help="apply even if the profile's match excludes this device")
+        if action == "apply":
+            sub.add_argument("--dry-run", action="store_true",
+                             help="show what would be written, write nothing (same as plan)")
+        if action == "rollback":
+            sub.add_argument("--after-failure", action="store_true",
+                             help="for the unit's ExecStopPost: roll back only when the "
+                             "service did not stop cleanly (systemd's SERVICE_RESULT)")
+        sub.add_argument("--root", default="/", metavar="DIR",
+                         help="operate on sysfs/procfs below DIR instead of /")
+        add_state_dir(sub, "the journal's directory")
+        sub.add_argument("--json", action="store_true", help="machine-readable output")
+        sub.set_defaults(handler=run)
 
 
 def _change_line(change: Change) -> str:
@@ -52,6 +68,9 @@ def _plan_text(plan: Plan) -> str:
 def _list(args: argparse.Namespace, engine: Engine) -> int:
     """Every profile; one that does not load is listed with its error, the others stay
     usable (exit 0)."""
+    from agent.tuning.errors import ProfileError
+    from agent.tuning.profiles import match_score
+
     board = engine.topology.board
     rows, errors = [], []
     for name, profile in engine.store.load_all().items():
@@ -69,18 +88,20 @@ def _list(args: argparse.Namespace, engine: Engine) -> int:
              f"{'matches' if r['matches'] else 'other board'}  {r['description']}"
              for r in rows]
     lines += [f"! {e['name']:<22} error: {e['error']}" for e in errors]
-    _emit(args, {"auto": auto, "profiles": rows, "errors": errors}, "\n".join(lines) + (
+    emit(args.json, {"auto": auto, "profiles": rows, "errors": errors}, "\n".join(lines) + (
         f"\n(* = auto for this {board.family} board" + (", ! = does not load)" if errors
                                                        else ")")))
     return 0
 
 
 def _show(args: argparse.Namespace, engine: Engine) -> int:
+    import yaml
+
     profile = engine.store.auto(engine.topology.board) if args.name == "auto" else \
         engine.store.load(args.name)
     data = {"name": profile.name, "file": profile.file, "include_chain": profile.chain,
             "match": profile.match, "settings": profile.settings}
-    _emit(args, data, yaml.safe_dump(data, sort_keys=False).rstrip())
+    emit(args.json, data, yaml.safe_dump(data, sort_keys=False).rstrip())
     return 0
 
 
@@ -106,11 +127,11 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
         return _show(args, engine)
     if args.action == "plan":
         plan = _planned(engine, args)
-        _emit(args, plan.to_dict(), _plan_text(plan))
+        emit(args.json, plan.to_dict(), _plan_text(plan))
         return 0
     if args.action == "apply" and args.dry_run:
         plan = _planned(engine, args)
-        _emit(args, plan.to_dict(), "dry run, nothing written\n" + _plan_text(plan))
+        emit(args.json, plan.to_dict(), "dry run, nothing written\n" + _plan_text(plan))
         return 0
     if args.action == "apply":
         try:
@@ -132,27 +153,27 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
                          + [f"note: {n}" for n in result.notes]
                          + [f"warning: {w}" for w in result.plan.warnings]
                          + [_verify_text(drift)])
-        _emit(args, {**result.plan.to_dict(), "written": len(result.written),
+        emit(args.json, {**result.plan.to_dict(), "written": len(result.written),
                      "skipped": result.skipped, "notes": result.notes,
                      "drift": [c.path for c, _ in drift]}, text)
         return 0 if not drift else 1
     if args.action == "verify":
         if not engine.journal.exists():
-            _emit(args, {"ok": False, "drift": [], "applied": None}, "no profile applied")
+            emit(args.json, {"ok": False, "drift": [], "applied": None}, "no profile applied")
             return 1
         drift = engine.verify()
-        _emit(args, {"ok": not drift, "drift": [
+        emit(args.json, {"ok": not drift, "drift": [
             {"path": c.path, "expected": c.desired, "actual": a, "key": c.key}
             for c, a in drift]}, _verify_text(drift))
         return 0 if not drift else 1
     if args.action == "rollback" and args.after_failure and \
             os.environ.get("SERVICE_RESULT", "success") == "success":
-        _emit(args, {"rolled_back": None, "notes": ["clean stop: nothing to roll back"]},
+        emit(args.json, {"rolled_back": None, "notes": ["clean stop: nothing to roll back"]},
               "clean stop: nothing to roll back")
         return 0
     if args.action == "rollback":
         profile, notes = engine.rollback()
-        _emit(args, {"rolled_back": profile, "notes": notes}, "\n".join(
+        emit(args.json, {"rolled_back": profile, "notes": notes}, "\n".join(
             ([f"rolled back {profile}"] if profile else []) + notes))
         return 0
     state = engine.journal.load()
@@ -160,22 +181,19 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
         "profile": state.profile, "status": state.status, "boot_id": state.boot_id,
         "changes": len(state.changes), "created_ms": state.created_ms,
         "drift": len(engine.verify())}
-    _emit(args, {"applied": data}, "no profile applied" if data is None else
+    emit(args.json, {"applied": data}, "no profile applied" if data is None else
           f"{data['profile']} {data['status']}: {data['changes']} setting(s), "
           f"{data['drift']} drifted")
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.cli.common import open_root
+    from agent.discovery import discover
+    from agent.tuning.engine import Engine
+    from agent.tuning.journal import Journal
+    from agent.tuning.profiles import ProfileStore
 
     root = open_root(args.root)
-    engine = Engine(root, discover(root), Journal(_state_dir(args, root)), ProfileStore(root))
-    try:
-        return _dispatch(args, engine)
-    except ProfileError as error:
-        print(f"edge-agent profile {args.action}: {error}", file=sys.stderr)
-        return 2
-    except (TuningError, RootError, OSError) as error:
-        print(f"edge-agent profile {args.action}: {error}", file=sys.stderr)
-        return 1
+    journal = Journal(resolve_state_dir(args.state_dir, root.base))
+    engine = Engine(root, discover(root), journal, ProfileStore(root))
+    return _dispatch(args, engine)

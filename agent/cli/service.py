@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sqlite3
 import sys
@@ -14,7 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.cli.common import UsageError
+from agent.cli.common import (
+    DEFAULT_STATE_DIR,
+    UsageError,
+    add_state_dir,
+    open_root,
+    positive_float,
+    resolve_state_dir,
+)
 from agent.config import (
     Config,
     ConfigError,
@@ -25,41 +31,57 @@ from agent.config import (
 )
 from agent.stopping import SIGINT_EXIT, StopSignals
 from agent.terminal import TerminalLine, status_line
-from agent.validation import missing_directory
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``run`` (the main job), ``status`` and ``selftest``."""
+    for name, handler, text in (
+            ("run", run, "the main job: discover, tune, infer and report over MQTT until "
+             "SIGTERM"),
+            ("status", status, "what the running agent last wrote to its state directory"),
+            ("selftest", selftest, "check discovery, profile, inference and MQTT on this "
+             "device; pass/fail/n/a per check")):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("--config", metavar="FILE",
+                         help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
+                         "else built-in defaults)")
+        sub.add_argument("--root", metavar="DIR", help="override the config's root")
+        add_state_dir(sub, "the agent's state; overrides the config's state_dir")
+        if name == "run":
+            sub.add_argument("--seconds", type=positive_float, metavar="N",
+                             help="stop after N seconds, as on SIGTERM (default: run until "
+                             "stopped)")
+        else:
+            sub.add_argument("--json", action="store_true")
+        if name == "selftest":
+            sub.add_argument("--seconds", type=positive_float, default=5.0,
+                             help="how long the probe may take to connect and infer")
+        sub.set_defaults(handler=handler)
+
 
 logger = logging.getLogger(__name__)
-USER_STATE_DIR = Path.home() / ".local" / "state" / "edge-agent"
 
 
 def _config(args: argparse.Namespace) -> Config:
-    """The config with the command line's overrides, its root checked; any error in it is a
-    UsageError (exit 2) naming the file and key, or the flag."""
+    """The config with the command line's overrides and the state directory by the one rule
+    (agent.cli.common), its root checked; any error in it is a UsageError (exit 2) naming
+    the file and key, or the flag."""
     if args.root:
-        problem = missing_directory(args.root)
-        if problem is not None:
-            raise UsageError(f"--root {problem}")
+        open_root(args.root)
     try:
         config = load_config(args.config)
-        overrides: dict[str, Any] = {}
-        if args.root:
-            overrides["root"] = args.root
-        if args.state_dir:
-            overrides["state_dir"] = args.state_dir
-        elif not _writable(config.state_dir) and config.state_dir == "/var/lib/edge-agent":
-            overrides["state_dir"] = str(USER_STATE_DIR)  # not root: a per-user default
+        overrides: dict[str, Any] = {"root": args.root} if args.root else {}
+        given = args.state_dir or (None if config.state_dir == DEFAULT_STATE_DIR
+                                   else config.state_dir)
+        chosen = resolve_state_dir(given, args.root or config.root)
+        if chosen != config.state_dir:
+            overrides["state_dir"] = chosen
         if overrides:
             config = from_dict({**config.raw, **overrides}, config.source)
         check_root(config)
     except ConfigError as error:
         raise UsageError(str(error)) from None
     return config
-
-
-def _writable(path: str) -> bool:
-    directory = Path(path)
-    while not directory.exists():
-        directory = directory.parent
-    return os.access(directory, os.W_OK)
 
 
 STATUS_EVERY_S = 5.0
