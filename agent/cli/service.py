@@ -7,10 +7,7 @@ import json
 import logging
 import os
 import signal
-import sqlite3
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,7 @@ from agent.config import (
     load_config,
     profile_problem,
 )
-from agent.stopping import SIGINT_EXIT, StopSignals
+from agent.stopping import StopSignals
 from agent.terminal import TerminalLine, status_line
 from agent.validation import missing_directory
 
@@ -62,93 +59,11 @@ def _writable(path: str) -> bool:
     return os.access(directory, os.W_OK)
 
 
-STATUS_EVERY_S = 5.0
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
-class Runner:
-    """The main job's life: start, serve, reload on SIGHUP, stop on SIGTERM/SIGINT.
-
-    systemd hears READY=1 once the service started, STATUS= as it runs, WATCHDOG=1 only while
-    it is healthy, RELOADING=1 then READY=1 around a reload and STOPPING=1 on the way out.
-    A reload builds the whole service again from the new file; a file that does not load
-    leaves the running service as it is and reports a ``config_rejected`` event.
-    """
-
-    def __init__(self, args: argparse.Namespace, config: Config, service: Any,
-                 notifier: Any, terminal: TerminalLine | None, signals: StopSignals) -> None:
-        self.args, self.config, self.service = args, config, service
-        self.notifier, self.terminal, self.signals = notifier, terminal, signals
-        self.stop = signals.event  # SIGTERM, SIGINT, or a reload that cannot go on
-        self.reload = threading.Event()
-        self.watchdog: Any = None
-        signal.signal(signal.SIGHUP, lambda number, frame: self.reload.set())
-
-    @property
-    def exit_status(self) -> int:
-        """0 for a run that ended by itself or on SIGTERM, 130 for Ctrl-C (SIGINT)."""
-        return SIGINT_EXIT if self.signals.received == signal.SIGINT else 0
-
-    def start_watchdog(self) -> None:
-        from agent.service.systemd import Watchdog, watchdog_interval_s
-
-        interval = watchdog_interval_s()
-        if interval is not None:
-            self.watchdog = Watchdog(self.notifier, lambda: self.service.health_problem(),
-                                     interval)
-            self.watchdog.start()
-
-    def serve(self, seconds: float | None) -> None:
-        deadline = None if seconds is None else time.monotonic() + seconds
-        last_status = 0.0
-        while not self.stop.is_set():
-            if self.reload.is_set():
-                self.reload.clear()
-                self._reload()
-            line = status_line(self.service.tick())
-            if time.monotonic() - last_status >= STATUS_EVERY_S:
-                self.notifier.notify(STATUS=line[:200])
-                last_status = time.monotonic()
-            if self.terminal is not None:
-                self.terminal.show(line)
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            self.stop.wait(1.0 if deadline is None else
-                           max(0.0, min(1.0, deadline - time.monotonic())))
-        if self.terminal is not None:
-            self.terminal.close()
-
-    def _reload(self) -> None:
-        from agent.service.node import Service, ServiceError
-
-        self.notifier.notify(RELOADING=1, STATUS="reloading the configuration")
-        try:
-            config = _config(self.args)
-        except UsageError as error:
-            logger.error("reload: %s; the running configuration stays", error)
-            self.service.event("config_rejected", error=str(error))
-            self.notifier.notify(READY=1, STATUS=f"configuration rejected: {error}"[:200])
-            return
-        self.service.stop(rollback=False)  # the new service plans its profile as a switch
-        try:
-            replacement = Service(config, notifier=self.notifier)
-            replacement.start()
-        except ServiceError as error:  # the state directory went away: nothing to run
-            logger.error("reload: %s", error)
-            self.stop.set()
-            return
-        self.service, self.config = replacement, config
-        self.service.event("config_reloaded", source=config.source)
-        self.notifier.notify(READY=1, STATUS="running (configuration reloaded)")
-
-    def shut_down(self) -> None:
-        self.notifier.notify(STOPPING=1, STATUS="stopping")
-        if self.watchdog is not None:
-            self.watchdog.stop()
-        self.service.stop()
-
-
 def run(args: argparse.Namespace) -> int:
+    from agent.service.lifecycle import Runner
     from agent.service.node import Service, ServiceError
     from agent.service.systemd import Notifier
 
@@ -169,19 +84,12 @@ def run(args: argparse.Namespace) -> int:
                 config.fleet, config.mqtt.host, config.mqtt.port, service.state_dir,
                 config.source)
     with StopSignals() as signals:
-        runner = Runner(args, config, service, notifier, terminal, signals)
-        notifier.notify(STATUS="starting: discovery, tuning, model")
+        runner = Runner(service, lambda: _config(args), notifier, terminal, signals)
         try:
-            service.start()
+            runner.run(args.seconds)
         except ServiceError as error:
             print(f"edge-agent run: {error}", file=sys.stderr)
             return 1
-        notifier.notify(READY=1, STATUS="running")
-        runner.start_watchdog()
-        try:
-            runner.serve(args.seconds)
-        finally:
-            runner.shut_down()
     final = runner.service.final_status
     if final is not None:
         logger.info("stopped: %d records acknowledged by the broker, %d waiting in the "
@@ -189,29 +97,14 @@ def run(args: argparse.Namespace) -> int:
     return runner.exit_status
 
 
-def read_status(state_dir: Path) -> dict[str, Any]:
-    """status.json as the agent last wrote it; the outbox depth is read from disk when no
-    agent holds the outbox (a running one writes its depth every second)."""
-    try:
-        status: dict[str, Any] = json.loads((state_dir / "status.json").read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{state_dir}/status.json: no status; has edge-agent run been "
-                         "started with this state directory?") from None
-    status["age_s"] = round(time.time() - status["updated_ms"] / 1000, 1)
-    outbox = state_dir / "outbox.sqlite"
-    if outbox.exists():
-        try:
-            with sqlite3.connect(f"file:{outbox}?mode=ro", uri=True, timeout=0) as db:
-                status["outbox"]["depth"] = db.execute(
-                    "SELECT COUNT(*) FROM outbox").fetchone()[0]
-        except sqlite3.OperationalError:  # locked: the agent is running
-            pass
-    return status
-
-
 def status(args: argparse.Namespace) -> int:
+    from agent.service.reports import NoStatus, read_status
+
     config = _config(args)
-    state = read_status(Path(config.state_dir))
+    try:
+        state = read_status(Path(config.state_dir))
+    except NoStatus as error:
+        raise UsageError(str(error)) from None
     running = not state["stopped"] and state["age_s"] <= 5 + 3 * config.telemetry.interval_s
     if args.json:
         print(json.dumps({**state, "running": running}, indent=2))
@@ -232,7 +125,7 @@ def selftest(args: argparse.Namespace) -> int:
 
     SIGINT or SIGTERM stops the probe agent cleanly; with no verdict, the exit status is
     128 + the signal (130, 143), never the 0 of a pass."""
-    from agent.selftest import run_selftest
+    from agent.service.probe import run_selftest
 
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
     config = _config(args)

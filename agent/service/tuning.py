@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.discovery.model import Topology
 from agent.kernel.fsroot import Root
@@ -17,6 +17,9 @@ from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal
 from agent.tuning.profiles import ProfileStore
 from agent.tuning.thp_dynamic import ThpDynamicController
+
+if TYPE_CHECKING:
+    from agent.service.parts import Ending
 
 logger = logging.getLogger(__name__)
 
@@ -134,13 +137,16 @@ class Tuning:
             self.drift = len(self.engine.verify())
             self.verified_at = time.time()
 
-    def stop(self, rollback: bool) -> None:
+    def stop(self, ending: Ending) -> None:
         self._stop_thp_controller()
-        if self.applied and rollback:
+        if self.applied and ending.rollback:
             try:
                 self.rollback()
             except (TuningError, OSError) as error:
                 logger.error("tuning: rollback failed: %s", error)
+
+    def problems(self) -> list[str]:
+        return [f"tuning: {self.error}"] if self.error else []
 
     def metrics(self) -> dict[str, Any]:
         return {"profile": self.profile, "applied": self.applied, "planned_changes":
