@@ -21,11 +21,10 @@ from mqtt_helpers import Broker, wait_until
 from onnx_models import mlp
 from tuning_helpers import copy_board, snapshot
 
-import agent.service.node as service_module
-from agent.config import from_dict
+import agent.service.health as health_module
 from agent.inference.io import QueueSource, SyntheticSource
 from agent.inference.loop import InferenceLoop, LoadedModel
-from agent.service.node import Service
+from agent.service.health import Liveness
 from agent.service.systemd import Notifier, Watchdog, watchdog_interval_s
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,23 +125,22 @@ def test_a_hung_inference_loop_stops_the_watchdog_pings(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import onnxruntime as ort
 
-    monkeypatch.setattr(service_module, "INFERENCE_STALL_S", 0.5)
+    monkeypatch.setattr(health_module, "INFERENCE_STALL_S", 0.5)
     session = ort.InferenceSession(str(mlp(tmp_path / "m.onnx")),
                                    providers=["CPUExecutionProvider"])
-    service = Service(from_dict({"state_dir": str(tmp_path / "state")}))
+    current = SimpleNamespace(liveness=None)  # a fresh progress clock for each loop
     notifier = RecordingNotifier()
-    watchdog = Watchdog(notifier, service.health_problem, interval_s=0.1)
+    watchdog = Watchdog(notifier, lambda: current.liveness.problem(), interval_s=0.1)
     for source, healthy in ((SyntheticSource(session.get_inputs()), True),
                             (QueueSource(), False)):  # nothing ever arrives: it hangs
         loop = InferenceLoop(LoadedModel("m", session), source)
-        service.inference = SimpleNamespace(loop=loop)  # type: ignore[assignment]
-        service._progress = (0, time.monotonic())
+        liveness = current.liveness = Liveness(lambda bound=loop: bound, lambda: None)
         loop.start()
         time.sleep(1.0)
         pinged = watchdog.check_once()
         assert pinged is healthy
-        assert service.health_problem() is None if healthy else \
-            "no inference call completed" in str(service.health_problem())
+        assert liveness.problem() is None if healthy else \
+            "no inference call completed" in str(liveness.problem())
         loop.stop(timeout=0.1)
     assert {"WATCHDOG": 1} in notifier.sent
     assert notifier.sent[-1]["STATUS"].startswith("unhealthy: no inference call")  # type: ignore[union-attr]

@@ -6,12 +6,9 @@ import argparse
 import json
 import logging
 import signal
-import sqlite3
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.cli.common import (
     DEFAULT_STATE_DIR,
@@ -21,16 +18,11 @@ from agent.cli.common import (
     positive_float,
     resolve_state_dir,
 )
-from agent.config import (
-    Config,
-    ConfigError,
-    check_root,
-    from_dict,
-    load_config,
-    profile_problem,
-)
-from agent.stopping import SIGINT_EXIT, StopSignals
+from agent.stopping import StopSignals
 from agent.terminal import TerminalLine, status_line
+
+if TYPE_CHECKING:
+    from agent.config import Config
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,6 +58,8 @@ def _config(args: argparse.Namespace) -> Config:
     """The config with the command line's overrides and the state directory by the one rule
     (agent.cli.common), its root checked; any error in it is a UsageError (exit 2) naming
     the file and key, or the flag."""
+    from agent.config import ConfigError, check_root, from_dict, load_config
+
     if args.root:
         open_root(args.root)
     try:
@@ -84,94 +78,23 @@ def _config(args: argparse.Namespace) -> Config:
     return config
 
 
-STATUS_EVERY_S = 5.0
+def _reload_config(args: argparse.Namespace) -> Config:
+    """``_config`` for a reload by SIGHUP: what it rejects, the running service survives."""
+    from agent.service.lifecycle import ConfigRejected
+
+    try:
+        return _config(args)
+    except UsageError as error:
+        raise ConfigRejected(str(error)) from None
+
+
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
-class Runner:
-    """The main job's life: start, serve, reload on SIGHUP, stop on SIGTERM/SIGINT.
-
-    systemd hears READY=1 once the service started, STATUS= as it runs, WATCHDOG=1 only while
-    it is healthy, RELOADING=1 then READY=1 around a reload and STOPPING=1 on the way out.
-    A reload builds the whole service again from the new file; a file that does not load
-    leaves the running service as it is and reports a ``config_rejected`` event.
-    """
-
-    def __init__(self, args: argparse.Namespace, config: Config, service: Any,
-                 notifier: Any, terminal: TerminalLine | None, signals: StopSignals) -> None:
-        self.args, self.config, self.service = args, config, service
-        self.notifier, self.terminal, self.signals = notifier, terminal, signals
-        self.stop = signals.event  # SIGTERM, SIGINT, or a reload that cannot go on
-        self.reload = threading.Event()
-        self.watchdog: Any = None
-        signal.signal(signal.SIGHUP, lambda number, frame: self.reload.set())
-
-    @property
-    def exit_status(self) -> int:
-        """0 for a run that ended by itself or on SIGTERM, 130 for Ctrl-C (SIGINT)."""
-        return SIGINT_EXIT if self.signals.received == signal.SIGINT else 0
-
-    def start_watchdog(self) -> None:
-        from agent.service.systemd import Watchdog, watchdog_interval_s
-
-        interval = watchdog_interval_s()
-        if interval is not None:
-            self.watchdog = Watchdog(self.notifier, lambda: self.service.health_problem(),
-                                     interval)
-            self.watchdog.start()
-
-    def serve(self, seconds: float | None) -> None:
-        deadline = None if seconds is None else time.monotonic() + seconds
-        last_status = 0.0
-        while not self.stop.is_set():
-            if self.reload.is_set():
-                self.reload.clear()
-                self._reload()
-            line = status_line(self.service.tick())
-            if time.monotonic() - last_status >= STATUS_EVERY_S:
-                self.notifier.notify(STATUS=line[:200])
-                last_status = time.monotonic()
-            if self.terminal is not None:
-                self.terminal.show(line)
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            self.stop.wait(1.0 if deadline is None else
-                           max(0.0, min(1.0, deadline - time.monotonic())))
-        if self.terminal is not None:
-            self.terminal.close()
-
-    def _reload(self) -> None:
-        from agent.service.node import Service, ServiceError
-
-        self.notifier.notify(RELOADING=1, STATUS="reloading the configuration")
-        try:
-            config = _config(self.args)
-        except UsageError as error:
-            logger.error("reload: %s; the running configuration stays", error)
-            self.service.event("config_rejected", error=str(error))
-            self.notifier.notify(READY=1, STATUS=f"configuration rejected: {error}"[:200])
-            return
-        self.service.stop(rollback=False)  # the new service plans its profile as a switch
-        try:
-            replacement = Service(config, notifier=self.notifier)
-            replacement.start()
-        except ServiceError as error:  # the state directory went away: nothing to run
-            logger.error("reload: %s", error)
-            self.stop.set()
-            return
-        self.service, self.config = replacement, config
-        self.service.event("config_reloaded", source=config.source)
-        self.notifier.notify(READY=1, STATUS="running (configuration reloaded)")
-
-    def shut_down(self) -> None:
-        self.notifier.notify(STOPPING=1, STATUS="stopping")
-        if self.watchdog is not None:
-            self.watchdog.stop()
-        self.service.stop()
-
-
 def run(args: argparse.Namespace) -> int:
-    from agent.service.node import Service, ServiceError
+    from agent.config import profile_problem
+    from agent.service.lifecycle import Runner
+    from agent.service.node import Service
     from agent.service.systemd import Notifier
 
     terminal = TerminalLine(sys.stdout) if sys.stdout.isatty() else None
@@ -182,28 +105,13 @@ def run(args: argparse.Namespace) -> int:
     unknown_profile = profile_problem(config)
     if unknown_profile is not None:  # the fleet must still reach the node to fix it
         logger.error("%s: the agent starts degraded", unknown_profile)
-    try:
-        service = Service(config, notifier=notifier)
-    except ServiceError as error:
-        print(f"edge-agent run: {error}", file=sys.stderr)
-        return 1
+    service = Service(config, notifier=notifier)  # ServiceError: exit 1 (agent.cli.common)
     logger.info("node %s, fleet %s, broker %s:%d, state %s (config: %s)", config.node_id,
                 config.fleet, config.mqtt.host, config.mqtt.port, service.state_dir,
                 config.source)
     with StopSignals() as signals:
-        runner = Runner(args, config, service, notifier, terminal, signals)
-        notifier.notify(STATUS="starting: discovery, tuning, model")
-        try:
-            service.start()
-        except ServiceError as error:
-            print(f"edge-agent run: {error}", file=sys.stderr)
-            return 1
-        notifier.notify(READY=1, STATUS="running")
-        runner.start_watchdog()
-        try:
-            runner.serve(args.seconds)
-        finally:
-            runner.shut_down()
+        runner = Runner(service, lambda: _reload_config(args), notifier, terminal, signals)
+        runner.run(args.seconds)
     final = runner.service.final_status
     if final is not None:
         logger.info("stopped: %d records acknowledged by the broker, %d waiting in the "
@@ -211,29 +119,14 @@ def run(args: argparse.Namespace) -> int:
     return runner.exit_status
 
 
-def read_status(state_dir: Path) -> dict[str, Any]:
-    """status.json as the agent last wrote it; the outbox depth is read from disk when no
-    agent holds the outbox (a running one writes its depth every second)."""
-    try:
-        status: dict[str, Any] = json.loads((state_dir / "status.json").read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{state_dir}/status.json: no status; has edge-agent run been "
-                         "started with this state directory?") from None
-    status["age_s"] = round(time.time() - status["updated_ms"] / 1000, 1)
-    outbox = state_dir / "outbox.sqlite"
-    if outbox.exists():
-        try:
-            with sqlite3.connect(f"file:{outbox}?mode=ro", uri=True, timeout=0) as db:
-                status["outbox"]["depth"] = db.execute(
-                    "SELECT COUNT(*) FROM outbox").fetchone()[0]
-        except sqlite3.OperationalError:  # locked: the agent is running
-            pass
-    return status
-
-
 def status(args: argparse.Namespace) -> int:
+    from agent.service.reports import NoStatus, read_status
+
     config = _config(args)
-    state = read_status(Path(config.state_dir))
+    try:
+        state = read_status(Path(config.state_dir))
+    except NoStatus as error:
+        raise UsageError(str(error)) from None
     running = not state["stopped"] and state["age_s"] <= 5 + 3 * config.telemetry.interval_s
     if args.json:
         print(json.dumps({**state, "running": running}, indent=2))
@@ -254,7 +147,7 @@ def selftest(args: argparse.Namespace) -> int:
 
     SIGINT or SIGTERM stops the probe agent cleanly; with no verdict, the exit status is
     128 + the signal (130, 143), never the 0 of a pass."""
-    from agent.selftest import run_selftest
+    from agent.service.probe import run_selftest
 
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
     config = _config(args)

@@ -10,50 +10,61 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.control.controller import CommandFailed, Handler, Progress
-from agent.inference.demo_model import DEMO_MODEL_PATH
-from agent.telemetry.records import hottest_c
+from agent.service.health import guard_problem
 from agent.tuning.engine import TuningError
 from agent.tuning.errors import ProfileError
 
 if TYPE_CHECKING:
-    from agent.service.node import Service
+    from agent.discovery.model import Topology
+    from agent.inference.stats import LatencyStats
+    from agent.service.inference import Inference
+    from agent.service.tuning import Tuning
+    from agent.telemetry.sampler import Sampler
 
 
-def _health(service: Service, before: Any, guard: dict[str, Any]) -> str | None:
-    """Why the window since ``before`` (a stats Window) is unhealthy, or None."""
-    assert service.inference is not None
-    loop = service.inference.loop
-    if loop is not None and before is not None:
-        stats = loop.active.stats
-        now = stats.window()
-        if now.generation == before.generation:
-            window = now.since(before)
-            calls = window.count + window.errors
-            if calls and window.errors / calls > guard["max_error_rate"]:
-                return (f"inference error rate {window.errors / calls:.2%} above "
-                        f"{guard['max_error_rate']:.2%}")
-            old_p99 = before.percentile_ns(99)
-            new_p99 = window.percentile_ns(99)
-            if before.count and window.count and new_p99 > guard["max_p99_ratio"] * old_p99:
-                return (f"inference p99 {new_p99 / 1e6:.3f} ms above {guard['max_p99_ratio']}x "
-                        f"the {old_p99 / 1e6:.3f} ms before")
-    hottest = hottest_c((service.last or {}).get("metrics") or {})
-    if guard.get("max_temp_c") is not None and hottest is not None and \
-            hottest > guard["max_temp_c"]:
-        return f"hottest thermal zone {hottest:.1f} °C above {guard['max_temp_c']} °C"
-    return None
+class Session(Protocol):
+    @property
+    def session(self) -> int: ...
+
+
+class Announcer(Protocol):
+    """The MQTT link as commands use it: announce again, publish a retained report."""
+
+    @property
+    def status(self) -> Session: ...
+
+    def rebirth(self) -> None: ...
+
+    def publish_now(self, suffix: str, payload: dict[str, Any],
+                    retain: bool = False) -> None: ...
+
+
+@dataclass(frozen=True)
+class Collaborators:
+    """What the handlers act on.  Getters where the root replaces or builds a thing after
+    the controller: the topology (hot-plug), the link (it needs the controller first)."""
+
+    tuning: Tuning
+    inference: Inference
+    sampler: Sampler
+    link: Callable[[], Announcer]
+    topology: Callable[[], Topology]
+    status: Callable[[], dict[str, Any]]
+    selftest: Callable[[], dict[str, Any]]
+    guard_defaults: dict[str, Any]
+    model_dirs: list[Path]  # where set-model may load from
 
 
 class ServiceCommands:
-    """The handlers the controller runs, bound to one running service."""
+    """The handlers the controller runs, bound to one running agent's parts."""
 
-    def __init__(self, service: Service, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.service, self.sleep = service, sleep
-        self.guard_defaults = dict(service.config.control["guard"])
+    def __init__(self, parts: Collaborators, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.parts, self.sleep = parts, sleep
 
     def handlers(self) -> dict[str, Handler]:
         return {"ping": self.ping, "get-topology": self.get_topology,
@@ -63,7 +74,7 @@ class ServiceCommands:
                 "restart-inference": self.restart_inference, "selftest": self.selftest}
 
     def _guard(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {**self.guard_defaults, **args.get("guard", {})}
+        return {**self.parts.guard_defaults, **args.get("guard", {})}
 
     # -- simple commands --------------------------------------------------------------------
 
@@ -71,20 +82,18 @@ class ServiceCommands:
         return {"pong": True, "agent_time_ms": int(time.time() * 1000)}
 
     def get_topology(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        assert self.service.topology is not None
-        return self.service.topology.to_dict()
+        return self.parts.topology().to_dict()
 
     def get_status(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        return self.service.status()
+        return self.parts.status()
 
     def rebirth(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        assert self.service.link is not None
-        self.service.link.rebirth()
-        return {"session": self.service.link.status.session}
+        link = self.parts.link()
+        link.rebirth()
+        return {"session": link.status.session}
 
     def set_telemetry(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        sampler = self.service.sampler
-        assert sampler is not None
+        sampler = self.parts.sampler
         if "metrics" in args:
             known = {c.key for c in sampler.collectors}
             wanted = None if args["metrics"] == "all" else set(args["metrics"])
@@ -99,31 +108,27 @@ class ServiceCommands:
                 "metrics": "all" if sampler.metrics is None else sorted(sampler.metrics)}
 
     def restart_inference(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        inference = self.service.inference
-        assert inference is not None
+        inference = self.parts.inference
         inference.restart()
         if inference.error:
             raise CommandFailed("inference_failed", inference.error)
         return {"model": inference.model_path}
 
     def selftest(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        from agent.selftest import run_checks
-
-        report = run_checks(self.service)
+        report = self.parts.selftest()
         if any(check["status"] == "fail" for check in report["checks"]):
             raise CommandFailed("selftest_failed", "a check failed", report)
         return report
 
     # -- guarded changes --------------------------------------------------------------------
 
-    def _stats_window(self) -> Any:
-        inference = self.service.inference
-        loop = inference.loop if inference is not None else None
-        return loop.active.stats.window() if loop is not None else None
+    def _stats(self) -> LatencyStats | None:
+        """The running model's statistics (None without a loop)."""
+        loop = self.parts.inference.loop
+        return loop.active.stats if loop is not None else None
 
     def apply_profile(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        tuning = self.service.tuning
-        assert tuning is not None
+        tuning = self.parts.tuning
         guard = self._guard(args)
         previous = tuning.profile if tuning.applied else None
         progress("validating")
@@ -131,7 +136,8 @@ class ServiceCommands:
             tuning.engine.plan(args["profile"], force=bool(args.get("force")))
         except ProfileError as error:
             raise CommandFailed("invalid_profile", str(error)) from None
-        before = self._stats_window()
+        stats = self._stats()
+        before = stats.window() if stats is not None else None
         progress("applying")
         try:
             changes = tuning.switch(args["profile"], force=bool(args.get("force")))
@@ -140,7 +146,7 @@ class ServiceCommands:
         self._announce_tuning()
         progress("health_window")
         self.sleep(guard["window_s"])
-        reason = _health(self.service, before, guard)
+        reason = guard_problem(self._stats(), before, self.parts.sampler.last, guard)
         if reason is None:
             return {"profile": tuning.profile, "changes": changes, "drift": tuning.drift}
         progress("rolling_back")
@@ -155,8 +161,7 @@ class ServiceCommands:
                             {"profile": previous, "rolled_back": args["profile"]})
 
     def rollback_profile(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        tuning = self.service.tuning
-        assert tuning is not None
+        tuning = self.parts.tuning
         try:
             rolled_back = tuning.rollback()
         except (TuningError, OSError) as error:
@@ -167,25 +172,19 @@ class ServiceCommands:
     def _announce_tuning(self) -> None:
         """Birth names the profile and whether it is applied: publish it again after a
         change, so ``fleet watch`` and other readers of the retained birth are not stale."""
-        if self.service.link is not None:
-            self.service.link.rebirth()
+        self.parts.link().rebirth()
 
     def model_allowed(self, path: str) -> bool:
         """Models load only from the configured directories (and the bundled demo), so a
         command cannot make the agent parse an arbitrary file."""
-        config = self.service.config
-        allowed = [Path(d) for d in config.control["model_dirs"]] + [
-            Path(config.state_dir) / "models", DEMO_MODEL_PATH.parent,
-            Path(config.inference.model).parent]
         resolved = Path(path).resolve()
-        return any(resolved.is_relative_to(d.resolve()) for d in allowed)
+        return any(resolved.is_relative_to(d.resolve()) for d in self.parts.model_dirs)
 
     def set_model(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         from agent.inference.errors import SessionError
         from agent.inference.loop import SwapRejected
 
-        inference = self.service.inference
-        assert inference is not None
+        inference = self.parts.inference
         if not self.model_allowed(args["model"]):
             raise CommandFailed("not_allowed", f"{args['model']} is outside the model "
                                 "directories (control.model_dirs, <state_dir>/models)")
@@ -206,18 +205,17 @@ class ServiceCommands:
 
     def converge(self, envelope: dict[str, Any]) -> dict[str, Any]:
         """Bring the node to a desired state and report what it runs, retained."""
-        args, service = envelope["args"], self.service
-        assert service.tuning is not None and service.inference is not None
+        args, tuning, inference = envelope["args"], self.parts.tuning, self.parts.inference
         status, message = "converged", None
         try:
             wanted = args.get("profile")
-            if wanted and not (service.tuning.applied and service.tuning.profile == wanted):
+            if wanted and not (tuning.applied and tuning.profile == wanted):
                 self.apply_profile({"profile": wanted}, lambda step: None)
-            elif "profile" in args and wanted is None and service.tuning.applied:
-                service.tuning.rollback()
+            elif "profile" in args and wanted is None and tuning.applied:
+                tuning.rollback()
                 self._announce_tuning()
             model = args.get("model")
-            if model and Path(model).resolve() != Path(service.inference.model_path).resolve():
+            if model and Path(model).resolve() != Path(inference.model_path).resolve():
                 self.set_model({"model": model, **({"sha256": args["sha256"]}
                                                    if "sha256" in args else {})},
                                lambda step: None)
@@ -226,8 +224,7 @@ class ServiceCommands:
         reported = {"schema": "reported/1", "desired_id": envelope["id"],
                     "desired_issued_at": envelope["issued_at"], "status": status,
                     "message": message,
-                    "profile": service.tuning.profile if service.tuning.applied else None,
-                    "model": service.inference.model_path, "ts": int(time.time() * 1000)}
-        if service.link is not None:
-            service.link.publish_now("reported", reported, retain=True)
+                    "profile": tuning.profile if tuning.applied else None,
+                    "model": inference.model_path, "ts": int(time.time() * 1000)}
+        self.parts.link().publish_now("reported", reported, retain=True)
         return reported

@@ -12,9 +12,12 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.discovery.udev import HotplugEvent, HotplugWatcher, UdevUnavailable, udev_running
+
+if TYPE_CHECKING:
+    from agent.service.parts import Ending
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +55,13 @@ class Hotplug:
         self._watcher = watcher
         logger.info("hot-plug: watching %s (%s events)", ", ".join(self.subsystems), source)
 
-    def stop(self) -> None:
+    def stop(self, ending: Ending) -> None:
         if self._watcher is not None:
             self._watcher.stop()
+
+    def problems(self) -> list[str]:
+        """None: without a watch the agent works, and finds new devices on restart."""
+        return []
 
     def _on_event(self, event: HotplugEvent) -> None:
         with self._lock:

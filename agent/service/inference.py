@@ -7,11 +7,14 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.config import Config
 from agent.discovery.model import Topology
 from agent.kernel.sched import ThreadSched
+
+if TYPE_CHECKING:
+    from agent.service.parts import Ending
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +98,16 @@ class Inference:
 
     def restart(self) -> None:
         """A fresh loop on the current model (after a stuck call, say)."""
-        self.stop()
+        self._stop_loop()
         self.loop, self.error = None, None
         self.start()
 
-    def stop(self) -> None:
+    def _stop_loop(self) -> None:
         if self.loop is not None:
             self.loop.stop()
+
+    def stop(self, ending: Ending) -> None:
+        self._stop_loop()
+
+    def problems(self) -> list[str]:
+        return [self.error] if self.error else []

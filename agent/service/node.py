@@ -1,10 +1,13 @@
-"""``edge-agent run``: wires discovery, tuning, inference, telemetry and the MQTT link.
+"""``edge-agent run``'s composition root: builds the agent's parts and wires them together.
 
-Start order follows the data flow: discover, plan (and apply if the config says so), load the
-model and start the loop, then open the outbox, the sampler and the link.  A part that fails
-for a reason an operator can fix (a missing model, a profile the hardware refuses) leaves the
-agent running and reachable in state ``degraded``; only an unusable state directory stops it.
-Stopping runs the same order backwards, and rolls tuning back if the config says so.
+It only wires.  Parts are built in data-flow order (discover, plan and apply the configured
+profile, load the model and start the loop, then the link, the controller, the exporter and
+the sampler) and each consumer gets the narrow collaborators it needs; every running part
+is a ``parts.Part``, started in that order and stopped in reverse, and rolls tuning back on
+the way out if the config says so.  A part that fails for a reason an operator can fix (a
+missing model, a profile the hardware refuses) leaves the agent running and reachable in
+state ``degraded`` (``health``); only an unusable state directory stops it.  What it
+announces and writes is built in ``reports``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent import __version__
 from agent.config import Config
 from agent.control import protocol
 from agent.control.controller import Controller, Identity
@@ -23,13 +25,17 @@ from agent.control.envelope import TrustedKeys
 from agent.control.store import CommandStore
 from agent.discovery import discover
 from agent.discovery.model import Topology
+from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.kernel.fsroot import Root
 from agent.link.homeassistant import discovery_messages
 from agent.link.mqtt import MqttLink
 from agent.link.settings import LinkSettings
-from agent.service.commands import ServiceCommands
+from agent.service import health, reports
+from agent.service.commands import Collaborators, ServiceCommands
 from agent.service.hotplug import Hotplug
 from agent.service.inference import Inference
+from agent.service.parts import Ending, Part, Wrapped
+from agent.service.selftest import Subject, run_checks
 from agent.service.systemd import Notifier
 from agent.service.tuning import Tuning
 from agent.telemetry.collectors import build_collectors
@@ -42,6 +48,7 @@ logger = logging.getLogger(__name__)
 VERIFY_INTERVAL_S = 60.0
 # What hot-plug can change; the rest of a topology (temperatures, frequencies) always moves.
 DEVICE_KEYS = ("gpus", "npus", "block", "pci", "udev")
+MODEL_LOAD_ALLOWANCE_S = 300  # EXTEND_TIMEOUT_USEC while a (large) model loads
 
 
 class ServiceError(RuntimeError):
@@ -59,17 +66,11 @@ def _state_dir(path: str) -> Path:
     return directory
 
 
-MODEL_LOAD_ALLOWANCE_S = 300  # EXTEND_TIMEOUT_USEC while a (large) model loads
-LINK_STALL_S = 10.0
-INFERENCE_STALL_S = 10.0
-
-
 class Service:
     def __init__(self, config: Config, state_dir: str | None = None,
                  notifier: Notifier | None = None) -> None:
         self.config = config
         self.notifier = notifier or Notifier(enabled=False)
-        self._progress = (0, time.monotonic())  # inference completions, when they last rose
         self.state_dir = _state_dir(state_dir or config.state_dir)
         self.root = Root(config.root)
         self.started = time.monotonic()
@@ -79,12 +80,19 @@ class Service:
         self.outbox: Outbox | None = None
         self.link: MqttLink | None = None
         self.sampler: Sampler | None = None
-        self.exporter: Any = None  # PrometheusExporter when configured
         self.controller: Controller | None = None
         self.hotplug: Hotplug | None = None
+        self.parts: list[Part] = []  # in start order
+        self.liveness = health.Liveness(
+            lambda: self.inference.loop if self.inference is not None else None,
+            lambda: self.link)
         self.final_status: dict[str, Any] | None = None  # written by stop()
 
     # -- start ------------------------------------------------------------------------------
+
+    def _start(self, part: Part) -> None:
+        self.parts.append(part)  # first: stop() stops a part whose start failed half-way
+        part.start()
 
     def start(self) -> None:
         config = self.config
@@ -97,32 +105,38 @@ class Service:
         self.sequence = Sequence(self.outbox.bump("session"))
         if config.hotplug.enabled:  # before discovery: a device added meanwhile is not missed
             self.hotplug = Hotplug(config.hotplug.subsystems)
-            self.hotplug.start()
+            self._start(self.hotplug)
         self.topology = discover(self.root)
         self.tuning = Tuning(self.root, self.topology, self.state_dir, config.tuning.profile,
                              config.tuning.apply, self.event)
-        self.tuning.start()
+        self._start(self.tuning)
         self.inference = Inference(config, self.topology, self.state_dir,
                                    self.tuning.inference_sched(), self.event)
         self.notifier.notify(STATUS=f"loading {config.inference.model}",
                              EXTEND_TIMEOUT_USEC=MODEL_LOAD_ALLOWANCE_S * 1_000_000)
-        self.inference.start()
-        self.controller = self._controller()
-        self._start_link()
+        self._start(self.inference)
+        self.sampler = Sampler(self._collectors(), self.outbox, self.sequence,
+                               protocol.topic(self.config.topic_root, protocol.TELEMETRY),
+                               self.config.telemetry.interval_s,
+                               self.config.mqtt.max_payload_kb * 1024,
+                               self.config.telemetry.metrics)
+        self.controller = self._controller(self.tuning, self.inference, self.sampler)
+        link = self.link = self._link(self.outbox, self.controller)
+        self._start(Wrapped(link.start, lambda ending: link.stop(flush_s=ending.flush_s)))
         if self.controller is not None:
-            self.controller.start()
+            self._start(Wrapped(self.controller.start, self._stop_controller))
         if config.prometheus_listen:  # before the first sample: a scrape never finds no port
             from agent.telemetry.prometheus import PrometheusExporter
 
-            self.exporter = PrometheusExporter(config.prometheus_listen, lambda: self.last)
-            self.exporter.start()
-        self._start_sampler()
+            exporter = PrometheusExporter(config.prometheus_listen, lambda: self.last)
+            self._start(Wrapped(exporter.start, lambda ending: exporter.stop()))
+        sampler = self.sampler
+        self._start(Wrapped(sampler.start, lambda ending: sampler.stop()))
         problems = self.problems()
         if problems:
-            self.link_health("degraded", "; ".join(problems))
+            link.set_health("degraded", "; ".join(problems))
 
-    def _start_link(self) -> None:
-        assert self.outbox is not None
+    def _link(self, outbox: Outbox, controller: Controller | None) -> MqttLink:
         m = self.config.mqtt
         tls = m.tls
         settings = LinkSettings(
@@ -133,13 +147,12 @@ class Service:
             password_file=m.password_file, keepalive_s=m.keepalive_s,
             max_payload_bytes=m.max_payload_kb * 1024, reconnect_min_s=m.reconnect_min_s,
             reconnect_max_s=m.reconnect_max_s, replay_per_s=self.config.telemetry.replay_per_s)
-        controller = self.controller
-        self.link = MqttLink(settings, self.outbox, self.sequence, self.announcements,
-                             on_message=controller.on_message if controller else None,
-                             subscriptions=controller.subscriptions() if controller else ())
-        self.link.start()
+        return MqttLink(settings, outbox, self.sequence, self.announcements,
+                        on_message=controller.on_message if controller else None,
+                        subscriptions=controller.subscriptions() if controller else ())
 
-    def _controller(self) -> Controller | None:
+    def _controller(self, tuning: Tuning, inference: Inference,
+                    sampler: Sampler) -> Controller | None:
         """Fleet control, when enabled and at least one key can sign commands."""
         control = self.config.control
         if not control["enabled"]:
@@ -147,7 +160,17 @@ class Service:
         if not control["trusted_keys"]:
             logger.warning("control: no trusted_keys in the config: fleet commands are off")
             return None
-        commands = ServiceCommands(self)
+        config = self.config
+        commands = ServiceCommands(Collaborators(
+            tuning=tuning, inference=inference, sampler=sampler, link=self._running_link,
+            topology=self._topology, status=self.status,
+            selftest=lambda: run_checks(self.subject()),
+            guard_defaults=dict(control["guard"]),
+            # models load only from these (and the bundled demo): a command cannot make the
+            # agent parse an arbitrary file
+            model_dirs=[Path(d) for d in control["model_dirs"]] + [
+                Path(config.state_dir) / "models", DEMO_MODEL_PATH.parent,
+                Path(config.inference.model).parent]))
         return Controller(
             Identity(self.config.fleet, self.config.node_id, self.config.groups),
             TrustedKeys.from_config(control["trusted_keys"]), set(control["allow"]),
@@ -156,6 +179,19 @@ class Service:
             max_payload_bytes=control["max_payload_kb"] * 1024,
             max_skew_s=control["max_skew_s"])
 
+    def _stop_controller(self, ending: Ending) -> None:
+        assert self.controller is not None
+        self.controller.stop()
+        self.controller.store.close()
+
+    def _running_link(self) -> MqttLink:
+        assert self.link is not None  # commands run once the controller started, after it
+        return self.link
+
+    def _topology(self) -> Topology:
+        assert self.topology is not None
+        return self.topology
+
     def reply(self, topic: str, body: dict[str, Any], response_topic: str | None,
               correlation: bytes | None) -> None:
         """A command reply; a result above the payload limit goes in numbered chunks."""
@@ -163,17 +199,6 @@ class Service:
             return
         for part in protocol.chunked(body, self.config.mqtt.max_payload_kb * 1024):
             self.link.publish_reply(topic, part, response_topic, correlation)
-
-    def _start_sampler(self) -> None:
-        assert self.outbox is not None and self.topology is not None
-        assert self.link is not None and self.tuning is not None
-        assert self.inference is not None
-        self.sampler = Sampler(self._collectors(), self.outbox, self.sequence,
-                               protocol.topic(self.config.topic_root, protocol.TELEMETRY),
-                               self.config.telemetry.interval_s,
-                               self.config.mqtt.max_payload_kb * 1024,
-                               self.config.telemetry.metrics)
-        self.sampler.start()
 
     def _collectors(self) -> list[Any]:
         assert self.outbox is not None and self.topology is not None
@@ -186,59 +211,23 @@ class Service:
     # -- what the link announces, events -------------------------------------------------------
 
     def problems(self) -> list[str]:
-        found = []
-        if self.tuning is not None and self.tuning.error:
-            found.append(f"tuning: {self.tuning.error}")
-        if self.inference is not None and self.inference.error:
-            found.append(self.inference.error)
-        if self.outbox is not None and self.outbox.last_error:
-            found.append(f"outbox: {self.outbox.last_error}")  # records wait in memory
-        return found
+        return health.degraded(self.parts, self.outbox.last_error if self.outbox else None)
 
     def warnings(self) -> list[str]:
-        """What works but not as well as this board could: an accelerator left unused."""
-        unused = self.inference.unused if self.inference is not None else []
-        return [f"{accelerator.device} is not used: {accelerator.reason}"
-                for accelerator in unused]
+        return health.warnings(self.inference.unused if self.inference is not None else [])
 
-    def link_health(self, state: str, reason: str | None) -> None:
-        if self.link is not None:
-            self.link.set_health(state, reason)
-
-    def birth(self, session: int) -> dict[str, Any]:
-        import platform
-
-        assert self.topology is not None and self.tuning is not None
-        assert self.inference is not None
-        board = self.topology.board
-        loop = self.inference.loop
-        return stamp(
-            "birth/1", session=session, node_id=self.config.node_id, fleet=self.config.fleet,
-            groups=list(self.config.groups),
-            versions={"agent": __version__, "python": platform.python_version(),
-                      **_library_versions()},
-            board={"family": board.family, "model": board.model, "soc": board.soc},
-            profile={"name": self.tuning.profile, "applied": self.tuning.applied},
-            model=None if loop is None else {"name": loop.active.name,
-                                             "path": self.config.inference.model,
-                                             "providers": self.inference.providers},
-            capabilities={"gpus": [g.name for g in self.topology.gpus],
-                          "npus": [n.name for n in self.topology.npus],
-                          "preempt_rt": self.topology.kernel.preempt_rt,
-                          "cgroup_v2": self.topology.kernel.cgroup_v2,
-                          "unused_accelerators": [accelerator.to_dict() for accelerator
-                                                  in self.inference.unused]},
-            commands=list(self.config.control["allow"]) if self.config.control["enabled"]
-            else [],
-            telemetry={"interval_s": self.config.telemetry.interval_s,
-                       "metrics": "all" if self.config.telemetry.metrics is None
-                       else list(self.config.telemetry.metrics)})
+    def subject(self) -> Subject:
+        """This agent as the selftest checks see it."""
+        return Subject(self.topology, self.inference, self.config.inference.enabled,
+                       self.tuning, self.link.status if self.link is not None else None)
 
     def announcements(self, session: int) -> list[tuple[str, bytes]]:
         """Retained messages published on every connect: birth, and Home Assistant's."""
-        messages = [(protocol.topic(self.config.topic_root, protocol.BIRTH),
-                     encode(self.birth(session)))]
-        if self.config.home_assistant_enabled and self.topology is not None:
+        assert self.topology is not None and self.tuning is not None
+        assert self.inference is not None
+        birth = reports.birth(self.config, self.topology, self.tuning, self.inference, session)
+        messages = [(protocol.topic(self.config.topic_root, protocol.BIRTH), encode(birth))]
+        if self.config.home_assistant_enabled:
             messages += discovery_messages(self.config, self.topology)
         return messages
 
@@ -256,38 +245,11 @@ class Service:
     def last(self) -> dict[str, Any] | None:
         return self.sampler.last if self.sampler is not None else None
 
-    def health_problem(self) -> str | None:
-        """Why the agent must not tell systemd it is alive, or None (see systemd.Watchdog)."""
-        now = time.monotonic()
-        loop = self.inference.loop if self.inference is not None else None
-        if loop is not None:
-            if not loop.alive:
-                return "the inference loop has ended"
-            if loop.active.stats.stuck(time.perf_counter_ns()):
-                return f"an inference call on {loop.active.name} is stuck"
-            completions, since = self._progress
-            if loop.completions != completions:
-                self._progress = (loop.completions, now)
-            elif now - since > max(INFERENCE_STALL_S, 5 * loop.period_ns / 1e9):
-                return f"no inference call completed for {now - since:.0f} s"
-        if self.link is not None:
-            if not self.link.alive:
-                return "the MQTT link has ended"
-            quiet = now - self.link.status.heartbeat
-            if quiet > LINK_STALL_S:
-                return f"the MQTT link made no progress for {quiet:.0f} s"
-        return None
-
     def status(self, stopped: bool = False) -> dict[str, Any]:
-        """What ``edge-agent status`` reads back from ``status.json``."""
         assert self.outbox is not None and self.link is not None
-        return {"schema": "status/1", "pid": os.getpid(), "stopped": stopped,
-                "updated_ms": int(time.time() * 1000),
-                "node_id": self.config.node_id, "uptime_s": round(time.monotonic()
-                                                                  - self.started, 1),
-                "link": self.link.status.to_dict(), "outbox": self.outbox.stats(),
-                "problems": self.problems(), "warnings": self.warnings(),
-                "last_sample": self.last}
+        return reports.status(self.config.node_id, self.started, self.link.status.to_dict(),
+                              self.outbox.stats(), self.problems(), self.warnings(),
+                              self.last, stopped=stopped)
 
     def tick(self) -> dict[str, Any]:
         """Once a second from the main thread: periodic verify, the status file; returns the
@@ -301,7 +263,7 @@ class Service:
             if burst is not None:
                 self.rediscover(*burst)
         status = self.status()
-        write_status(self.state_dir, status)
+        reports.write_status(self.state_dir, status)
         return status
 
     def rediscover(self, devices: list[dict[str, Any]], more: int = 0) -> None:
@@ -329,45 +291,15 @@ class Service:
     # -- stop -------------------------------------------------------------------------------
 
     def stop(self, flush_s: float = 5.0, rollback: bool | None = None) -> None:
-        """Inference and sampling first, then flush and say ``stopped``, then roll back
-        (``rollback`` None: as ``tuning.rollback_on_stop`` says)."""
-        if self.hotplug is not None:
-            self.hotplug.stop()
-        if self.controller is not None:
-            self.controller.stop()
-            self.controller.store.close()
-        if self.inference is not None:
-            self.inference.stop()
-        if self.sampler is not None:
-            self.sampler.stop()
-        if self.exporter is not None:
-            self.exporter.stop()
-        if self.link is not None:
-            self.link.stop(flush_s=flush_s)
-        if self.tuning is not None:
-            self.tuning.stop(self.config.tuning.rollback_on_stop if rollback is None
-                             else rollback)
+        """Every part in reverse start order: sampling, commands, then the link flushes and
+        says ``stopped``, then inference and tuning (rolled back when ``rollback`` says, None:
+        as ``tuning.rollback_on_stop`` says); the outbox closes last."""
+        ending = Ending(flush_s, self.config.tuning.rollback_on_stop if rollback is None
+                        else rollback)
+        for part in reversed(self.parts):
+            part.stop(ending)
+        self.parts = []
         if self.outbox is not None and self.link is not None:
             self.outbox.close()  # its last round first: the deletes of the last acks count
             self.final_status = self.status(stopped=True)
-            write_status(self.state_dir, self.final_status)
-
-
-def _library_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in ("onnxruntime", "paho-mqtt"):
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            continue
-    return found
-
-
-def write_status(state_dir: Path, status: dict[str, Any]) -> None:
-    """Atomically, so ``edge-agent status`` never reads half a file."""
-    target = state_dir / "status.json"
-    temporary = target.with_suffix(".tmp")
-    temporary.write_bytes(encode(status))
-    os.replace(temporary, target)
+            reports.write_status(self.state_dir, self.final_status)

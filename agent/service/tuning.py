@@ -1,4 +1,8 @@
-"""The service's tuning: the configured profile planned, applied, verified, switched."""
+"""The service's tuning: the configured profile planned, applied, verified, switched.
+
+Hot-plug retargets it from the main thread while fleet commands switch and roll it back from
+the controller's worker: one reentrant lock makes each operation whole (a switch's rollback
+and verify run inside it)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.discovery.model import Topology
 from agent.kernel.fsroot import Root
@@ -17,6 +21,9 @@ from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal
 from agent.tuning.profiles import ProfileStore
 from agent.tuning.thp_dynamic import ThpDynamicController
+
+if TYPE_CHECKING:
+    from agent.service.parts import Ending
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +44,13 @@ class Tuning:
         self.verified_at: float | None = None
         self._thp: ThpDynamicController | None = None
         self._thp_stop = threading.Event()
+        self._lock = threading.RLock()
 
     def start(self) -> None:
+        with self._lock:
+            self._start()
+
+    def _start(self) -> None:
         if self.requested is None:
             return
         unknown = self.engine.store.not_here(self.requested)
@@ -65,45 +77,48 @@ class Tuning:
     def switch(self, name: str, force: bool = False) -> int:
         """Apply ``name`` now (a command or desired state); returns the number of changes.
         Raises ProfileError or TuningError; the engine leaves nothing half-applied."""
-        self._stop_thp_controller()
-        plan = self.engine.plan(name, force=force)
-        self.engine.apply(name, force=force)
-        self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
-            plan.runtime
-        self.applied, self.error = True, None
-        self.on_event("tuning_applied", profile=plan.profile, changes=len(plan.changes))
-        self.verify()
-        self._start_thp_controller()
-        return len(plan.changes)
+        with self._lock:
+            self._stop_thp_controller()
+            plan = self.engine.plan(name, force=force)
+            self.engine.apply(name, force=force)
+            self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
+                plan.runtime
+            self.applied, self.error = True, None
+            self.on_event("tuning_applied", profile=plan.profile, changes=len(plan.changes))
+            self.verify()
+            self._start_thp_controller()
+            return len(plan.changes)
 
     def retarget(self, topology: Topology) -> None:
         """The device changed (hot-plug): plan the active profile again against it, and
         apply it again only when it is applied and the config applies profiles."""
-        self.engine.topology = topology
-        name = self.profile or self.requested
-        if name is None:
-            return
-        try:
-            if self.applied and self.apply_wanted:
-                self.switch(name)
+        with self._lock:
+            self.engine.topology = topology
+            name = self.profile or self.requested
+            if name is None:
                 return
-            plan = self.engine.plan(name)
-            self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
-                plan.runtime
-            self.error = None
-        except (ProfileError, TuningError, OSError) as error:
-            self.error = str(error)
-            logger.error("tuning: after a device change: %s", error)
+            try:
+                if self.applied and self.apply_wanted:
+                    self.switch(name)
+                    return
+                plan = self.engine.plan(name)
+                self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
+                    plan.runtime
+                self.error = None
+            except (ProfileError, TuningError, OSError) as error:
+                self.error = str(error)
+                logger.error("tuning: after a device change: %s", error)
 
     def rollback(self) -> str | None:
         """Every original value back; returns the profile that was rolled back."""
-        self._stop_thp_controller()
-        profile, _notes = self.engine.rollback()
-        # nothing is applied or planned any more: telemetry and birth must not name it
-        self.applied, self.drift, self.verified_at = False, None, None
-        self.profile, self.changes, self.runtime = None, 0, {}
-        self.on_event("tuning_rolled_back", profile=profile)
-        return profile
+        with self._lock:
+            self._stop_thp_controller()
+            profile, _notes = self.engine.rollback()
+            # nothing is applied or planned any more: telemetry and birth must not name it
+            self.applied, self.drift, self.verified_at = False, None, None
+            self.profile, self.changes, self.runtime = None, 0, {}
+            self.on_event("tuning_rolled_back", profile=profile)
+            return profile
 
     def _stop_thp_controller(self) -> None:
         """The controller shares the journal: it stops before anything else writes it."""
@@ -130,17 +145,22 @@ class Tuning:
                            priority=int(wanted.get("priority", 0)), cpus=list(wanted["cpus"]))
 
     def verify(self) -> None:
-        if self.applied:
-            self.drift = len(self.engine.verify())
-            self.verified_at = time.time()
+        with self._lock:
+            if self.applied:
+                self.drift = len(self.engine.verify())
+                self.verified_at = time.time()
 
-    def stop(self, rollback: bool) -> None:
-        self._stop_thp_controller()
-        if self.applied and rollback:
-            try:
-                self.rollback()
-            except (TuningError, OSError) as error:
-                logger.error("tuning: rollback failed: %s", error)
+    def stop(self, ending: Ending) -> None:
+        with self._lock:
+            self._stop_thp_controller()
+            if self.applied and ending.rollback:
+                try:
+                    self.rollback()
+                except (TuningError, OSError) as error:
+                    logger.error("tuning: rollback failed: %s", error)
+
+    def problems(self) -> list[str]:
+        return [f"tuning: {self.error}"] if self.error else []
 
     def metrics(self) -> dict[str, Any]:
         return {"profile": self.profile, "applied": self.applied, "planned_changes":

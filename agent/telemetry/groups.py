@@ -7,6 +7,6 @@ from __future__ import annotations
 # One per collector of agent.telemetry.collectors.build_collectors, in its order.
 COLLECTOR_GROUPS = ("cpu", "load", "memory", "swap", "psi", "cgroup", "thermal", "power",
                     "fans", "gpus", "npus", "block", "net", "thp")
-# The service's own function collectors (agent.service.Service._start_sampler).
+# The service's own function collectors (agent.service.node.Service._collectors).
 SERVICE_GROUPS = ("inference", "tuning", "outbox")
 METRIC_GROUPS = COLLECTOR_GROUPS + SERVICE_GROUPS

@@ -1,0 +1,41 @@
+"""``edge-agent selftest``'s probe: a second agent started beside any running one, checked,
+stopped.  It builds a whole agent, so it sits beside the composition root, not in it."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import threading
+import time
+from typing import Any
+
+from agent.config import Config
+from agent.service.node import Service
+from agent.service.selftest import run_checks
+
+
+def run_selftest(config: Config, seconds: float = 3.0,
+                 stop: threading.Event | None = None) -> dict[str, Any] | None:
+    """Start the agent beside any running one (its own state directory and MQTT client id,
+    nothing applied), let it work for ``seconds``, check it, stop it.  None when ``stop`` is
+    set first: the probe is stopped (its threads joined) and there is no verdict."""
+    with tempfile.TemporaryDirectory(prefix="edge-agent-selftest-") as scratch:
+        probe = dataclasses.replace(
+            config, node_id=f"{config.node_id}-selftest"[:64], state_dir=scratch,
+            tuning=dataclasses.replace(config.tuning, apply=False),
+            control={**config.control, "enabled": False}, prometheus_listen=None,
+            home_assistant_enabled=False)
+        stop = stop or threading.Event()
+        service = Service(probe)
+        try:
+            service.start()
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and not (
+                    service.link is not None and service.link.status.state == "connected"
+                    and service.inference is not None and service.inference.loop is not None
+                    and service.inference.loop.completions > 10):
+                if stop.wait(0.1):
+                    return None
+            return None if stop.is_set() else run_checks(service.subject())
+        finally:
+            service.stop(flush_s=0, rollback=False)
