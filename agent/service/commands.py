@@ -8,6 +8,7 @@ from the command, else from ``control.guard`` in the config.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,7 +54,7 @@ class ServiceCommands:
 
     def __init__(self, service: Service, sleep: Callable[[float], None] = time.sleep) -> None:
         self.service, self.sleep = service, sleep
-        self.guard_defaults = dict(service.config.control["guard"])
+        self.guard_defaults = dataclasses.asdict(service.config.control.guard)
 
     def handlers(self) -> dict[str, Handler]:
         return {"ping": self.ping, "get-topology": self.get_topology,
@@ -174,7 +175,7 @@ class ServiceCommands:
         """Models load only from the configured directories (and the bundled demo), so a
         command cannot make the agent parse an arbitrary file."""
         config = self.service.config
-        allowed = [Path(d) for d in config.control["model_dirs"]] + [
+        allowed = [Path(d) for d in config.control.model_dirs] + [
             Path(config.state_dir) / "models", DEMO_MODEL_PATH.parent,
             Path(config.inference.model).parent]
         resolved = Path(path).resolve()

@@ -140,19 +140,19 @@ class Service:
     def _controller(self) -> Controller | None:
         """Fleet control, when enabled and at least one key can sign commands."""
         control = self.config.control
-        if not control["enabled"]:
+        if not control.enabled:
             return None
-        if not control["trusted_keys"]:
+        if not control.trusted_keys:
             logger.warning("control: no trusted_keys in the config: fleet commands are off")
             return None
         commands = ServiceCommands(self)
         return Controller(
             Identity(self.config.fleet, self.config.node_id, self.config.groups),
-            TrustedKeys.from_config(control["trusted_keys"]), set(control["allow"]),
+            TrustedKeys.from_config(control.trusted_keys), set(control.allow),
             CommandStore(self.state_dir / "commands.sqlite"), commands.handlers(),
             self.reply, converge=commands.converge,
-            max_payload_bytes=control["max_payload_kb"] * 1024,
-            max_skew_s=control["max_skew_s"])
+            max_payload_bytes=control.max_payload_kb * 1024,
+            max_skew_s=control.max_skew_s)
 
     def reply(self, topic: str, body: dict[str, Any], response_topic: str | None,
               correlation: bytes | None) -> None:
@@ -237,7 +237,7 @@ class Service:
                           "cgroup_v2": self.topology.kernel.cgroup_v2,
                           "unused_accelerators": [accelerator.to_dict() for accelerator
                                                   in self.inference.unused]},
-            commands=list(self.config.control["allow"]) if self.config.control["enabled"]
+            commands=list(self.config.control.allow) if self.config.control.enabled
             else [],
             telemetry={"interval_s": self.config.telemetry.interval_s,
                        "metrics": "all" if self.config.telemetry.metrics is None
