@@ -1,8 +1,10 @@
 """Declarative checks for YAML documents (profiles, the agent's config) and one validator.
 
 A schema is a dict of key -> Check, a nested dict (a mapping with fixed keys), ``("list",
-rule)`` or ``("map", key_check, rule)``.  Errors name the file, the key path, the value and
-what is allowed, so an operator can fix the file without reading the code.
+rule)``, ``("map", key_check, rule)`` or ``("nullable", mapping_rule, what)`` (null, or a
+mapping that ``mapping_rule`` accepts; ``what`` describes the mapping for the message).
+Errors name the file, the key path, the value and what is allowed, so an operator can fix
+the file without reading the code.
 """
 
 from __future__ import annotations
@@ -126,6 +128,11 @@ def validate(value: Any, rule: Any, key: str, file: str,
             if allowed is not None:
                 raise error(file, path, f"bad key {shown(name)}: expected {allowed}")
             validate(item, rule[2], path, file, error)
+    elif isinstance(rule, tuple) and rule[0] == "nullable":
+        if value is not None and not isinstance(value, dict):
+            raise error(file, key, f"{shown(value)} is not allowed: expected {rule[2]}, or null")
+        if value is not None:
+            validate(value, rule[1], key, file, error)
     else:
         allowed = rule(value)
         if allowed is not None:

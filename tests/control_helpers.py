@@ -37,6 +37,12 @@ def trusted(key: Ed25519PrivateKey) -> list[dict[str, str]]:
     return [{"id": key_id(public), "public_key": public_key_text(public)}]
 
 
+def trusted_keys(key: Ed25519PrivateKey) -> TrustedKeys:
+    """What a node trusts when its config lists ``trusted(key)``."""
+    control = from_dict({"control": {"trusted_keys": trusted(key)}}).control
+    return TrustedKeys.from_config(control.trusted_keys)
+
+
 def raise_file_limit() -> None:
     """Hundreds of nodes hold a socket and two SQLite files each."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

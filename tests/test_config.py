@@ -5,14 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from agent_process import modules_loaded_by
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agent.config import ConfigError, from_dict, load_config
+from agent.config.sections import GuardConfig, TrustedKey
+from agent.control.envelope import public_key_text
+from agent.control.schemas import COMMANDS
 from agent.discovery import discover
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.kernel.fsroot import Root
+from agent.service.commands import ServiceCommands
 from agent.telemetry.collectors import COLLECTOR_GROUPS, build_collectors
 
 FIXTURES = Path(__file__).parent / "fixtures"
+KEY = public_key_text(Ed25519PrivateKey.generate().public_key())
 
 
 def test_an_empty_file_runs_the_built_in_demo(tmp_path: Path) -> None:
@@ -113,3 +120,35 @@ def test_the_collector_groups_are_the_registry_s_collectors() -> None:
     root = Root(FIXTURES / "jetson-agx-orin-jp6")
     keys = tuple(c.key for c in build_collectors(root, discover(root)))
     assert keys == COLLECTOR_GROUPS
+
+
+def test_control_is_typed_and_its_guard_merges_over_the_defaults() -> None:
+    control = from_dict({"control": {
+        "trusted_keys": [{"id": "ops", "public_key": KEY}], "model_dirs": ["/models"],
+        "guard": {"window_s": 3, "max_temp_c": 85}}}).control
+    assert control.trusted_keys == (TrustedKey("ops", KEY),)
+    assert control.model_dirs == ("/models",)
+    assert control.guard == GuardConfig(window_s=3, max_p99_ratio=1.5, max_error_rate=0.003,
+                                        max_temp_c=85, canary_s=5)
+    assert (control.enabled, control.max_payload_kb, control.max_skew_s) == (True, 16, 30)
+
+
+def test_a_trusted_key_without_its_public_key_is_named() -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_dict({"control": {"trusted_keys": [{"id": "ops"}]}}, "agent.yaml")
+    assert str(caught.value) == "agent.yaml: control.trusted_keys[0]: missing public_key"
+
+
+def test_the_commands_are_listed_once() -> None:
+    """control.allow (its check and its default), the argument schemas and the service's
+    handler table name the same commands."""
+    assert from_dict({}).control.allow == COMMANDS
+    # The table only binds methods: built without a running service.
+    assert sorted(ServiceCommands.__new__(ServiceCommands).handlers()) == sorted(COMMANDS)
+    with pytest.raises(ConfigError) as caught:
+        from_dict({"control": {"allow": ["ping", "reboot"]}})
+    assert caught.value.message.endswith("command names from " + ", ".join(COMMANDS))
+    # The registry is plain data: checking control.allow compiles no JSON Schema.
+    assert modules_loaded_by("from agent.config import from_dict; "
+                             "from_dict({'control': {'allow': ['ping']}})",
+                             "fastjsonschema") == []

@@ -18,14 +18,14 @@ from control_helpers import (
     node_config,
     running_node,
     simulated_fleet,
-    trusted,
+    trusted_keys,
 )
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, Subscriber, wait_until
 from tuning_helpers import copy_board, snapshot
 
 from agent.control.controller import Controller, Identity, Incoming
-from agent.control.envelope import TrustedKeys, private_key_pem, sign
+from agent.control.envelope import private_key_pem, sign
 from agent.control.store import CommandStore
 from agent.service.node import Service
 
@@ -146,7 +146,7 @@ def test_command_ids_are_forgotten_a_day_past_expiry_and_a_replay_still_never_ru
     store = CommandStore(tmp_path / "commands.sqlite")
     store.record("left-from-last-week", "ping", int((now[0] - 7 * 86400) * 1000), {})
     controller = Controller(
-        Identity(FLEET, "orin-1"), TrustedKeys.from_config(trusted(key)), {"ping"}, store,
+        Identity(FLEET, "orin-1"), trusted_keys(key), {"ping"}, store,
         {"ping": lambda args, progress: runs.append("ping") or {"pong": True}},
         lambda topic, body, response, correlation: replies.append(body),
         clock=lambda: now[0])
@@ -191,7 +191,7 @@ def test_an_idle_controller_still_prunes_on_time(tmp_path: Path,
                                                  key: Ed25519PrivateKey) -> None:
     now = [time.time()]
     store = CommandStore(tmp_path / "commands.sqlite")
-    controller = Controller(Identity(FLEET, "orin-1"), TrustedKeys.from_config(trusted(key)),
+    controller = Controller(Identity(FLEET, "orin-1"), trusted_keys(key),
                             set(), store, {}, lambda *reply: None, clock=lambda: now[0],
                             prune_interval_s=0.05)
     controller.start()
@@ -316,7 +316,7 @@ def test_desired_state_set_while_offline_is_applied_on_connect(
 def test_two_hundred_nodes_answer_a_fleet_wide_command(tmp_path: Path, broker: Broker,
                                                        key: Ed25519PrivateKey,
                                                        operator: Operator) -> None:
-    keys = TrustedKeys.from_config(trusted(key))
+    keys = trusted_keys(key)
     with simulated_fleet(broker, tmp_path, keys, 200) as nodes:
         finals = operator.wait_finals(operator.send("all", "ping")["id"], 200, 60)
         assert set(finals) == {n.controller.identity.node_id for n in nodes}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from agent.config.sections import TrustedKey
 from agent.control.controller import Controller, Identity, Incoming
 from agent.control.envelope import (
     EnvelopeError,
@@ -17,8 +18,8 @@ from agent.control.envelope import (
 from agent.control.store import CommandStore
 
 
-def entry(key: Ed25519PrivateKey) -> dict[str, str]:
-    return {"id": key_id(key.public_key()), "public_key": public_key_text(key.public_key())}
+def entry(key: Ed25519PrivateKey) -> TrustedKey:
+    return TrustedKey(key_id(key.public_key()), public_key_text(key.public_key()))
 
 
 def test_canonical_json_is_sorted_compact_utf8() -> None:
@@ -86,7 +87,7 @@ def test_keygen_writes_a_private_key_only_its_owner_reads(tmp_path: object) -> N
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
     snippet = yaml.safe_load(result.stdout[result.stdout.index("control:"):])
     config = from_dict(snippet)  # the printed entry is a valid config as it stands
-    trusted = TrustedKeys.from_config(config.control["trusted_keys"])
+    trusted = TrustedKeys.from_config(config.control.trusted_keys)
     assert trusted.verify(sign(load_private_key(out.read_bytes()), "ping", "all", {}))
     again = subprocess.run([sys.executable, "-m", "agent", "fleet", "keygen", "--out",
                             str(out)], capture_output=True, text=True, timeout=60)

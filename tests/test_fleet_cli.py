@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 from agent_process import sigint_at_default
-from control_helpers import FLEET, SimulatedNode, trusted
+from control_helpers import FLEET, SimulatedNode, trusted, trusted_keys
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, Subscriber, wait_until
 
 from agent.cli.fleet import watch_rows
 from agent.control.envelope import (
-    TrustedKeys,
     key_id,
     load_private_key,
     private_key_pem,
@@ -97,7 +96,7 @@ def test_desired_publishes_a_signed_retained_state_and_clear_removes_it(
     assert done.stdout.strip() == f"set desired state on {topic}"
 
     [envelope] = retained(broker, topic)
-    assert TrustedKeys.from_config(trusted(key)).verify(envelope) == trusted(key)[0]["id"]
+    assert trusted_keys(key).verify(envelope) == trusted(key)[0]["id"]
     assert envelope["command"] == "desired" and envelope["target"] == "node:orin-9"
     assert envelope["args"] == {"profile": "jetson-orin-latency"}
     assert envelope["expires_at"] - envelope["issued_at"] == 365 * 86400 * 1000
@@ -240,7 +239,7 @@ def test_a_replayed_telemetry_record_does_not_hide_the_live_one() -> None:
 @pytest.fixture()
 def online_node(tmp_path: Path, broker: Broker, key: Ed25519PrivateKey) -> Iterator[str]:
     """One node (the real link and controller, answering ping), online in group line-a."""
-    node = SimulatedNode("sim-1", broker, tmp_path, TrustedKeys.from_config(trusted(key)),
+    node = SimulatedNode("sim-1", broker, tmp_path, trusted_keys(key),
                          groups=("line-a",))
     node.start()
     try:

@@ -13,9 +13,9 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -86,6 +86,16 @@ def sign(key: Ed25519PrivateKey, command: str, target: str, args: Mapping[str, A
     return envelope
 
 
+class KeyEntry(Protocol):
+    """A trusted key as ``control.trusted_keys`` declares it (agent.config's TrustedKey)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def public_key(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class TrustedKeys:
     """Public keys by id; several at once so keys can be rotated without downtime."""
@@ -93,8 +103,8 @@ class TrustedKeys:
     keys: Mapping[str, Ed25519PublicKey]
 
     @classmethod
-    def from_config(cls, entries: list[Mapping[str, str]]) -> TrustedKeys:
-        return cls({entry["id"]: load_public_key(entry["public_key"]) for entry in entries})
+    def from_config(cls, entries: Iterable[KeyEntry]) -> TrustedKeys:
+        return cls({entry.id: load_public_key(entry.public_key) for entry in entries})
 
     def verify(self, envelope: Mapping[str, Any]) -> str:
         """The id of the key that signed ``envelope``; EnvelopeError when none did."""

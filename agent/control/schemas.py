@@ -1,5 +1,8 @@
 """JSON Schemas of every command's ``args`` (and of desired state), compiled once.
 
+ARGS is the registry of commands: the names the config's ``control.allow`` accepts (all of
+them by default), and the handlers a service offers, are its keys.
+
 Nothing a command receives is used before it passed its schema: unknown keys are refused,
 strings are bounded and patterned, numbers ranged.
 """
@@ -8,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-
-import fastjsonschema
 
 from agent.telemetry.groups import METRIC_GROUPS
 
@@ -51,6 +52,7 @@ ARGS: dict[str, dict[str, Any]] = {
     "restart-inference": NO_ARGS,
     "selftest": NO_ARGS,
 }
+COMMANDS = tuple(ARGS)
 DESIRED = {"type": "object", "additionalProperties": False, "minProperties": 1,
            "properties": {"profile": {"oneOf": [NAME, {"type": "null"}]},
                           "model": PATH, "sha256": SHA256}}
@@ -70,7 +72,10 @@ _compiled: dict[str, Validator] = {}
 
 
 def validator(name: str) -> Validator:
-    """The compiled validator of a command's args (``desired``, ``envelope`` included)."""
+    """The compiled validator of a command's args (``desired``, ``envelope`` included).
+    fastjsonschema loads here: the config reads COMMANDS without it."""
+    import fastjsonschema
+
     if name not in _compiled:
         schema = {"desired": DESIRED, "envelope": ENVELOPE}.get(name) or ARGS[name]
         _compiled[name] = fastjsonschema.compile(schema)
@@ -79,6 +84,8 @@ def validator(name: str) -> Validator:
 
 def check(name: str, value: Any) -> str | None:
     """None when ``value`` fits schema ``name``, else what is wrong."""
+    import fastjsonschema
+
     try:
         validator(name)(value)
     except fastjsonschema.JsonSchemaException as error:

@@ -12,6 +12,7 @@ announces and writes is built in ``reports``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -155,9 +156,9 @@ class Service:
                     sampler: Sampler) -> Controller | None:
         """Fleet control, when enabled and at least one key can sign commands."""
         control = self.config.control
-        if not control["enabled"]:
+        if not control.enabled:
             return None
-        if not control["trusted_keys"]:
+        if not control.trusted_keys:
             logger.warning("control: no trusted_keys in the config: fleet commands are off")
             return None
         config = self.config
@@ -165,19 +166,19 @@ class Service:
             tuning=tuning, inference=inference, sampler=sampler, link=self._running_link,
             topology=self._topology, status=self.status,
             selftest=lambda: run_checks(self.subject()),
-            guard_defaults=dict(control["guard"]),
+            guard_defaults=dataclasses.asdict(control.guard),
             # models load only from these (and the bundled demo): a command cannot make the
             # agent parse an arbitrary file
-            model_dirs=[Path(d) for d in control["model_dirs"]] + [
+            model_dirs=[Path(d) for d in control.model_dirs] + [
                 Path(config.state_dir) / "models", DEMO_MODEL_PATH.parent,
                 Path(config.inference.model).parent]))
         return Controller(
             Identity(self.config.fleet, self.config.node_id, self.config.groups),
-            TrustedKeys.from_config(control["trusted_keys"]), set(control["allow"]),
+            TrustedKeys.from_config(control.trusted_keys), set(control.allow),
             CommandStore(self.state_dir / "commands.sqlite"), commands.handlers(),
             self.reply, converge=commands.converge,
-            max_payload_bytes=control["max_payload_kb"] * 1024,
-            max_skew_s=control["max_skew_s"])
+            max_payload_bytes=control.max_payload_kb * 1024,
+            max_skew_s=control.max_skew_s)
 
     def _stop_controller(self, ending: Ending) -> None:
         assert self.controller is not None

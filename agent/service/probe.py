@@ -23,8 +23,9 @@ def run_selftest(config: Config, seconds: float = 3.0,
         probe = dataclasses.replace(
             config, node_id=f"{config.node_id}-selftest"[:64], state_dir=scratch,
             tuning=dataclasses.replace(config.tuning, apply=False),
-            control={**config.control, "enabled": False}, prometheus_listen=None,
-            home_assistant_enabled=False)
+            control=dataclasses.replace(config.control, enabled=False),
+            prometheus=dataclasses.replace(config.prometheus, listen=None),
+            home_assistant=dataclasses.replace(config.home_assistant, enabled=False))
         stop = stop or threading.Event()
         service = Service(probe)
         try:

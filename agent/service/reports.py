@@ -45,7 +45,7 @@ def birth(config: Config, topology: Topology, tuning: Tuning, inference: Inferen
                       "cgroup_v2": topology.kernel.cgroup_v2,
                       "unused_accelerators": [accelerator.to_dict() for accelerator
                                               in inference.unused]},
-        commands=list(config.control["allow"]) if config.control["enabled"]
+        commands=list(config.control.allow) if config.control.enabled
         else [],
         telemetry={"interval_s": config.telemetry.interval_s,
                    "metrics": "all" if config.telemetry.metrics is None

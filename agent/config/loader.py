@@ -1,0 +1,104 @@
+"""Loading ``/etc/edge-agent/agent.yaml``: parse, check against the declared sections, merge
+over the defaults, check that the values agree, build the typed config.
+
+Unknown keys and bad values are errors that name the file and the key path.  The file is
+read directly, not through a ``Root``: it says where the root is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.config.declare import build, defaults, schema
+from agent.config.sections import Config
+from agent.kernel.fsroot import Root
+from agent.tuning.profiles import SAFE_LOADER, ProfileStore, deep_merge
+from agent.validation import SettingsError, missing_directory, validate
+
+DEFAULT_PATH = "/etc/edge-agent/agent.yaml"
+SCHEMA = schema(Config)
+
+
+class ConfigError(SettingsError):
+    """A configuration that cannot be used: ``file: key.path: message``."""
+
+
+def _check_consistency(data: dict[str, Any], file: str) -> None:
+    reconnect = data["mqtt"]["reconnect"]
+    if reconnect["min_s"] > reconnect["max_s"]:
+        raise ConfigError(file, "mqtt.reconnect.min_s",
+                          f"{reconnect['min_s']} is above max_s {reconnect['max_s']}")
+    tls = data["mqtt"]["tls"]
+    if tls is not None and bool(tls.get("cert")) != bool(tls.get("key")):
+        raise ConfigError(file, "mqtt.tls", "cert and key go together (mTLS); give both "
+                          "or neither")
+    if data["mqtt"]["username"] is None and data["mqtt"]["password_file"]:
+        raise ConfigError(file, "mqtt.password_file", "needs mqtt.username")
+
+
+def _normalised(data: dict[str, Any]) -> dict[str, Any]:
+    """What people write that YAML reads as another type: ``protocol: 5`` is an int (3.1.1
+    can only be a string)."""
+    mqtt = data.get("mqtt")
+    if isinstance(mqtt, dict) and type(mqtt.get("protocol")) is int and mqtt["protocol"] == 5:
+        return {**data, "mqtt": {**mqtt, "protocol": "5"}}
+    return data
+
+
+def _resolved(merged: dict[str, Any]) -> dict[str, Any]:
+    """The values that depend on another key: ``hotplug.enabled: auto`` is on for the real
+    root, off for a fixture tree."""
+    hotplug = merged["hotplug"]
+    if hotplug["enabled"] != "auto":
+        return merged
+    return {**merged, "hotplug": {**hotplug, "enabled": merged["root"] == "/"}}
+
+
+def from_dict(data: Any, file: str = "built-in defaults") -> Config:
+    """Validate a parsed document, fill in the defaults and build the typed config."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(file, "", "the configuration is a YAML mapping of sections "
+                          f"({', '.join(SCHEMA)})")
+    data = _normalised(data)
+    validate(data, SCHEMA, "", file, ConfigError)
+    merged = deep_merge(defaults(Config), data)
+    _check_consistency(merged, file)
+    return build(Config, _resolved(merged), "", file, ConfigError, source=file, raw=merged)
+
+
+def check_root(config: Config) -> None:
+    """For the commands that read the device through ``root``: it must be a directory."""
+    problem = missing_directory(config.root)
+    if problem is not None:
+        raise ConfigError(config.source, "root", problem)
+
+
+def profile_problem(config: Config) -> ConfigError | None:
+    """``tuning.profile`` names a profile the store holds (builtin or site, through the
+    config's root, which must exist); not fatal to ``run``, which starts degraded."""
+    if config.tuning.profile is None:
+        return None
+    problem = ProfileStore(Root(config.root)).not_here(config.tuning.profile)
+    return None if problem is None else ConfigError(config.source, "tuning.profile", problem)
+
+
+def load_config(path: str | None = None) -> Config:
+    """``path``, else ``/etc/edge-agent/agent.yaml`` when it exists, else the defaults."""
+    if path is None:
+        if not Path(DEFAULT_PATH).is_file():
+            return from_dict({})
+        path = DEFAULT_PATH
+    try:
+        document = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(path, "", f"cannot be read: {error.strerror or error}") from error
+    try:
+        data = yaml.load(document, Loader=SAFE_LOADER)
+    except yaml.YAMLError as error:
+        raise ConfigError(path, "", f"is not valid YAML: {error}") from error
+    return from_dict(data, path)

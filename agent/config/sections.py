@@ -1,0 +1,210 @@
+"""Every section of ``agent.yaml``, declared once: each field is a key, with its rule and its
+default as the file spells it (``agent.config.declare`` derives the schema, the defaults and
+the typed object).  Values computed from keys are properties; ``hotplug.enabled: auto`` is
+resolved by the loader, which knows the root.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.config.checks import (
+    PATH,
+    command_names,
+    dim_sizes,
+    ed25519_key,
+    host_port,
+    input_source,
+    metric_groups,
+    onnx_providers,
+    topic_level,
+)
+from agent.config.declare import entries, section, setting
+from agent.control.schemas import COMMANDS
+from agent.discovery.udev import WATCHED_SUBSYSTEMS
+from agent.inference.demo_model import DEMO_MODEL_PATH
+from agent.validation import choice, integer, number, optional, text
+
+BOOL = choice(True, False)
+
+
+def _every_unless(word: str) -> Callable[[Any], tuple[str, ...] | None]:
+    """``word`` (all, auto) is None, "not narrowed"; a list is a tuple."""
+    def convert(value: Any) -> tuple[str, ...] | None:
+        return None if value == word else tuple(value)
+    return convert
+
+
+def _host_node_id() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:64] or "node"
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    ca: str | None = setting(optional(PATH), None)
+    cert: str | None = setting(optional(PATH), None)  # with key: mTLS
+    key: str | None = setting(optional(PATH), None)
+
+
+@dataclass(frozen=True)
+class ReconnectConfig:
+    min_s: float = setting(number(0.05, 3600), 0.5)
+    max_s: float = setting(number(0.05, 86400), 30.0)
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    host: str = setting(text(what="a host name or address"), "localhost")
+    port: int = setting(integer(1, 65535), 1883)
+    protocol: str = setting(choice("5", "3.1.1"), "5")
+    tls: TlsConfig | None = section(TlsConfig, nullable="{} for the system's CAs")
+    username: str | None = setting(optional(text()), None)
+    password_file: str | None = setting(optional(PATH), None)
+    keepalive_s: int = setting(integer(5, 3600), 30)
+    max_payload_kb: int = setting(integer(1, 256 * 1024), 64)
+    reconnect: ReconnectConfig = section(ReconnectConfig)
+
+    @property
+    def reconnect_min_s(self) -> float:
+        return float(self.reconnect.min_s)
+
+    @property
+    def reconnect_max_s(self) -> float:
+        return float(self.reconnect.max_s)
+
+
+@dataclass(frozen=True)
+class OutboxConfig:
+    max_mb: float = setting(number(0.01, 1_000_000), 64)
+    max_age_h: float = setting(number(0.001, 100_000), 168)
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    interval_s: float = setting(number(0.05, 86400), 1.0, convert=float)
+    outbox: OutboxConfig = section(OutboxConfig)
+    replay_per_s: float = setting(number(1, 1_000_000), 200, convert=float)
+    metrics: tuple[str, ...] | None = setting(  # None: every group
+        metric_groups, "all", convert=_every_unless("all"))
+
+    @property
+    def outbox_max_bytes(self) -> int:
+        return int(self.outbox.max_mb * 1024 * 1024)
+
+    @property
+    def outbox_max_age_s(self) -> float:
+        return float(self.outbox.max_age_h) * 3600
+
+
+@dataclass(frozen=True)
+class TuningConfig:
+    profile: str | None = setting(optional(text(what="a profile name, or auto")), "auto")
+    apply: bool = setting(BOOL, False)
+    rollback_on_stop: bool = setting(BOOL, True)
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    enabled: bool = setting(BOOL, True)
+    model: str = setting(PATH, str(DEMO_MODEL_PATH))
+    sha256: str | None = setting(optional(
+        text(re.compile(r"^[0-9a-f]{64}$"), "64 lower-case hex digits")), None)
+    providers: tuple[str, ...] | None = setting(  # None: chosen from the hardware
+        onnx_providers, "auto", convert=_every_unless("auto"))
+    source: str = setting(input_source, "synthetic")
+    dims: dict[str, int] = setting(dim_sizes, {}, convert=dict)
+    rate_hz: float | None = setting(optional(number(0.001, 1_000_000)), None)
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """An operator key whose signed commands this node runs (``fleet keygen`` prints one)."""
+
+    id: str = setting(text())
+    public_key: str = setting(ed25519_key)
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """The health window of guarded changes, unless a command brings its own thresholds."""
+
+    window_s: float = setting(number(0, 3600), 10)
+    max_p99_ratio: float = setting(number(1, 1000), 1.5)
+    max_error_rate: float = setting(number(0, 1), 0.003)
+    max_temp_c: float | None = setting(optional(number(0, 150)), None)
+    canary_s: float = setting(number(0, 3600), 5)
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    enabled: bool = setting(BOOL, True)
+    trusted_keys: tuple[TrustedKey, ...] = entries(TrustedKey)
+    allow: tuple[str, ...] = setting(command_names, list(COMMANDS))
+    max_payload_kb: int = setting(integer(1, 1024), 16)
+    max_skew_s: float = setting(number(0, 3600), 30)
+    model_dirs: tuple[str, ...] = setting(("list", PATH), [])
+    guard: GuardConfig = section(GuardConfig)
+
+
+@dataclass(frozen=True)
+class PrometheusConfig:
+    listen: str | None = setting(optional(host_port), None)
+
+
+@dataclass(frozen=True)
+class HotplugConfig:
+    enabled: bool = setting(choice("auto", True, False), "auto")  # auto: the loader decides
+    subsystems: tuple[str, ...] = setting(("list", text(
+        re.compile(r"^[a-z0-9_-]{1,32}$"), "a kernel subsystem name such as usb")),
+        list(WATCHED_SUBSYSTEMS))
+
+
+@dataclass(frozen=True)
+class HomeAssistantConfig:
+    enabled: bool = setting(BOOL, False)
+    prefix: str = setting(topic_level("a discovery prefix"), "homeassistant")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole file; no file (or an empty one) is the built-in demo."""
+
+    node_id: str = setting(topic_level("a node id"), factory=_host_node_id)
+    fleet: str = setting(topic_level("a fleet name"), "default")
+    groups: tuple[str, ...] = setting(("list", topic_level("a group name")), [])
+    state_dir: str = setting(PATH, "/var/lib/edge-agent")
+    root: str = setting(PATH, "/")
+    mqtt: MqttConfig = section(MqttConfig)
+    telemetry: TelemetryConfig = section(TelemetryConfig)
+    tuning: TuningConfig = section(TuningConfig)
+    inference: InferenceConfig = section(InferenceConfig)
+    control: ControlConfig = section(ControlConfig)
+    prometheus: PrometheusConfig = section(PrometheusConfig)
+    hotplug: HotplugConfig = section(HotplugConfig)
+    home_assistant: HomeAssistantConfig = section(HomeAssistantConfig)
+    source: str = "built-in defaults"  # the file it came from, for messages
+    # The merged document as the file spells it: overrides are merged into it and built again.
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def topic_root(self) -> str:
+        """The topic root ``edge/v1/<fleet>/<node>``; every topic of this node lives under it."""
+        from agent.control.protocol import node_root
+
+        return node_root(self.fleet, self.node_id)
+
+    @property
+    def prometheus_listen(self) -> str | None:
+        return self.prometheus.listen
+
+    @property
+    def home_assistant_enabled(self) -> bool:
+        return self.home_assistant.enabled
+
+    @property
+    def home_assistant_prefix(self) -> str:
+        return self.home_assistant.prefix
