@@ -84,6 +84,7 @@ class Service:
         self.controller: Controller | None = None
         self.hotplug: Hotplug | None = None
         self.parts: list[Part] = []  # in start order
+        self.late: list[Part] = []  # of those, the ones stopped after all the others
         self.liveness = health.Liveness(
             lambda: self.inference.loop if self.inference is not None else None,
             lambda: self.link)
@@ -91,8 +92,12 @@ class Service:
 
     # -- start ------------------------------------------------------------------------------
 
-    def _start(self, part: Part) -> None:
+    def _start(self, part: Part, late: bool = False) -> None:
+        """``late``: stopped after every other part, so that what those say on the way out
+        (the last records, ``stopped``) is flushed, and tuning outlives inference."""
         self.parts.append(part)  # first: stop() stops a part whose start failed half-way
+        if late:
+            self.late.append(part)
         part.start()
 
     def start(self) -> None:
@@ -110,7 +115,7 @@ class Service:
         self.topology = discover(self.root)
         self.tuning = Tuning(self.root, self.topology, self.state_dir, config.tuning.profile,
                              config.tuning.apply, self.event)
-        self._start(self.tuning)
+        self._start(self.tuning, late=True)
         self.inference = Inference(config, self.topology, self.state_dir,
                                    self.tuning.inference_sched(), self.event)
         self.notifier.notify(STATUS=f"loading {config.inference.model}",
@@ -123,7 +128,8 @@ class Service:
                                self.config.telemetry.metrics)
         self.controller = self._controller(self.tuning, self.inference, self.sampler)
         link = self.link = self._link(self.outbox, self.controller)
-        self._start(Wrapped(link.start, lambda ending: link.stop(flush_s=ending.flush_s)))
+        self._start(Wrapped(link.start, lambda ending: link.stop(flush_s=ending.flush_s)),
+                    late=True)
         if self.controller is not None:
             self._start(Wrapped(self.controller.start, self._stop_controller))
         if config.prometheus_listen:  # before the first sample: a scrape never finds no port
@@ -292,14 +298,16 @@ class Service:
     # -- stop -------------------------------------------------------------------------------
 
     def stop(self, flush_s: float = 5.0, rollback: bool | None = None) -> None:
-        """Every part in reverse start order: sampling, commands, then the link flushes and
-        says ``stopped``, then inference and tuning (rolled back when ``rollback`` says, None:
-        as ``tuning.rollback_on_stop`` says); the outbox closes last."""
+        """What produces first, in reverse start order (sampling, commands, inference, the
+        hot-plug watch), then the link flushes and says ``stopped``, then tuning rolls back
+        (when ``rollback`` says; None: as ``tuning.rollback_on_stop`` says); the outbox closes
+        last."""
         ending = Ending(flush_s, self.config.tuning.rollback_on_stop if rollback is None
                         else rollback)
-        for part in reversed(self.parts):
+        early = [part for part in self.parts if part not in self.late]
+        for part in [*reversed(early), *reversed(self.late)]:
             part.stop(ending)
-        self.parts = []
+        self.parts, self.late = [], []
         if self.outbox is not None and self.link is not None:
             self.outbox.close()  # its last round first: the deletes of the last acks count
             self.final_status = self.status(stopped=True)

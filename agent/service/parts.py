@@ -1,4 +1,4 @@
-"""What the composition root starts in order and stops in reverse.
+"""What the composition root starts in order and stops in reverse (the link and tuning last).
 
 Every running piece of the agent (the hot-plug watch, tuning, inference, the MQTT link, the
 controller, the exporter, the sampler) is a ``Part``; a supervised child process (the
