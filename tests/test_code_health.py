@@ -1,7 +1,8 @@
 """The code-health rules as tests, so that CI (``./install.sh --dev && .venv/bin/python -m
 pytest``) enforces them: ruff and ``mypy --strict`` clean, no import circle inside ``agent``
-(imports inside functions count: they are still a dependency, only a later one), and no
-module in ``agent/`` over 400 lines.
+(imports inside functions count: they are still a dependency, only a later one), the
+subpackages importing only downwards through the layers the README's Layout describes, and
+no module in ``agent/`` over 400 lines.
 
 The tools are the ones the dev extras install into this interpreter's environment, run with
 the configuration in pyproject.toml; their caches are the gitignored ``.ruff_cache`` and
@@ -22,6 +23,22 @@ import grimp
 CHECKOUT = Path(__file__).resolve().parents[1]
 PACKAGE = "agent"
 MAX_LINES = 400
+# Lowest first.  A module may import its own subpackage and any lower layer; the
+# subpackages of one layer are independent of each other.  "agent" is the package's
+# __init__ (the version).
+LAYERS: list[set[str]] = [
+    {"agent"},
+    {"kernel"},
+    {"discovery", "validation"},
+    {"telemetry", "tuning", "inference", "overlays"},
+    {"protocol", "terminal", "stopping"},
+    {"link"},
+    {"control"},
+    {"config"},
+    {"service"},
+    {"cli"},
+    {"__main__"},
+]
 
 
 def run_tool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -135,3 +152,42 @@ def test_no_import_circles_in_agent() -> None:
                        + (f"\n  (the circle's modules: {', '.join(component)})"
                           if len(component) > len(chain) - 1 else ""))
     assert not circles, "import circles (lazy imports count):\n" + "\n".join(circles)
+
+
+def _layer_of(module: str) -> tuple[str, int]:
+    """The subpackage (or top-level module) of ``agent`` a module is in, and its layer."""
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else "agent"
+    for level, members in enumerate(LAYERS):
+        if name in members:
+            return name, level
+    raise AssertionError(f"{module}: {name} is in no layer of LAYERS (add it where it fits)")
+
+
+def layer_violations(imports: Mapping[str, Iterable[str]]) -> list[str]:
+    """Each import that goes up a layer or sideways into another subpackage of its layer."""
+    found = []
+    for importer in sorted(imports):
+        name, level = _layer_of(importer)
+        for imported in sorted(imports[importer]):
+            other, other_level = _layer_of(imported)
+            if other != name and other_level >= level:
+                found.append(f"{importer} -> {imported}")
+    return found
+
+
+def test_layer_check_catches_an_upward_and_a_sideways_import() -> None:
+    imports = {"agent.kernel.fsroot": {"agent.discovery.cpu"},
+               "agent.tuning.engine": {"agent.inference.loop", "agent.kernel.fsroot"},
+               "agent.cli.fleet": {"agent.control.operator", "agent.cli.common"}}
+    assert layer_violations(imports) == ["agent.kernel.fsroot -> agent.discovery.cpu",
+                                         "agent.tuning.engine -> agent.inference.loop"]
+
+
+def test_agent_imports_only_downwards_through_its_layers() -> None:
+    graph = grimp.build_graph(PACKAGE, cache_dir=None)
+    imports = {module: graph.find_modules_directly_imported_by(module)
+               for module in graph.modules}
+    found = layer_violations(imports)
+    assert not found, "imports against the layers (LAYERS, lazy imports count):\n" + \
+        "\n".join(found)

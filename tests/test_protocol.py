@@ -3,7 +3,7 @@ split into chunks is put back together exactly."""
 
 from __future__ import annotations
 
-from agent.control import protocol
+from agent import protocol
 from agent.telemetry.records import encode
 
 

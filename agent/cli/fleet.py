@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent import protocol
 from agent.cli.common import UsageError, non_negative_float, positive_float, render_table
-from agent.control import protocol
 from agent.stopping import SIGINT_EXIT, StopSignals
 from agent.telemetry.records import hottest_c
 

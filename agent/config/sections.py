@@ -193,7 +193,7 @@ class Config:
     @property
     def topic_root(self) -> str:
         """The topic root ``edge/v1/<fleet>/<node>``; every topic of this node lives under it."""
-        from agent.control.protocol import node_root
+        from agent.protocol import node_root
 
         return node_root(self.fleet, self.node_id)
 

@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent.control import protocol, schemas
+from agent import protocol
+from agent.control import schemas
 from agent.control.envelope import EnvelopeError, TrustedKeys
 from agent.control.store import CommandStore
 

@@ -20,7 +20,7 @@ import paho.mqtt.client as mqtt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from paho.mqtt.enums import CallbackAPIVersion
 
-from agent.control import protocol
+from agent import protocol
 from agent.control.envelope import key_id, private_key_pem, public_key_text
 from agent.link.settings import read_password
 from agent.link.sockets import no_delay

@@ -8,15 +8,25 @@ retained ``state`` topic, so a node that dies goes unavailable through its Last 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from agent import __version__
-from agent.control import protocol
+from agent import __version__, protocol
 from agent.discovery.model import Topology
 from agent.telemetry.records import encode
 
-if TYPE_CHECKING:
-    from agent.config import Config
+
+class Node(Protocol):
+    """What discovery messages name of the node (the agent's Config has it), so the link
+    layer does not depend on the config."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def topic_root(self) -> str: ...
+
+    @property
+    def home_assistant_prefix(self) -> str: ...
 
 # (object id, name, template over value_json.metrics, unit, device_class)
 _SENSORS: list[tuple[str, str, str, str | None, str | None]] = [
@@ -33,7 +43,7 @@ def _object_id(text: str) -> str:
     return re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_")
 
 
-def _sensor(config: Config, device: dict[str, Any], object_id: str, name: str,
+def _sensor(config: Node, device: dict[str, Any], object_id: str, name: str,
             template: str, unit: str | None, device_class: str | None) -> tuple[str, bytes]:
     node = config.node_id
     payload: dict[str, Any] = {
@@ -54,7 +64,7 @@ def _sensor(config: Config, device: dict[str, Any], object_id: str, name: str,
     return topic, encode(payload)
 
 
-def discovery_messages(config: Config, topology: Topology) -> list[tuple[str, bytes]]:
+def discovery_messages(config: Node, topology: Topology) -> list[tuple[str, bytes]]:
     """One retained config message per sensor this node can report."""
     board = topology.board
     device = {"identifiers": [f"edge_agent_{config.node_id}"], "name": config.node_id,

@@ -28,7 +28,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from agent.control import protocol
+from agent import protocol
 from agent.link.delivery import IN_FLIGHT, WINDOW, Delivery, reason_failed
 from agent.link.settings import LinkSettings, LinkStatus, backoff_delay, read_password
 from agent.link.sockets import Waker, cork, no_delay

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent import protocol
 from agent.config import Config
-from agent.control import protocol
 from agent.control.controller import Controller, Identity
 from agent.control.envelope import TrustedKeys
 from agent.control.store import CommandStore
