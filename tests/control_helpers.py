@@ -17,8 +17,9 @@ from agent_process import agent_config
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, wait_until
 
+from agent import protocol
 from agent.config import from_dict
-from agent.control import operator, protocol
+from agent.control import operator
 from agent.control.controller import Controller, Identity
 from agent.control.envelope import TrustedKeys, key_id, public_key_text, sign
 from agent.control.operator import BrokerSettings
