@@ -3,8 +3,8 @@
 The agent (link, controller, service) and the operator client (``edge-agent fleet``, the tests)
 both build and parse topics here, so the two ends cannot drift apart.
 
-Topic tree (DESIGN.md "MQTT"): every node publishes under ``edge/v1/<fleet>/<node>/``
-(``state``, ``birth``, ``telemetry``, ``event``, ``reported``) and takes commands on
+The topic tree: every node publishes under ``edge/v1/<fleet>/<node>/`` (``state``,
+``birth``, ``telemetry``, ``event``, ``reported``) and takes commands on
 ``<scope>/cmd/<name>``, answering on ``<node>/cmd/<name>/res``; a scope is the node itself,
 ``all`` or ``group/<g>``.  Desired state is retained on ``<scope>/desired`` (not ``all``).
 An operator's replies-to and sync markers live under ``edge/v1/<fleet>/operator/<client>/``.

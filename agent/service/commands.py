@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agent import protocol
 from agent.control.controller import CommandFailed, Handler, Progress
 from agent.service.health import guard_problem
 from agent.tuning.engine import TuningError
@@ -226,5 +227,5 @@ class ServiceCommands:
                     "message": message,
                     "profile": tuning.profile if tuning.applied else None,
                     "model": inference.model_path, "ts": int(time.time() * 1000)}
-        self.parts.link().publish_now("reported", reported, retain=True)
+        self.parts.link().publish_now(protocol.REPORTED, reported, retain=True)
         return reported
