@@ -43,6 +43,8 @@ REJECTED = "rejected"
 EXPIRED = "expired"
 FINAL = (SUCCEEDED, FAILED, REJECTED, EXPIRED)
 
+MAX_TOPIC_BYTES = 65535  # an MQTT string's length is two bytes
+
 CHUNK_OVERHEAD = 2048  # bytes left for each chunk's envelope (id, status, chunk index...)
 MIN_CHUNK = 1024
 
@@ -104,6 +106,31 @@ def target_of(text: str) -> tuple[str, str]:
     if text.startswith(f"{GROUP}:"):
         return text, group_scope(text.removeprefix(f"{GROUP}:"))
     return f"node:{text}", text
+
+
+def topic_problem(name: object) -> str | None:
+    """Why a message cannot be published to ``name`` (paho or the broker would refuse it),
+    or None.  A response topic comes from whoever sent the request: it is checked before a
+    reply is queued for it, never found out inside the link's pump."""
+    if not isinstance(name, str):
+        return "not a string"
+    if not name:
+        return "empty"
+    if "+" in name or "#" in name:
+        return "contains a wildcard"
+    if "\0" in name:
+        return "contains NUL"
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "not valid UTF-8"
+    if size > MAX_TOPIC_BYTES:
+        return f"{size} bytes, above {MAX_TOPIC_BYTES}"
+    return None
+
+
+def publishable_topic(name: object) -> bool:
+    return topic_problem(name) is None
 
 
 # -- parsing topics --------------------------------------------------------------------------

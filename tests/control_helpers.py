@@ -131,8 +131,8 @@ class SimulatedNode:
             subscriptions=self.controller.subscriptions())
 
     def _reply(self, topic: str, body: dict[str, Any], response_topic: str | None,
-               correlation: bytes | None) -> None:
-        self.link.publish_reply(topic, body, response_topic, correlation)
+               correlation: bytes | None, droppable: bool = False) -> None:
+        self.link.publish_reply(topic, body, response_topic, correlation, droppable=droppable)
 
     def start(self) -> None:
         self.controller.start()

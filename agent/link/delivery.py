@@ -145,7 +145,14 @@ class Delivery:
                          record.topic, record.id, len(payload), self.settings.max_payload_bytes)
             self.outbox.delete([record])
             return
-        info = client.publish(record.topic, payload, qos=1)
+        try:
+            info = client.publish(record.topic, payload, qos=1)
+        except (ValueError, TypeError) as error:  # paho refused it: it never will take it
+            self.status.rejected += 1
+            logger.error("mqtt: paho refused %s record %d: %s; dropped", record.topic,
+                         record.id, error)
+            self.outbox.delete([record])
+            return
         self.inflight[info.mid] = record
         self.status.published += 1
 

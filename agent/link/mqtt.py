@@ -9,6 +9,12 @@ source of truth.  Records acknowledged by the broker (PUBACK) leave the outbox; 
 was queued before a connect is replayed oldest-first, rate-limited and marked
 ``historical``, while live records go first.  The retained ``state`` and ``birth`` are
 published on every connect, and the Last Will says ``offline`` with the connect's session.
+
+No message stops the thread: what the handler (the controller) raises is caught and counted
+per reason (``status.faults``); a publish paho refuses drops that message.  Incoming messages
+wait in a bounded inbox, dispatched a batch a round and fewer while replies wait (replies are
+never dropped, a flood cannot grow memory).  A thread that dies anyway leaves the state
+``dead``, its cause in ``died``, for the service to ``restart``.
 """
 
 from __future__ import annotations
@@ -22,22 +28,23 @@ from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from agent import protocol
-from agent.link.delivery import IN_FLIGHT, WINDOW, Delivery, reason_failed
-from agent.link.settings import LinkSettings, LinkStatus, backoff_delay, read_password
-from agent.link.sockets import Waker, cork, no_delay
+from agent.link.client import new_client
+from agent.link.delivery import WINDOW, Delivery, reason_failed
+from agent.link.outgoing import REPLY_HIGH, Faults, Message, Outgoing
+from agent.link.settings import LinkSettings, LinkStatus, backoff_delay
+from agent.link.sockets import Waker, close_now, cork, no_delay, watch
 from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence, encode, stamp
 
 logger = logging.getLogger(__name__)
 
 _STOP_ACK_S = 2.0
+INBOX_HIGH = 500  # incoming messages read but not dispatched: above this, stop reading
+DISPATCH_PER_ROUND = 50  # between two rounds of network I/O: replies go out during a burst
 
 
 class MqttLink:
@@ -54,11 +61,14 @@ class MqttLink:
         self.status = LinkStatus(broker=f"{settings.host}:{settings.port}")
         self._stop = threading.Event()
         self._waker = Waker()
-        # live-only messages (command replies, state changes): topic, payload, retain, props
-        self._direct: deque[tuple[str, bytes, bool, Properties | None]] = deque(maxlen=1000)
+        self.faults = Faults(self.status.faults)
+        self._outgoing = Outgoing(self.faults)  # live-only: replies, state changes
         self._rebirth = False
         self._events: deque[tuple[Any, ...]] = deque()  # appended by paho's callbacks only
+        self._inbox: deque[mqtt.MQTTMessage] = deque()  # likewise: messages to dispatch
         self._thread: threading.Thread | None = None
+        self._client: mqtt.Client | None = None
+        self.died: str | None = None  # why the thread last ended abnormally
         self._flush_s = 0.0
         self._candidate_session = 0
         self._delivery = Delivery(settings, outbox, self.status)
@@ -67,7 +77,25 @@ class MqttLink:
 
     def start(self) -> None:
         self.outbox.listen(self.wake)  # new records on disk: publish them
-        self._thread = threading.Thread(target=self._run, name="mqtt-link", daemon=True)
+        self._spawn()
+
+    def restart(self) -> bool:
+        """Start the thread again after it died; False while it runs or once stopping.
+        What it had queued (replies, the outbox) is sent by the new thread."""
+        if self._thread is None or self._thread.is_alive() or self._stop.is_set():
+            return False
+        self.status.restarts += 1
+        self._spawn()
+        return True
+
+    def problems(self) -> list[str]:
+        """Why the link does not work although the agent runs (empty when it does)."""
+        if self.status.state == "dead":
+            return [f"mqtt: the link thread died ({self.died}); nothing is published"]
+        return []
+
+    def _spawn(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="mqtt-link", daemon=True)
         self._thread.start()
 
     def stop(self, flush_s: float = 2.0, timeout: float = 15.0) -> None:
@@ -86,20 +114,18 @@ class MqttLink:
 
     def publish_now(self, suffix: str, payload: dict[str, Any], retain: bool = False) -> None:
         """A message that is only worth sending live: not kept on disk."""
-        self._direct.append((self.topic(suffix), encode(payload), retain, None))
+        self._outgoing.put(Message(self.topic(suffix), encode(payload), retain))
         self.wake()
 
     def publish_reply(self, topic: str, payload: dict[str, Any], response_topic: str | None,
-                      correlation: bytes | None) -> None:
+                      correlation: bytes | None, droppable: bool = False) -> None:
         """A command reply on ``topic``, and under MQTT 5 also to the request's response
-        topic with its correlation data (a requester then needs no wildcard)."""
-        body = encode(payload)
-        self._direct.append((topic, body, False, None))
-        if response_topic and self.settings.protocol == "5":
-            properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-            if correlation is not None:
-                properties.CorrelationData = correlation
-            self._direct.append((response_topic, body, False, properties))
+        topic with its correlation data (a requester then needs no wildcard).  Never
+        dropped while the link is up, unless ``droppable`` (a reply to junk) and too many
+        wait; an unpublishable response topic is skipped (counted), ``topic`` still gets it."""
+        self._outgoing.reply(topic, encode(payload), droppable,
+                             response_topic if self.settings.protocol == "5" else None,
+                             correlation)
         self.wake()
 
     def rebirth(self) -> None:
@@ -111,8 +137,8 @@ class MqttLink:
         """``online`` or ``degraded`` (with why): the retained state changes at once."""
         self.health, self.health_reason = state, reason
         if self.status.state == "connected":
-            self._direct.append((self.topic(protocol.STATE),
-                                 self._state_payload(state, self.status.session), True, None))
+            self._outgoing.put(Message(self.topic(protocol.STATE),
+                                       self._state_payload(state, self.status.session), True))
             self.wake()
 
     def topic(self, suffix: str) -> str:
@@ -124,10 +150,21 @@ class MqttLink:
 
     # -- the thread -------------------------------------------------------------------------
 
+    def _main(self) -> None:
+        try:
+            self._run()
+        except Exception as error:  # a bug: the service sees ``dead`` and restarts it
+            self.died = f"{type(error).__name__}: {error}"[:300]
+            self.faults.record("thread_died", "the link thread died: %s", self.died,
+                               exc_info=True)
+            if self._client is not None:  # no DISCONNECT: the broker says ``offline`` now
+                close_now(self._client.socket())
+            self._set_state("dead", f"the link thread died: {self.died}")
+
     def _run(self) -> None:
         attempt = 0
         while not self._stop.is_set():
-            client = self._connect()
+            client = self._client = self._connect()
             if client is not None:
                 if self._serve(client):
                     attempt = 0
@@ -157,29 +194,6 @@ class MqttLink:
         return encode(stamp("state/1", state=state, session=session,
                             node_id=self.settings.client_id, **reason))
 
-    def _new_client(self, session: int) -> mqtt.Client:
-        s = self.settings
-        version = (MQTTProtocolVersion.MQTTv5 if s.protocol == "5"
-                   else MQTTProtocolVersion.MQTTv311)
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id,
-                             protocol=version,
-                             clean_session=None if version == MQTTProtocolVersion.MQTTv5
-                             else True)
-        client.max_inflight_messages_set(IN_FLIGHT)
-        client.connect_timeout = 5.0
-        client.will_set(self.topic(protocol.STATE), self._state_payload("offline", session), qos=1,
-                        retain=True)
-        if s.tls:
-            client.tls_set(ca_certs=s.tls_ca, certfile=s.tls_cert, keyfile=s.tls_key)
-        if s.username is not None:
-            client.username_pw_set(s.username, read_password(s.password_file))  # rotation
-        events = self._events
-        client.on_connect = lambda c, u, flags, code, props: events.append(("connack", code))
-        client.on_disconnect = lambda c, u, flags, code, props: events.append(("gone", code))
-        client.on_publish = lambda c, u, mid, code, props: events.append(("ack", mid, code))
-        client.on_message = lambda c, u, message: events.append(("message", message))
-        return client
-
     def _connect(self) -> mqtt.Client | None:
         """A fresh client with its Last Will, TCP/TLS connected and CONNECT sent."""
         self._set_state("connecting")
@@ -188,7 +202,9 @@ class MqttLink:
         self._candidate_session = self.outbox.counter("session") + 1
         self._events.clear()
         try:
-            client = self._new_client(self._candidate_session)
+            client = new_client(self.settings, self.topic(protocol.STATE),
+                                self._state_payload("offline", self._candidate_session),
+                                self._events, self._inbox)
             client.connect(self.settings.host, self.settings.port, self.settings.keepalive_s)
             no_delay(client.socket())
         except (OSError, ValueError) as error:
@@ -204,6 +220,7 @@ class MqttLink:
         ``stopped`` on it); True once it was accepted."""
         accepted = False
         self._delivery.reset()
+        self._outgoing.connection_lost()
         sock = client.socket()
         if sock is None:
             return False
@@ -211,7 +228,9 @@ class MqttLink:
             selector.register(self._waker.reader, selectors.EVENT_READ)
             selector.register(sock, selectors.EVENT_READ)
             while not (self._stop.is_set() and accepted):
-                if not self._step(client, sock, selector, self._delivery.wait_s(accepted)):
+                wait = 0.0 if self._inbox else self._delivery.wait_s(accepted)
+                if not self._step(client, sock, selector, wait,
+                                  read=len(self._inbox) < INBOX_HIGH):
                     self._events.append(("gone", "socket closed"))
                 outcome = self._handle_events()
                 if outcome == "accepted":
@@ -220,33 +239,60 @@ class MqttLink:
                 elif outcome in ("refused", "gone") or (self._stop.is_set() and not accepted):
                     return accepted
                 if accepted:
+                    self._dispatch()
                     self._pump(client)
             self._shut_down(client, sock, selector)
         return accepted
 
     def _step(self, client: mqtt.Client, sock: Any, selector: selectors.BaseSelector,
-              timeout: float) -> bool:
-        """One round of network I/O; False once paho has closed the socket."""
+              timeout: float, read: bool = True) -> bool:
+        """One round of network I/O (not reading while ``read`` is False: the inbox is
+        full); False once paho has closed the socket or failed on it."""
         current: Any = client.socket()
         if current is not sock:
             return False
-        wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.want_write() else 0)
-        selector.modify(sock, wanted)
+        wanted = (selectors.EVENT_READ if read else 0) | (
+            selectors.EVENT_WRITE if client.want_write() else 0)
+        watch(selector, sock, wanted)
         cork(sock, False)  # what the last round wrote leaves before this one waits
         events = selector.select(timeout)
         cork(sock, True)  # this round's writes go out together, in full segments
-        for key, mask in events:
-            if key.fileobj is self._waker.reader:
-                self._waker.drain()
-                continue
-            if mask & selectors.EVENT_READ:
-                client.loop_read()
-            if mask & selectors.EVENT_WRITE and client.socket() is sock:
-                client.loop_write()
-        if client.socket() is sock:
-            client.loop_misc()  # keepalive pings
-        self.status.heartbeat = time.monotonic()
+        try:
+            for key, mask in events:
+                if key.fileobj is self._waker.reader:
+                    self._waker.drain()
+                    continue
+                if mask & selectors.EVENT_READ:
+                    client.loop_read()
+                if mask & selectors.EVENT_WRITE and client.socket() is sock:
+                    client.loop_write()
+            if client.socket() is sock:
+                client.loop_misc()  # keepalive pings
+        except Exception as error:  # paho choked on what arrived: a new connection
+            self.faults.record("network_error", "paho failed on the connection: %r; "
+                               "reconnecting", error, exc_info=True)
+            return False
+        finally:
+            self.status.heartbeat = time.monotonic()
         return client.socket() is sock
+
+    def _dispatch(self) -> None:
+        """A batch of incoming messages to the handler; while replies wait, none until the
+        inbox is full (the socket is still read: PUBACKs come in, replies drain)."""
+        budget = DISPATCH_PER_ROUND
+        if self._outgoing.waiting >= REPLY_HIGH:
+            budget = 1 if len(self._inbox) >= INBOX_HIGH else 0
+        while budget > 0 and self._inbox:
+            budget -= 1
+            message = self._inbox.popleft()
+            if self.on_message is None:
+                continue
+            try:
+                self.on_message(message)
+            except Exception as error:
+                self.faults.record("handler_error", "handling a message failed: %s: %s; "
+                                   "the link goes on", type(error).__name__,
+                                   str(error)[:200], exc_info=True)
 
     def _handle_events(self) -> str | None:
         outcome = None
@@ -265,10 +311,8 @@ class MqttLink:
                     logger.warning("mqtt: connection to %s lost (%s)", self.status.broker,
                                    event[1])
                 outcome = outcome if outcome == "refused" else "gone"
-            elif kind == "ack":
+            elif kind == "ack" and not self._outgoing.acknowledged(event[1]):
                 self._delivery.acknowledged(event[1], event[2])
-            elif kind == "message" and self.on_message is not None:
-                self.on_message(event[1])
         self._delivery.settle()
         return outcome
 
@@ -313,10 +357,19 @@ class MqttLink:
         if self._rebirth:
             self._rebirth = False
             self._announce(client)
-        free = WINDOW - len(self._delivery.inflight)
-        while free > 0 and self._direct:
-            topic, payload, retain, properties = self._direct.popleft()
-            client.publish(topic, payload, qos=1, retain=retain, properties=properties)
+        free = WINDOW - len(self._delivery.inflight) - self._outgoing.in_flight
+        while free > 0:
+            message = self._outgoing.take()
+            if message is None:
+                break
+            try:
+                info = client.publish(message.topic, message.payload, qos=1,
+                                      retain=message.retain, properties=message.properties)
+            except (ValueError, TypeError) as error:  # refused by paho: this message only
+                self.faults.record("publish_refused", "paho refused a message to %s: %s; "
+                                   "dropped", ascii(message.topic)[:120], error)
+                continue
+            self._outgoing.handed(info.mid, message)
             free -= 1
         if free <= 0:
             return
@@ -343,4 +396,5 @@ class MqttLink:
                 return
         self._handle_events()
         self._delivery.forget_acked()
+
 

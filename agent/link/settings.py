@@ -34,7 +34,7 @@ class LinkSettings:
 class LinkStatus:
     """What ``edge-agent status`` and the live terminal line show."""
 
-    state: str = "starting"  # connecting, connected, disconnected, stopped
+    state: str = "starting"  # connecting, connected, disconnected, stopped, dead
     broker: str = ""
     session: int = 0
     since: float = field(default_factory=time.time)
@@ -44,11 +44,14 @@ class LinkStatus:
     acked: int = 0
     replayed: int = 0
     rejected: int = 0
+    restarts: int = 0  # of the link thread, after it died
+    faults: dict[str, int] = field(default_factory=dict)  # survived, by reason (outgoing.py)
     sessions_ended: dict[int, int] = field(default_factory=dict)  # session -> records taken
     heartbeat: float = field(default_factory=time.monotonic)  # the link thread's last round
 
     def to_dict(self) -> dict[str, Any]:
         fields = dict(self.__dict__)
+        fields["faults"] = dict(self.faults)  # a copy: the link thread adds to it
         del fields["sessions_ended"], fields["heartbeat"]
         return fields
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import selectors
 import socket
 from typing import Any
 
@@ -54,3 +55,20 @@ def cork(sock: Any, on: bool) -> None:
     without a socket."""
     with contextlib.suppress(OSError, AttributeError):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, int(on))
+
+
+def watch(selector: selectors.BaseSelector, sock: Any, events: int) -> None:
+    """Wait for ``events`` on ``sock``; none: not at all (selectors refuse an empty mask)."""
+    registered = sock in selector.get_map()
+    if events and registered:
+        selector.modify(sock, events)
+    elif events:
+        selector.register(sock, events)
+    elif registered:
+        selector.unregister(sock)
+
+
+def close_now(sock: Any) -> None:
+    """Close without a word to the peer (a broker then publishes the Last Will)."""
+    with contextlib.suppress(OSError, AttributeError):
+        sock.close()

@@ -101,6 +101,43 @@ class Liveness:
         return None
 
 
+LINK_RESTARTS = 5  # link threads started again after dying, per LINK_RESTART_WINDOW_S
+LINK_RESTART_WINDOW_S = 600.0
+
+
+class LinkRestarts:
+    """Whether a link thread that died may be started again in this process: at most
+    LINK_RESTARTS in LINK_RESTART_WINDOW_S.  Beyond that it stays dead, ``Liveness``
+    withholds the watchdog ping and systemd restarts the whole agent.  ``problem`` names a
+    death within the window: the agent is ``degraded`` for that long."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._deaths: list[tuple[float, str]] = []  # when, why
+
+    def died(self, why: str) -> None:
+        self._deaths.append((self.clock(), why))
+
+    def allowed(self) -> bool:
+        """Whether the dead thread may be started again now."""
+        return len(self._recent()) <= LINK_RESTARTS
+
+    def _recent(self) -> list[str]:
+        now = self.clock()
+        self._deaths = [d for d in self._deaths if now - d[0] < LINK_RESTART_WINDOW_S]
+        return [why for _when, why in self._deaths]
+
+    def problem(self) -> str | None:
+        recent = self._recent()
+        if not recent:
+            return None
+        verdict = ("restarted" if len(recent) <= LINK_RESTARTS else
+                   f"not restarted again (more than {LINK_RESTARTS} in "
+                   f"{LINK_RESTART_WINDOW_S:.0f} s; the watchdog lets systemd restart the agent)")
+        return (f"mqtt: the link thread died {len(recent)} time(s) in the last "
+                f"{LINK_RESTART_WINDOW_S:.0f} s (last: {recent[-1]}); {verdict}")
+
+
 def degraded(parts: Iterable[Part], outbox_error: str | None) -> list[str]:
     """What makes the agent ``degraded``: any part's problems, then an outbox that cannot
     write (its records wait in memory)."""

@@ -88,6 +88,9 @@ class Service:
         self.liveness = health.Liveness(
             lambda: self.inference.loop if self.inference is not None else None,
             lambda: self.link)
+        self.link_restarts = health.LinkRestarts()
+        self._link_deaths = 0  # deaths of the link thread seen by tick()
+        self._link_degraded = False  # the retained state says degraded for a link death
         self.final_status: dict[str, Any] | None = None  # written by stop()
 
     # -- start ------------------------------------------------------------------------------
@@ -128,8 +131,8 @@ class Service:
                                self.config.telemetry.metrics)
         self.controller = self._controller(self.tuning, self.inference, self.sampler)
         link = self.link = self._link(self.outbox, self.controller)
-        self._start(Wrapped(link.start, lambda ending: link.stop(flush_s=ending.flush_s)),
-                    late=True)
+        self._start(Wrapped(link.start, lambda ending: link.stop(flush_s=ending.flush_s),
+                            self._link_problems), late=True)
         if self.controller is not None:
             self._start(Wrapped(self.controller.start, self._stop_controller))
         if config.prometheus_listen:  # before the first sample: a scrape never finds no port
@@ -200,12 +203,14 @@ class Service:
         return self.topology
 
     def reply(self, topic: str, body: dict[str, Any], response_topic: str | None,
-              correlation: bytes | None) -> None:
-        """A command reply; a result above the payload limit goes in numbered chunks."""
+              correlation: bytes | None, droppable: bool = False) -> None:
+        """A command reply; a result above the payload limit goes in numbered chunks.
+        ``droppable``: a reply to junk, which the link may drop when too many wait."""
         if self.link is None:
             return
         for part in protocol.chunked(body, self.config.mqtt.max_payload_kb * 1024):
-            self.link.publish_reply(topic, part, response_topic, correlation)
+            self.link.publish_reply(topic, part, response_topic, correlation,
+                                    droppable=droppable)
 
     def _collectors(self) -> list[Any]:
         assert self.outbox is not None and self.topology is not None
@@ -261,6 +266,7 @@ class Service:
     def tick(self) -> dict[str, Any]:
         """Once a second from the main thread: periodic verify, the status file; returns the
         status it wrote."""
+        self._supervise_link()
         if self.tuning is not None and self.tuning.applied and (
                 self.tuning.verified_at is None
                 or time.time() - self.tuning.verified_at >= VERIFY_INTERVAL_S):
@@ -272,6 +278,35 @@ class Service:
         status = self.status()
         reports.write_status(self.state_dir, status)
         return status
+
+    def _link_problems(self) -> list[str]:
+        if self.link is None:
+            return []
+        recent = self.link_restarts.problem()
+        return [*self.link.problems(), *([recent] if recent else [])]
+
+    def _supervise_link(self) -> None:
+        """A link thread that died (a bug: no message can end it) is started again, as
+        often as ``LinkRestarts`` allows, with a ``link_restarted`` event; the retained
+        state says ``degraded`` until the death is out of its window."""
+        link = self.link
+        if link is None:
+            return
+        deaths = link.status.faults.get("thread_died", 0)
+        if deaths > self._link_deaths:
+            self._link_deaths = deaths
+            self.link_restarts.died(link.died or "unknown")
+        if link.status.state == "dead" and not link.alive and self.link_restarts.allowed() \
+                and link.restart():
+            logger.warning("mqtt: the link thread died (%s); started again", link.died)
+            self.event("link_restarted", error=link.died, restarts=link.status.restarts)
+            self._link_degraded = True
+            link.set_health("degraded", "; ".join(self.problems()))
+        elif self._link_degraded and self.link_restarts.problem() is None:
+            self._link_degraded = False
+            problems = self.problems()
+            link.set_health("degraded" if problems else "online",
+                            "; ".join(problems) or None)
 
     def rediscover(self, devices: list[dict[str, Any]], more: int = 0) -> None:
         """Devices came or went: discover again, sample and announce the new topology, and
