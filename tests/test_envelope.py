@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from control_helpers import sign
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agent.config.sections import TrustedKey
@@ -13,7 +14,6 @@ from agent.control.envelope import (
     canonical,
     key_id,
     public_key_text,
-    sign,
 )
 from agent.control.store import CommandStore
 
