@@ -19,9 +19,8 @@ from mqtt_helpers import Broker, wait_until
 
 from agent import protocol
 from agent.config import from_dict
-from agent.control import operator
+from agent.control import envelope, operator
 from agent.control.controller import Controller, Identity
-from agent.control import envelope
 from agent.control.envelope import TrustedKeys, key_id, public_key_text
 from agent.control.operator import BrokerSettings
 from agent.control.store import CommandStore
