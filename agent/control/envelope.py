@@ -46,7 +46,8 @@ def _no_constant(name: str) -> Any:
 
 def parse(payload: bytes) -> Any:
     """A payload from the network as JSON, or ValueError: not UTF-8, not JSON, NaN or
-    Infinity (Python's json takes them by default), or nested deeper than MAX_DEPTH (a deep
+    Infinity (Python's json takes them by default, and reads 1e999 as one), or nested deeper
+    than MAX_DEPTH (a deep
     document raises RecursionError inside json.loads, and would again in every walk after)."""
     try:
         document = json.loads(payload, parse_constant=_no_constant)
@@ -54,6 +55,8 @@ def parse(payload: bytes) -> Any:
         raise ValueError("nested too deeply") from None
     if _depth_above(document, MAX_DEPTH):
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    if not finite(document):  # 1e999 is JSON, and Python reads it as infinity
+        raise ValueError("a number beyond a float's range")
     return document
 
 
