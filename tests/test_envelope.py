@@ -60,12 +60,13 @@ def test_replies_go_to_response_topics_only_under_the_operator_tree(tmp_path: ob
         {"ping": lambda args, progress: {}}, lambda t, body, rt, c: sent.append((t, rt)))
     import json
 
-    for response in ("edge/v1/lab/operator/me/res", "edge/v1/lab/n2/cmd/ping"):
+    for response in ("edge/v1/lab/operator/me/res", "edge/v1/lab/n2/cmd/ping",
+                     "edge/v1/lab/operator/+/res"):  # a wildcard: paho cannot publish to it
         controller.on_message(Incoming(
             "edge/v1/lab/n1/cmd/ping", json.dumps(sign(key, "ping", "node:n1", {})).encode(),
             response_topic=response))
     assert sent == [("edge/v1/lab/n1/cmd/ping/res", "edge/v1/lab/operator/me/res"),
-                    ("edge/v1/lab/n1/cmd/ping/res", None)]
+                    ("edge/v1/lab/n1/cmd/ping/res", None), ("edge/v1/lab/n1/cmd/ping/res", None)]
 
 
 def test_keygen_writes_a_private_key_only_its_owner_reads(tmp_path: object) -> None:

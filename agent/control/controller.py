@@ -17,6 +17,7 @@ published retained on ``<node>/reported``.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import sqlite3
@@ -31,7 +32,7 @@ from agent.control import schemas
 from agent.control.audit import JUNK_BURST, JUNK_REPLIES_PER_S, JunkCounter, TokenBucket, record
 from agent.control.checks import Checks, Limits
 from agent.control.desired import REDELIVERED, DesiredStates
-from agent.control.envelope import EnvelopeError, TrustedKeys, parse
+from agent.control.envelope import EnvelopeError, TrustedKeys
 from agent.control.store import CommandStore
 
 logger = logging.getLogger(__name__)
@@ -385,10 +386,11 @@ def _incoming(message: Any) -> Incoming:
 
 
 def _loose_id(payload: bytes) -> dict[str, Any]:
-    """The id of a message that failed a check, when it has one, to address the reply."""
+    """The id of a message that failed a check, when it has one, to address the reply: read
+    leniently (a NaN elsewhere does not hide it), but never raising."""
     try:
-        document = parse(payload)
-    except ValueError:
+        document = json.loads(payload)
+    except (ValueError, RecursionError):
         return {}
     value = document.get("id") if isinstance(document, dict) else None
     return {"id": value} if isinstance(value, str) and len(value) <= 128 else {}
