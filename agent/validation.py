@@ -9,6 +9,7 @@ the file without reading the code.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -81,8 +82,11 @@ def integer(low: int, high: int | None = None) -> Check:
 
 
 def number(low: float, high: float) -> Check:
+    """A finite number in range: YAML's .nan and .inf are floats, and NaN passes no range
+    check by comparison alone only because every comparison with it is false."""
     def check(value: Any) -> str | None:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and (
+            isinstance(value, int) or math.isfinite(value)) and low <= value <= high
         return None if ok else f"a number {low}..{high}"
     return check
 

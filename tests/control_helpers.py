@@ -19,9 +19,9 @@ from mqtt_helpers import Broker, wait_until
 
 from agent import protocol
 from agent.config import from_dict
-from agent.control import operator
+from agent.control import envelope, operator
 from agent.control.controller import Controller, Identity
-from agent.control.envelope import TrustedKeys, key_id, public_key_text, sign
+from agent.control.envelope import TrustedKeys, key_id, public_key_text
 from agent.control.operator import BrokerSettings
 from agent.control.store import CommandStore
 from agent.link.mqtt import MqttLink
@@ -31,6 +31,20 @@ from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence
 
 FLEET = "lab"
+
+
+def sign(key: Ed25519PrivateKey, command: str, target: str, args: dict[str, Any],
+         **options: Any) -> dict[str, Any]:
+    """The product's signing, for fleet ``lab`` unless ``fleet`` says otherwise."""
+    return envelope.sign(key, command, target, args, **{"fleet": FLEET, **options})
+
+
+def unbound(key: Ed25519PrivateKey, command: str, target: str, args: dict[str, Any],
+            **options: Any) -> dict[str, Any]:
+    """An envelope as signed before fleets were: no ``fleet`` field, a valid signature."""
+    legacy = sign(key, command, target, args, **options)
+    del legacy["fleet"]
+    return envelope.signed(key, legacy)
 
 
 def trusted(key: Ed25519PrivateKey) -> list[dict[str, str]]:
@@ -78,9 +92,9 @@ class Operator:
              **sign_options: Any) -> dict[str, Any]:
         """Sign and send; ``scope`` is a node id, ``group:<g>`` or ``all``."""
         target, topic_scope = protocol.target_of(scope)
-        envelope = sign(self.key, command, target, args or {}, **sign_options)
-        operator.publish_command(self.bus, topic_scope, envelope)
-        return envelope
+        signed = sign(self.key, command, target, args or {}, **sign_options)
+        operator.publish_command(self.bus, topic_scope, signed)
+        return signed
 
     def for_id(self, command_id: str | None) -> list[dict[str, Any]]:
         with self.bus.lock:

@@ -61,8 +61,14 @@ def test_values_merge_over_the_defaults() -> None:
     ({"mqtt": {True: 1}}, "mqtt.true", "unknown key (allowed: host, port"),
     ({"telemetry": {"metrics": ["cpu", "thermals"]}}, "telemetry.metrics",
      "expected all, or a list of cpu, load, memory, swap, psi, cgroup, thermal, power, fans, "
-     "gpus, npus, block, net, thp, inference, tuning, outbox ('thermals' is not a metric "
-     "group)"),
+     "gpus, npus, block, net, thp, inference, tuning, outbox, control ('thermals' is not a "
+     "metric group)"),
+    ({"telemetry": {"interval_s": float("nan")}}, "telemetry.interval_s", "a number 0.05"),
+    ({"control": {"max_skew_s": float("inf")}}, "control.max_skew_s", "a number 0"),
+    ({"control": {"guard": {"window_s": float("nan")}}}, "control.guard.window_s", "a number"),
+    ({"control": {"desired_max_ttl_s": 0}}, "control.desired_max_ttl_s", "a number 1"),
+    ({"control": {"accept_unbound_envelopes": "yes"}}, "control.accept_unbound_envelopes",
+     "true or false"),
     ({"telemetry": {"metrics": "cpu"}}, "telemetry.metrics", "expected all, or a list of cpu,"),
     ({"telemetry": {"metrics": [["cpu"]]}}, "telemetry.metrics", "(['cpu'] is not a metric"),
 ])
@@ -152,3 +158,21 @@ def test_the_commands_are_listed_once() -> None:
     assert modules_loaded_by("from agent.config import from_dict; "
                              "from_dict({'control': {'allow': ['ping']}})",
                              "fastjsonschema") == []
+
+
+def test_yaml_nan_and_infinity_are_refused_where_a_number_is_expected(tmp_path: Path) -> None:
+    """YAML spells them .nan and .inf; a NaN health window would keep any change."""
+    for text in ("telemetry: {interval_s: .nan}", "control: {guard: {window_s: .inf}}",
+                 "control: {guard: {max_p99_ratio: -.inf}}"):
+        path = tmp_path / "agent.yaml"
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError, match="is not allowed: expected a number"):
+            load_config(str(path))
+
+
+def test_the_fleet_binding_keys_have_safe_defaults() -> None:
+    control = from_dict({}).control
+    assert control.accept_unbound_envelopes is False
+    assert control.desired_max_ttl_s == 365 * 86400.0
+    assert from_dict({"control": {"desired_max_ttl_s": 86400}}).control.desired_max_ttl_s \
+        == 86400.0

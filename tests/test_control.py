@@ -17,6 +17,7 @@ from control_helpers import (
     Operator,
     node_config,
     running_node,
+    sign,
     simulated_fleet,
     trusted_keys,
 )
@@ -25,7 +26,7 @@ from mqtt_helpers import Broker, Subscriber, wait_until
 from tuning_helpers import copy_board, snapshot
 
 from agent.control.controller import Controller, Identity, Incoming
-from agent.control.envelope import private_key_pem, sign
+from agent.control.envelope import private_key_pem
 from agent.control.store import CommandStore
 from agent.service.node import Service
 
@@ -93,7 +94,12 @@ def test_every_attack_is_refused_with_its_reason_and_changes_nothing(
     cases["retained"] = (envelope_bytes(sign(key, "apply-profile", "node:orin-1", apply)),
                          True, "retained")
     cases["not_json"] = (b"{apply-profile", False, "malformed")
-    cases["missing"] = (b'{"id": "x1", "command": "apply-profile"}', False, "malformed")
+    # no signature is said before anything else is wrong (issue 15: it was malformed)
+    cases["missing"] = (b'{"id": "x1", "command": "apply-profile"}', False, "unsigned")
+    cases["null_sig"] = (envelope_bytes({**sign(key, "apply-profile", "node:orin-1", apply),
+                                         "sig": None}), False, "unsigned")
+    cases["incomplete"] = (b'{"id": "x2", "command": "apply-profile", "sig": "AAAA"}', False,
+                           "malformed")
     cases["oversized"] = (envelope_bytes(sign(key, "apply-profile", "node:orin-1",
                                               {"profile": "x" * 20000})), False, "oversized")
     cases["wrong_target"] = (envelope_bytes(sign(key, "apply-profile", "node:orin-2", apply)),

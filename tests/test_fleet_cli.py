@@ -87,7 +87,7 @@ def test_keygen_json_is_the_key_and_its_trusted_keys_entry(tmp_path: Path) -> No
 # -- desired --------------------------------------------------------------------------------
 
 
-def test_desired_publishes_a_signed_retained_state_and_clear_removes_it(
+def test_desired_publishes_a_signed_retained_state_and_a_signed_clear_replaces_it(
         broker: Broker, key: Ed25519PrivateKey, key_file: Path) -> None:
     topic = f"edge/v1/{FLEET}/orin-9/desired"
     done = fleet(broker, "desired", "orin-9", "--profile", "jetson-orin-latency",
@@ -98,13 +98,20 @@ def test_desired_publishes_a_signed_retained_state_and_clear_removes_it(
     [envelope] = retained(broker, topic)
     assert trusted_keys(key).verify(envelope) == trusted(key)[0]["id"]
     assert envelope["command"] == "desired" and envelope["target"] == "node:orin-9"
+    assert envelope["fleet"] == FLEET
     assert envelope["args"] == {"profile": "jetson-orin-latency"}
     assert envelope["expires_at"] - envelope["issued_at"] == 365 * 86400 * 1000
 
     cleared = fleet(broker, "desired", "orin-9", "--clear", "--key", str(key_file))
     assert cleared.returncode == 0, cleared.stderr
     assert cleared.stdout.strip() == f"cleared desired state on {topic}"
-    assert retained(broker, topic) == []
+    # the clear is signed and retained in the state's place: a node offline now hears of it
+    [clear] = retained(broker, topic)
+    assert trusted_keys(key).verify(clear) == trusted(key)[0]["id"]
+    assert (clear["clear"], clear["args"], clear["fleet"]) == (True, {}, FLEET)
+    assert clear["issued_at"] >= envelope["issued_at"] and clear["id"] != envelope["id"]
+    unkeyed = fleet(broker, "desired", "orin-9", "--clear")
+    assert unkeyed.returncode == 2 and "--key" in unkeyed.stderr  # no clear without a key
 
 
 def test_desired_json_names_what_it_published(broker: Broker, key_file: Path) -> None:
@@ -121,9 +128,11 @@ def test_desired_json_names_what_it_published(broker: Broker, key_file: Path) ->
     assert report["expires_at"] - report["issued_at"] == 600_000
     cleared = json.loads(fleet(broker, "desired", "group:line-a", "--clear", "--key",
                                str(key_file), "--json").stdout)
-    assert cleared == {"topic": topic, "target": "group:line-a", "cleared": True, "id": None,
-                       "issued_at": None, "expires_at": None, "args": None}
-    assert retained(broker, topic) == []
+    [clear] = retained(broker, topic)
+    assert cleared == {"topic": topic, "target": "group:line-a", "cleared": True,
+                       "id": clear["id"], "issued_at": clear["issued_at"],
+                       "expires_at": clear["expires_at"], "args": {}}
+    assert clear["clear"] is True
 
 
 # -- a broker that cannot be used --------------------------------------------------------------

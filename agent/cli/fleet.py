@@ -65,7 +65,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             sub.add_argument("--profile", help="a profile name, or none to roll back")
             sub.add_argument("--model")
             sub.add_argument("--sha256")
-            sub.add_argument("--clear", action="store_true", help="remove the desired state")
+            sub.add_argument("--clear", action="store_true", help="remove the desired state "
+                             "(a signed clear, retained in its place)")
             sub.add_argument("--ttl", type=positive_float, default=365 * 86400.0)
             sub.add_argument("--json", action="store_true",
                              help="print {topic, target, cleared, id, issued_at, expires_at, "
@@ -157,6 +158,24 @@ def connect(args: argparse.Namespace, watch: Sequence[str]) -> Bus:
 # -- send -----------------------------------------------------------------------------------
 
 
+class NotFinite(ValueError):
+    """NaN or Infinity in a value: a node refuses them, so the CLI never sends one."""
+
+
+def _no_constant(name: str) -> Any:
+    raise NotFinite(f"{name} is not a finite number")
+
+
+def finite_json(text: str) -> Any:
+    """JSON without NaN or Infinity (1e999 is one too); NotFinite says which."""
+    from agent.control.envelope import finite
+
+    value = json.loads(text, parse_constant=_no_constant)
+    if not finite(value):
+        raise NotFinite(f"{text!r} holds a number beyond a float's range")
+    return value
+
+
 def parse_args_list(pairs: list[str]) -> dict[str, Any]:
     """``k=v`` pairs (``guard.window_s=2`` nests); values are JSON when they parse."""
     result: dict[str, Any] = {}
@@ -165,7 +184,9 @@ def parse_args_list(pairs: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise UsageError(f"--arg {pair}: expected key=value")
         try:
-            value = json.loads(text)
+            value = finite_json(text)
+        except NotFinite as error:
+            raise UsageError(f"--arg {pair}: {error}") from None
         except ValueError:
             value = text
         node = result
@@ -191,9 +212,12 @@ def send(args: argparse.Namespace) -> int:
     arguments = parse_args_list(args.arg or [])
     if args.args_json:
         try:
-            arguments.update(json.loads(args.args_json))
+            extra = finite_json(args.args_json)
         except ValueError as error:
             raise UsageError(f"--args-json: {error}") from None
+        if not isinstance(extra, dict):
+            raise UsageError("--args-json: expected a JSON object")
+        arguments.update(extra)
     target, scope = protocol.target_of(args.target)
     bus = connect(args, [protocol.STATE, protocol.BIRTH,
                          protocol.reply_suffix(args.fleet_command)])
@@ -207,7 +231,8 @@ def send(args: argparse.Namespace) -> int:
             print(f"edge-agent fleet send: no online nodes in {where}; nothing was sent",
                   file=sys.stderr)
             return 1
-        envelope = sign(key, args.fleet_command, target, arguments, ttl_s=args.ttl)
+        envelope = sign(key, args.fleet_command, target, arguments, fleet=bus.fleet,
+                        ttl_s=args.ttl)
         sent_at = time.time()
         publish_command(bus, scope, envelope)
         outcomes = collect(bus, envelope["id"], expected, sent_at, args.timeout)
@@ -245,21 +270,21 @@ def desired(args: argparse.Namespace) -> int:
         raise UsageError("give --profile and/or --model (or --clear)")
     if wanted and args.clear:
         raise UsageError("--clear takes no --profile, --model or --sha256")
-    envelope = None if args.clear else sign(_private_key(args.key), "desired", target,
-                                            wanted, ttl_s=args.ttl)
+    key = _private_key(args.key)
     bus = connect(args, [])
     try:
+        envelope = sign(key, "desired", target, wanted, fleet=bus.fleet, ttl_s=args.ttl,
+                        clear=args.clear)
         topic = publish_desired(bus, scope, envelope)
     finally:
         bus.close()
     if args.json:
-        print(json.dumps({"topic": topic, "target": target, "cleared": envelope is None,
-                          "id": None if envelope is None else envelope["id"],
-                          "issued_at": None if envelope is None else envelope["issued_at"],
-                          "expires_at": None if envelope is None else envelope["expires_at"],
-                          "args": None if envelope is None else envelope["args"]}, indent=2))
+        print(json.dumps({"topic": topic, "target": target, "cleared": args.clear,
+                          "id": envelope["id"], "issued_at": envelope["issued_at"],
+                          "expires_at": envelope["expires_at"], "args": envelope["args"]},
+                         indent=2))
     else:
-        print(f"{'cleared' if envelope is None else 'set'} desired state on {topic}")
+        print(f"{'cleared' if args.clear else 'set'} desired state on {topic}")
     return 0
 
 

@@ -146,6 +146,10 @@ class ControlConfig:
     allow: tuple[str, ...] = setting(command_names, list(COMMANDS))
     max_payload_kb: int = setting(integer(1, 1024), 16)
     max_skew_s: float = setting(number(0, 3600), 30)
+    # Desired state waits for nodes that are offline for long: its own maximum lifetime.
+    desired_max_ttl_s: float = setting(number(1, 10 * 365 * 86400), 365 * 86400, convert=float)
+    # Envelopes that name no fleet (signed before fleets were): for a migration window only.
+    accept_unbound_envelopes: bool = setting(BOOL, False)
     model_dirs: tuple[str, ...] = setting(("list", PATH), [])
     guard: GuardConfig = section(GuardConfig)
 

@@ -1,15 +1,18 @@
 """Fleet control: every incoming command is checked here, and accepted ones run one at a time.
 
-Checks, in order, each with its reply code: retained, oversized, malformed (JSON, envelope
-schema, command name), wrong_target, unsigned / bad_signature / unknown_key, expired /
-not_yet_valid, replayed (a seen id: the stored reply again, never a second run),
-unknown_command, not_allowed, bad_args.  A rejection changes nothing and leaves an audit
-line in the log.  Replies go to ``<node>/cmd/<name>/res`` and, under MQTT 5, also to the
-message's response topic with its correlation data.
+Checks, in order, each with its reply code: retained, oversized, malformed (JSON, nesting,
+NaN, envelope schema), unsigned, bad_signature / unknown_key, then, the signature valid,
+malformed (command name), wrong_target, unbound / wrong_fleet, expired / not_yet_valid /
+ttl_too_long, replayed (a seen id: the stored reply again, never a second run),
+unknown_command, not_allowed, bad_args.  A rejection changes nothing and leaves a JSON audit
+record.  Replies go to ``<node>/cmd/<name>/res`` and, under MQTT 5, also to the message's
+response topic with its correlation data.  Replies to junk (refused before a valid
+signature) are rate-limited and counted; nothing a message holds can raise out of
+``on_message`` into the link thread.
 
-Desired state (``<node>/desired`` and ``group/<g>/desired``, retained, signed like a command)
-is converged by the same worker; what the node then runs is published retained on
-``<node>/reported``.
+Desired state (``<node>/desired`` and ``group/<g>/desired``, retained, signed like a command,
+in time and in order per scope) is converged by the same worker; what the node then runs is
+published retained on ``<node>/reported``.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from typing import Any
 
 from agent import protocol
 from agent.control import schemas
+from agent.control.audit import JUNK_BURST, JUNK_REPLIES_PER_S, JunkCounter, TokenBucket, record
+from agent.control.checks import Checks, Limits
+from agent.control.desired import REDELIVERED, DesiredStates
 from agent.control.envelope import EnvelopeError, TrustedKeys
 from agent.control.store import CommandStore
 
 logger = logging.getLogger(__name__)
-audit = logging.getLogger("agent.audit")
 
 PRUNE_INTERVAL_S = 3600.0  # how often the worker forgets ids a day past their expiry
 
@@ -86,18 +91,33 @@ class Controller:
                  converge: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                  max_payload_bytes: int = 16 * 1024, max_skew_s: float = 30.0,
                  max_ttl_s: float = 86400.0, clock: Callable[[], float] = time.time,
-                 prune_interval_s: float = PRUNE_INTERVAL_S) -> None:
+                 prune_interval_s: float = PRUNE_INTERVAL_S, *,
+                 desired_max_ttl_s: float = Limits.desired_max_ttl_s,
+                 accept_unbound: bool = False, junk_bucket: TokenBucket | None = None) -> None:
         self.identity, self.keys, self.allow, self.store = identity, keys, allow, store
         self.handlers, self.reply, self.converge = handlers, reply, converge
-        self.max_payload_bytes, self.max_skew_s, self.max_ttl_s = (
-            max_payload_bytes, max_skew_s, max_ttl_s)
+        self.limits = Limits(max_payload_bytes, max_skew_s, max_ttl_s, desired_max_ttl_s,
+                             accept_unbound)
+        self.checks = Checks(identity.fleet, keys, self.limits, clock)
         self.clock, self.prune_interval_s = clock, prune_interval_s
         self._next_prune = float("-inf")  # by self.clock
         self._scopes = identity.scopes()
         self._jobs: queue.Queue[tuple[Callable[[], None], str] | None] = queue.Queue()
         self._worker: threading.Thread | None = None
-        self._desired: dict[str, dict[str, Any]] = {}  # scope target -> envelope
+        self.desired = DesiredStates(store, f"node:{identity.node_id}")
+        self.junk = JunkCounter(junk_bucket or TokenBucket(JUNK_REPLIES_PER_S, JUNK_BURST))
         self.rejected = 0
+        self.errors = 0  # messages whose handling raised: answered, logged, counted
+        self.desired_ignored = 0  # unsigned empty payloads on a desired topic
+        if accept_unbound:
+            logger.warning("control: control.accept_unbound_envelopes is true: envelopes "
+                           "that name no fleet are accepted (a migration window only)")
+
+    def metrics(self) -> dict[str, Any]:
+        """The ``control`` telemetry group: refusals by code, what junk was not answered."""
+        return {"rejected": dict(self.junk.by_code), "rejected_total": self.rejected,
+                "replies_suppressed": self.junk.suppressed, "errors": self.errors,
+                "desired_ignored": self.desired_ignored}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -151,73 +171,69 @@ class Controller:
     # -- incoming ---------------------------------------------------------------------------
 
     def on_message(self, message: Any) -> None:
-        """Called by the link thread: check, answer ``accepted`` or why not, queue the run."""
-        incoming = _incoming(message)
-        command = protocol.command_of(incoming.topic)
-        if command is not None and command[0] in self._scopes:
-            self._command(incoming, *command)
-        elif protocol.desired_of(incoming.topic) is not None:
-            self._desired_state(incoming)
+        """Called by the link thread: check, answer ``accepted`` or why not, queue the run.
+        Whatever goes wrong in handling one message is logged, answered and counted here."""
+        incoming: Incoming | None = None
+        try:
+            incoming = _incoming(message)
+            command = protocol.command_of(incoming.topic)
+            if command is not None and command[0] in self._scopes:
+                self._command(incoming, *command)
+            elif protocol.desired_of(incoming.topic) is not None:
+                self._desired_state(incoming)
+        except Exception as error:  # a bug must not end the link: this message fails alone
+            self.errors += 1
+            logger.exception("control: handling a message on %r failed",
+                             getattr(message, "topic", None))
+            self._crashed(incoming, error)
+
+    def _crashed(self, incoming: Incoming | None, error: Exception) -> None:
+        """Answer a message whose handling raised (a command: ``failed``, ``internal_error``)."""
+        try:
+            command = protocol.command_of(incoming.topic) if incoming is not None else None
+            record("error", logging.ERROR, topic=getattr(incoming, "topic", None),
+                   code="internal_error", reason=f"{type(error).__name__}: {error}")
+            if incoming is None or command is None or command[0] not in self._scopes:
+                return
+            if self.junk.admit("internal_error") is not None:
+                self._send(incoming, command[1], self._reply_body(
+                    _loose_id(incoming.payload), command[1], protocol.FAILED,
+                    "internal_error", "the node could not handle this message"),
+                    droppable=True)
+        except Exception:
+            logger.exception("control: answering a failed message failed too")
 
     def _command(self, incoming: Incoming, prefix: str, name: str) -> None:
-        envelope: dict[str, Any] = {}
         try:
-            envelope = self._checked(incoming, prefix, name)
+            if incoming.retain:
+                raise EnvelopeError("retained", "retained command messages are never executed "
+                                    "(they would run again on every reconnect)")
+            envelope = self.checks.command(incoming.payload, name, self._scopes[prefix])
         except EnvelopeError as error:
-            self._reject(incoming, name, envelope or _loose_id(incoming.payload), error)
+            self._reject(incoming, name, _loose_id(incoming.payload), error)
             return
         stored = self.store.get(envelope["id"])
         if stored is not None:
-            audit.warning("audit: replayed command %s id %s: answered from the store", name,
-                          envelope["id"])
+            self.junk.count("replayed")
+            record("replayed", logging.WARNING, id=envelope["id"], command=name,
+                   key_id=envelope.get("key_id"), topic=incoming.topic,
+                   reason="answered from the store")
             self._send(incoming, name, {**stored, "duplicate": True, "code": "replayed"})
             return
         try:
             self._allowed(name, envelope["args"])
         except EnvelopeError as error:
+            error.verified = True
             reply = self._reply_body(envelope, name, protocol.REJECTED, error.code, str(error))
             self.store.record(envelope["id"], name, envelope["expires_at"], reply)
             self._reject(incoming, name, envelope, error, stored=reply)
             return
         accepted = self._reply_body(envelope, name, protocol.ACCEPTED)
         self.store.record(envelope["id"], name, envelope["expires_at"], accepted)
-        audit.info("audit: accepted %s id %s from key %s", name, envelope["id"],
-                   envelope.get("key_id"))
+        record("accepted", id=envelope["id"], command=name, key_id=envelope.get("key_id"),
+               target=envelope["target"], fleet=envelope.get("fleet"))
         self._send(incoming, name, accepted)
         self._jobs.put((lambda: self._run(incoming, name, envelope), f"{name} {envelope['id']}"))
-
-    def _checked(self, incoming: Incoming, prefix: str, name: str) -> dict[str, Any]:
-        if incoming.retain:
-            raise EnvelopeError("retained", "retained command messages are never executed "
-                                "(they would run again on every reconnect)")
-        if len(incoming.payload) > self.max_payload_bytes:
-            raise EnvelopeError("oversized", f"{len(incoming.payload)} bytes, above the "
-                                f"{self.max_payload_bytes}-byte command limit")
-        try:
-            envelope = json.loads(incoming.payload)
-        except ValueError as error:
-            raise EnvelopeError("malformed", f"not JSON: {error}") from None
-        problem = schemas.check("envelope", envelope)
-        if problem:
-            raise EnvelopeError("malformed", f"envelope: {problem}")
-        if envelope["command"] != name:
-            raise EnvelopeError("malformed", f"the envelope is for {envelope['command']!r}, "
-                                f"the topic for {name!r}")
-        if envelope["target"] != self._scopes[prefix]:
-            raise EnvelopeError("wrong_target", f"target {envelope['target']!r} does not match "
-                                f"this topic's {self._scopes[prefix]!r}")
-        self.keys.verify(envelope)
-        self._current(envelope)
-        return dict(envelope)
-
-    def _current(self, envelope: Mapping[str, Any]) -> None:
-        now_ms = int(self.clock() * 1000)
-        if envelope["expires_at"] < now_ms:
-            raise EnvelopeError("expired", f"expired {now_ms - envelope['expires_at']} ms ago")
-        if envelope["issued_at"] > now_ms + self.max_skew_s * 1000:
-            raise EnvelopeError("not_yet_valid", "issued in the future (check the clocks)")
-        if envelope["expires_at"] - envelope["issued_at"] > self.max_ttl_s * 1000:
-            raise EnvelopeError("ttl_too_long", f"valid for more than {self.max_ttl_s:.0f} s")
 
     def _allowed(self, name: str, args: Any) -> None:
         if name not in self.handlers:
@@ -266,31 +282,38 @@ class Controller:
         if prefix is None or prefix not in self._scopes or self.converge is None:
             return
         target = self._scopes[prefix]
-        if not incoming.payload:  # cleared
-            self._desired.pop(target, None)
+        if target == protocol.ALL:
+            return
+        if not incoming.payload:  # no longer a clear: that is a signed envelope now
+            self.desired_ignored += 1
+            if self.junk.admit("unsigned_clear") is not None:
+                record("ignored", logging.WARNING, topic=incoming.topic, scope=target,
+                       code="unsigned_clear", reason="an empty desired state is not a "
+                       "clear (a clear is signed: fleet desired --clear)")
             return
         try:
-            envelope = json.loads(incoming.payload)
-            problem = schemas.check("envelope", envelope) or schemas.check(
-                "desired", envelope.get("args"))
-            if problem or envelope["command"] != "desired" or envelope["target"] != target:
-                raise EnvelopeError("malformed", problem or "not a desired-state envelope "
-                                    f"for {target}")
-            self.keys.verify(envelope)
-        except (ValueError, EnvelopeError) as error:
-            code = getattr(error, "code", "malformed")
-            audit.warning("audit: rejected desired state on %s: %s (%s)", incoming.topic,
-                          error, code)
+            envelope = self.checks.desired(incoming.payload, target)
+            if self.desired.admit(target, envelope) == REDELIVERED:
+                return
+        except EnvelopeError as error:
+            self.rejected += 1
+            loose = _loose_id(incoming.payload)
+            if error.verified or error.code == "stale":
+                self.junk.count(error.code)
+            elif self.junk.admit(error.code) is None:
+                return
+            record("rejected", logging.WARNING, command="desired", id=loose.get("id"),
+                   topic=incoming.topic, scope=target, code=error.code, reason=str(error))
             return
-        self._desired[target] = envelope
+        record("desired", id=envelope["id"], scope=target, key_id=envelope.get("key_id"),
+               fleet=envelope.get("fleet"), clear=bool(envelope.get("clear")),
+               issued_at=envelope["issued_at"])
         self._jobs.put((self._converge_now, "desired state"))
 
     def _converge_now(self) -> None:
         """The node's own desired state wins over a group's; the newest group's otherwise."""
         assert self.converge is not None
-        node = self._desired.get(f"node:{self.identity.node_id}")
-        groups = [e for t, e in self._desired.items() if t.startswith("group:")]
-        chosen = node or max(groups, key=lambda e: e["issued_at"], default=None)
+        chosen = self.desired.chosen()
         if chosen is not None:
             self.converge(chosen)
 
@@ -311,22 +334,45 @@ class Controller:
 
     def _reject(self, incoming: Incoming, name: str, envelope: Mapping[str, Any],
                 error: EnvelopeError, stored: dict[str, Any] | None = None) -> None:
+        """Audit and answer a refusal; one of junk only while the bucket allows."""
         self.rejected += 1
+        if error.verified:
+            self.junk.count(error.code)
+            skipped = 0
+        else:
+            admitted = self.junk.admit(error.code)
+            if admitted is None:
+                return
+            skipped = admitted
         status = protocol.EXPIRED if error.code == "expired" else protocol.REJECTED
-        audit.warning("audit: rejected %s id %s on %s: %s (%s)", name, envelope.get("id"),
-                      incoming.topic, error, error.code)
+        record("rejected", logging.WARNING, id=envelope.get("id"), command=name,
+               key_id=envelope.get("key_id") if error.verified else None,
+               topic=incoming.topic, code=error.code, reason=str(error),
+               suppressed_before=skipped or None)
         self._send(incoming, name, stored or self._reply_body(envelope, name, status,
-                                                               error.code, str(error)))
+                                                               error.code, str(error)),
+                   droppable=not error.verified)
 
-    def _send(self, incoming: Incoming, name: str, body: dict[str, Any]) -> None:
-        """The node's res topic always; the request's response topic only under the fleet's
-        operator tree, so a message cannot steer replies onto arbitrary topics."""
+    def _send(self, incoming: Incoming, name: str, body: dict[str, Any],
+              droppable: bool = False) -> None:
+        """The node's res topic always; the request's response topic only when it can be
+        published to and lies under the fleet's operator tree, so a message can neither
+        steer replies onto arbitrary topics nor hand the link one it cannot publish."""
         response = incoming.response_topic
-        if response is not None and not response.startswith(
-                f"{protocol.operator_root(self.identity.fleet)}/"):
+        if response is not None and not (protocol.publishable_topic(response) and response
+                                         .startswith(f"{protocol.operator_root(self.identity.fleet)}/")):
             response = None
-        self.reply(protocol.topic(self.identity.root, protocol.reply_suffix(name)), body,
-                   response, incoming.correlation)
+        correlation = incoming.correlation if isinstance(incoming.correlation, bytes) else None
+        self._publish(protocol.topic(self.identity.root, protocol.reply_suffix(name)), body,
+                      response, correlation, droppable)
+
+    def _publish(self, topic: str, body: dict[str, Any], response: str | None,
+                 correlation: bytes | None, droppable: bool) -> None:
+        """The one call into the link.  ``droppable``: a reply to junk that the link may shed
+        under load; a reply to a validly signed command never is.  The link's
+        publish_reply(..., droppable=) takes it once merged; until then the reply callback
+        has the four arguments it always had."""
+        self.reply(topic, body, response, correlation)
 
 
 def _incoming(message: Any) -> Incoming:
@@ -340,10 +386,11 @@ def _incoming(message: Any) -> Incoming:
 
 
 def _loose_id(payload: bytes) -> dict[str, Any]:
-    """The id of a message that failed a check, when it has one, to address the reply."""
+    """The id of a message that failed a check, when it has one, to address the reply: read
+    leniently (a NaN elsewhere does not hide it), but never raising."""
     try:
         document = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     value = document.get("id") if isinstance(document, dict) else None
     return {"id": value} if isinstance(value, str) and len(value) <= 128 else {}

@@ -234,17 +234,24 @@ def connect(settings: BrokerSettings, fleet: str, watch: Sequence[str] = ()) -> 
 # -- commands and desired state -------------------------------------------------------------
 
 
+def wire(envelope: dict[str, Any]) -> bytes:
+    """An envelope as published: plain JSON, never NaN or Infinity (they are not JSON, and a
+    node refuses them)."""
+    return json.dumps(envelope, allow_nan=False).encode()
+
+
 def publish_command(bus: Bus, scope: str, envelope: dict[str, Any]) -> None:
     """A signed envelope on ``<scope>/cmd/<command>`` (scope: a node, ``all``, ``group/<g>``)."""
     bus.publish(protocol.topic(protocol.scope_root(bus.fleet, scope),
-                               protocol.command_suffix(envelope["command"])),
-                json.dumps(envelope).encode())
+                               protocol.command_suffix(envelope["command"])), wire(envelope))
 
 
-def publish_desired(bus: Bus, scope: str, envelope: dict[str, Any] | None) -> str:
-    """Retain a signed desired state on ``<scope>/desired``, or clear it (None); its topic."""
+def publish_desired(bus: Bus, scope: str, envelope: dict[str, Any]) -> str:
+    """Retain a signed desired state on ``<scope>/desired``; its topic.  A clear is a signed
+    envelope too (``clear: true``), retained in its place, so a node that reconnects later
+    hears of it and nobody without a key can clear a scope."""
     topic = protocol.topic(protocol.scope_root(bus.fleet, scope), protocol.DESIRED)
-    bus.publish(topic, b"" if envelope is None else json.dumps(envelope).encode(), retain=True)
+    bus.publish(topic, wire(envelope), retain=True)
     return topic
 
 

@@ -4,11 +4,13 @@ ARGS is the registry of commands: the names the config's ``control.allow`` accep
 them by default), and the handlers a service offers, are its keys.
 
 Nothing a command receives is used before it passed its schema: unknown keys are refused,
-strings are bounded and patterned, numbers ranged.
+strings are bounded and patterned, numbers ranged and finite, and an ``integer`` is a JSON
+integer (fastjsonschema takes 1e300 and 2.0 for one; ``check`` does not).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -57,15 +59,22 @@ DESIRED = {"type": "object", "additionalProperties": False, "minProperties": 1,
            "properties": {"profile": {"oneOf": [NAME, {"type": "null"}]},
                           "model": PATH, "sha256": SHA256}}
 
+MILLISECONDS = {"type": "integer", "minimum": 0, "maximum": 2 ** 53 - 1}  # exact in any JSON
 ENVELOPE = {
     "type": "object", "additionalProperties": False,
     "required": ["id", "command", "issued_at", "expires_at", "target", "args", "sig"],
     "properties": {"id": {"type": "string", "minLength": 1, "maxLength": 128},
+                   "fleet": {"type": "string", "maxLength": 64},
                    "command": {"type": "string", "maxLength": 64},
-                   "issued_at": {"type": "integer"}, "expires_at": {"type": "integer"},
+                   "issued_at": MILLISECONDS, "expires_at": MILLISECONDS,
                    "target": {"type": "string", "maxLength": 200},
                    "args": {"type": "object"}, "sig": {"type": "string", "maxLength": 200},
                    "key_id": {"type": "string", "maxLength": 64}}}
+# Desired state: an envelope whose command is "desired"; ``clear: true`` (args {}) removes it.
+DESIRED_ENVELOPE = {**ENVELOPE, "properties": {**ENVELOPE["properties"],  # type: ignore[dict-item]
+                                               "clear": {"const": True}}}
+SCHEMAS: dict[str, dict[str, Any]] = {"desired": DESIRED, "envelope": ENVELOPE,
+                                      "desired-envelope": DESIRED_ENVELOPE}
 
 Validator = Callable[[Any], Any]
 _compiled: dict[str, Validator] = {}
@@ -77,8 +86,7 @@ def validator(name: str) -> Validator:
     import fastjsonschema
 
     if name not in _compiled:
-        schema = {"desired": DESIRED, "envelope": ENVELOPE}.get(name) or ARGS[name]
-        _compiled[name] = fastjsonschema.compile(schema)
+        _compiled[name] = fastjsonschema.compile(SCHEMAS.get(name) or ARGS[name])
     return _compiled[name]
 
 
@@ -90,4 +98,28 @@ def check(name: str, value: Any) -> str | None:
         validator(name)(value)
     except fastjsonschema.JsonSchemaException as error:
         return str(error)
+    return _strict(SCHEMAS.get(name) or ARGS[name], value, "data")
+
+
+def _strict(schema: Any, value: Any, where: str) -> str | None:
+    """What fastjsonschema lets through: a float where an integer is declared (1e300), a
+    NaN or infinity where a number is (its range checks are comparisons NaN passes).
+    Every value is walked, a ``oneOf`` branch's schema-less (none holds an integer)."""
+    rule = schema if isinstance(schema, dict) else {}
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return f"{where} must be a finite number"
+        if rule.get("type") == "integer":
+            return f"{where} must be integer"
+    elif isinstance(value, dict):
+        properties = rule.get("properties", {})
+        for key, item in value.items():
+            problem = _strict(properties.get(key), item, f"{where}.{key}")
+            if problem:
+                return problem
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            problem = _strict(rule.get("items"), item, f"{where}[{index}]")
+            if problem:
+                return problem
     return None

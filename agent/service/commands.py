@@ -8,6 +8,7 @@ from the command, else from ``control.guard`` in the config.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     from agent.service.inference import Inference
     from agent.service.tuning import Tuning
     from agent.telemetry.sampler import Sampler
+
+
+MAX_WINDOW_S = 3600  # a health window longer than the schema's bound cannot be meant
+OPTIONAL_THRESHOLDS = ("max_temp_c", "max_p99_ms")  # null: not judged
 
 
 class Session(Protocol):
@@ -75,7 +80,20 @@ class ServiceCommands:
                 "restart-inference": self.restart_inference, "selftest": self.selftest}
 
     def _guard(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {**self.parts.guard_defaults, **args.get("guard", {})}
+        """The thresholds of a guarded change; CommandFailed ``bad_args`` before anything
+        changes when one could not be judged (NaN passes every comparison: a guard with it
+        would keep any change)."""
+        guard = {**self.parts.guard_defaults, **args.get("guard", {})}
+        for name, value in guard.items():
+            if value is None and name in OPTIONAL_THRESHOLDS:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                    isinstance(value, int) or math.isfinite(value)) or value < 0:
+                raise CommandFailed("bad_args", f"guard.{name}: {value!r} is not a finite "
+                                    "number 0 or above")
+        if guard["window_s"] > MAX_WINDOW_S:
+            raise CommandFailed("bad_args", f"guard.window_s: above {MAX_WINDOW_S} s")
+        return guard
 
     # -- simple commands --------------------------------------------------------------------
 
@@ -146,8 +164,11 @@ class ServiceCommands:
             raise CommandFailed("apply_failed", str(error)) from None
         self._announce_tuning()
         progress("health_window")
-        self.sleep(guard["window_s"])
-        reason = guard_problem(self._stats(), before, self.parts.sampler.last, guard)
+        try:
+            self.sleep(guard["window_s"])
+            reason = guard_problem(self._stats(), before, self.parts.sampler.last, guard)
+        except Exception as error:  # fail closed: a change the guard cannot judge is undone
+            reason = f"the health window could not run ({type(error).__name__}: {error})"
         if reason is None:
             return {"profile": tuning.profile, "changes": changes, "drift": tuning.drift}
         progress("rolling_back")

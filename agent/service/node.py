@@ -187,7 +187,8 @@ class Service:
             CommandStore(self.state_dir / "commands.sqlite"), commands.handlers(),
             self.reply, converge=commands.converge,
             max_payload_bytes=control.max_payload_kb * 1024,
-            max_skew_s=control.max_skew_s)
+            max_skew_s=control.max_skew_s, desired_max_ttl_s=control.desired_max_ttl_s,
+            accept_unbound=control.accept_unbound_envelopes)
 
     def _stop_controller(self, ending: Ending) -> None:
         assert self.controller is not None
@@ -218,7 +219,10 @@ class Service:
         return [*build_collectors(self.root, self.topology),
                 FunctionCollector("inference", self.inference.metrics),
                 FunctionCollector("tuning", self.tuning.metrics),
-                FunctionCollector("outbox", self.outbox.stats)]
+                FunctionCollector("outbox", self.outbox.stats),
+                # the controller comes after the sampler (its commands act on it)
+                FunctionCollector("control", lambda: self.controller.metrics()
+                                  if self.controller is not None else None)]
 
     # -- what the link announces, events -------------------------------------------------------
 
