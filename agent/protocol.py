@@ -130,6 +130,7 @@ def topic_problem(name: object) -> str | None:
 
 
 def publishable_topic(name: object) -> bool:
+    """Whether ``name`` can be published to as it stands: ``topic_problem`` finds nothing."""
     return topic_problem(name) is None
 
 
@@ -170,20 +171,6 @@ def suffix_of(name: str) -> str:
 def is_reply(name: str) -> bool:
     return name.endswith("/res")
 
-
-MAX_TOPIC_BYTES = 65535  # MQTT's string length limit
-
-
-def publishable_topic(name: object) -> bool:
-    """Whether ``name`` can be published to as it stands: a non-empty string, no wildcard
-    (``+``, ``#``) or NUL, encodable as UTF-8 (no lone surrogate) within MQTT's 65,535 bytes.
-    A request's response topic comes from the network: it is checked before any publish."""
-    if not isinstance(name, str) or not name or "+" in name or "#" in name or "\0" in name:
-        return False
-    try:
-        return len(name.encode()) <= MAX_TOPIC_BYTES
-    except UnicodeEncodeError:
-        return False
 
 
 # -- chunking --------------------------------------------------------------------------------

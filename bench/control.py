@@ -99,6 +99,7 @@ def _cpu_s(pid: int) -> float:
 
 def flood(broker: Broker, scratch: Path, key: Ed25519PrivateKey, count: int,
           pings: int) -> None:
+    scratch.mkdir(parents=True, exist_ok=True)
     config = node_config(scratch, FIXTURES / "jetson-agx-orin-jp6", broker, key, allow=["ping"])
     config["inference"] = {"enabled": False}  # the agent's CPU is the link's and control's
     path = scratch / "agent.yaml"
@@ -150,7 +151,8 @@ def flood(broker: Broker, scratch: Path, key: Ed25519PrivateKey, count: int,
               f"{len(replies)} junk replies for {count} junk messages; agent CPU "
               f"{100 * cpu / elapsed:.0f} % over {elapsed:.1f} s; RSS idle {idle:.1f} MB, "
               f"peak {max(peak):.1f} MB (+{max(peak) - idle:.1f} MB, within 20 MB); "
-              f"{len(sent)} pings sent; link faults {link['faults']}")
+              f"{len(sent)} pings sent; link faults {link['faults']}; broker log lines on "
+              f"dropped messages: {broker.log().count('dropped')}")
     finally:
         raw.close()
         operator.close()
@@ -184,6 +186,17 @@ def main() -> int:
                 for count in (200, 500):
                     broadcast(broker, Path(scratch), key, count, args.rounds)
             flood(broker, Path(scratch), key, args.junk, args.flood_pings)
+        finally:
+            broker.stop()
+        # Mosquitto queues at most 1000 messages per client by default and drops the rest (a
+        # fast publisher outruns any subscriber): the same flood with room for it, to show
+        # what the agent itself loses
+        print("again, with Mosquitto's max_queued_messages 20000:")
+        broker = Broker(Path(scratch) / "roomy-broker")
+        broker.config.write_text(broker.config.read_text() + "max_queued_messages 20000\n")
+        broker.start()
+        try:
+            flood(broker, Path(scratch) / "roomy", key, args.junk, args.flood_pings)
         finally:
             broker.stop()
     return 0

@@ -13,13 +13,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from control_helpers import sign
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, wait_until
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-
-from agent.control.envelope import sign
 
 
 class RawClient:
