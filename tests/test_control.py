@@ -154,7 +154,7 @@ def test_command_ids_are_forgotten_a_day_past_expiry_and_a_replay_still_never_ru
     controller = Controller(
         Identity(FLEET, "orin-1"), trusted_keys(key), {"ping"}, store,
         {"ping": lambda args, progress: runs.append("ping") or {"pong": True}},
-        lambda topic, body, response, correlation: replies.append(body),
+        lambda topic, body, response, correlation, droppable=False: replies.append(body),
         clock=lambda: now[0])
 
     def ping(envelope: dict[str, Any]) -> dict[str, Any]:
@@ -198,7 +198,7 @@ def test_an_idle_controller_still_prunes_on_time(tmp_path: Path,
     now = [time.time()]
     store = CommandStore(tmp_path / "commands.sqlite")
     controller = Controller(Identity(FLEET, "orin-1"), trusted_keys(key),
-                            set(), store, {}, lambda *reply: None, clock=lambda: now[0],
+                            set(), store, {}, lambda *reply, **how: None, clock=lambda: now[0],
                             prune_interval_s=0.05)
     controller.start()
     try:

@@ -57,7 +57,8 @@ def test_replies_go_to_response_topics_only_under_the_operator_tree(tmp_path: ob
     controller = Controller(
         Identity("lab", "n1"), TrustedKeys.from_config([entry(key)]), {"ping"},
         CommandStore(Path(str(tmp_path)) / "c.sqlite"),
-        {"ping": lambda args, progress: {}}, lambda t, body, rt, c: sent.append((t, rt)))
+        {"ping": lambda args, progress: {}},
+        lambda t, body, rt, c, droppable=False: sent.append((t, rt)))
     import json
 
     for response in ("edge/v1/lab/operator/me/res", "edge/v1/lab/n2/cmd/ping",

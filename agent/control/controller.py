@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from agent import protocol
 from agent.control import schemas
@@ -50,7 +50,12 @@ class CommandFailed(Exception):
 
 Progress = Callable[[str], None]
 Handler = Callable[[dict[str, Any], Progress], dict[str, Any]]
-Reply = Callable[[str, dict[str, Any], str | None, bytes | None], None]
+class Reply(Protocol):
+    """Publishes one reply; ``droppable``: a reply to junk the link may shed under load."""
+
+    def __call__(self, topic: str, body: dict[str, Any], response_topic: str | None,
+                 correlation: bytes | None, droppable: bool = False) -> None: ...
+
 
 
 @dataclass(frozen=True)
@@ -369,10 +374,8 @@ class Controller:
     def _publish(self, topic: str, body: dict[str, Any], response: str | None,
                  correlation: bytes | None, droppable: bool) -> None:
         """The one call into the link.  ``droppable``: a reply to junk that the link may shed
-        under load; a reply to a validly signed command never is.  The link's
-        publish_reply(..., droppable=) takes it once merged; until then the reply callback
-        has the four arguments it always had."""
-        self.reply(topic, body, response, correlation)
+        under load; a reply to a validly signed command never is."""
+        self.reply(topic, body, response, correlation, droppable=droppable)
 
 
 def _incoming(message: Any) -> Incoming:
