@@ -7,7 +7,6 @@ else (no inference, no sampler), so hundreds fit in one test process.
 from __future__ import annotations
 
 import resource
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -167,8 +166,8 @@ def simulated_fleet(broker: Broker, state: Path, keys: TrustedKeys,
     for node in nodes:
         node.start()
     try:
-        assert wait_until(lambda: all(n.link.status.state == "connected" for n in nodes), 60)
-        time.sleep(0.5)  # subscriptions confirmed after the connect
+        # subscribed: the broker confirmed the subscriptions, so a command now reaches them
+        assert wait_until(lambda: all(n.link.status.subscribed for n in nodes), 60)
         yield nodes
     finally:
         for node in nodes:
@@ -187,8 +186,7 @@ def running_node(config: dict[str, Any]) -> Iterator[Service]:
     service.start()
     try:
         assert wait_until(lambda: service.link is not None
-                          and service.link.status.state == "connected", 30)
-        time.sleep(0.3)  # the subscriptions are confirmed after the connect
+                          and service.link.status.subscribed, 30)
         yield service
     finally:
         service.stop(flush_s=0)

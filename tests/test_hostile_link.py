@@ -176,7 +176,8 @@ def test_a_link_thread_that_dies_is_reported_and_restarted(
         monkeypatch.setattr(health, "LINK_RESTARTS", 5)
         node.tick()
         assert link.alive and link.status.restarts == 1
-        assert wait_until(lambda: link.status.state == "connected", 20)
+        assert wait_until(lambda: link.status.subscribed, 20)  # a ping now reaches it
+        assert link.status.state == "connected"
         assert node.liveness.problem() is None
         assert pinged(operator)["status"] == "succeeded"
         assert wait_until(lambda: any(e["type"] == "link_restarted"

@@ -29,4 +29,5 @@ def new_client(s: LinkSettings, will_topic: str, will: bytes, events: deque[tupl
     client.on_disconnect = lambda c, u, flags, code, props: events.append(("gone", code))
     client.on_publish = lambda c, u, mid, code, props: events.append(("ack", mid, code))
     client.on_message = lambda c, u, message: inbox.append(message)
+    client.on_subscribe = lambda c, u, mid, codes, props: events.append(("suback",))
     return client

@@ -1,20 +1,19 @@
 """The MQTT link: one thread owns the paho client, the connection and all publishing.
 
-The thread runs paho's network steps itself (``loop_read``/``loop_write``/``loop_misc``)
-over an epoll selector, so there is no second thread and no ``select()`` limit of 1024 file
-descriptors (a process simulating hundreds of nodes needs more).  paho's callbacks only
-append to a queue the thread drains.  Every connect uses a fresh client and paho never
-reconnects by itself, so it never re-sends a message from memory: the outbox is the one
-source of truth.  Records acknowledged by the broker (PUBACK) leave the outbox; whatever
-was queued before a connect is replayed oldest-first, rate-limited and marked
-``historical``, while live records go first.  The retained ``state`` and ``birth`` are
+The thread runs paho's network steps itself over an epoll selector (no second thread, no
+``select()`` limit of 1024 descriptors); paho's callbacks only append to a queue it drains.
+Every connect uses a fresh client and paho never reconnects by itself, so it never re-sends
+a message from memory: the outbox is the one source of truth.  Records the broker acknowledges
+leave the outbox; those queued before a connect are replayed oldest-first, rate-limited and
+marked ``historical``, while live records go first.  The retained ``state`` and ``birth`` are
 published on every connect, and the Last Will says ``offline`` with the connect's session.
 
 No message stops the thread: what the handler (the controller) raises is caught and counted
 per reason (``status.faults``); a publish paho refuses drops that message.  Incoming messages
 wait in a bounded inbox, dispatched a batch a round and fewer while replies wait (replies are
 never dropped, a flood cannot grow memory).  A thread that dies anyway leaves the state
-``dead``, its cause in ``died``, for the service to ``restart``.
+``dead``, its cause in ``died``, for the service to ``restart``.  ``status.subscribed``
+says when commands sent from now on reach the node (the broker confirmed the subscriptions).
 """
 
 from __future__ import annotations
@@ -59,8 +58,7 @@ class MqttLink:
         self.health = "online"  # or "degraded", with the reason
         self.health_reason: str | None = None
         self.status = LinkStatus(broker=f"{settings.host}:{settings.port}")
-        self._stop = threading.Event()
-        self._waker = Waker()
+        self._stop, self._waker = threading.Event(), Waker()
         self.faults = Faults(self.status.faults)
         self._outgoing = Outgoing(self.faults)  # live-only: replies, state changes
         self._rebirth = False
@@ -69,8 +67,7 @@ class MqttLink:
         self._thread: threading.Thread | None = None
         self._client: mqtt.Client | None = None
         self.died: str | None = None  # why the thread last ended abnormally
-        self._flush_s = 0.0
-        self._candidate_session = 0
+        self._flush_s, self._candidate_session = 0.0, 0
         self._delivery = Delivery(settings, outbox, self.status)
 
     # -- API for other threads --------------------------------------------------------------
@@ -80,8 +77,7 @@ class MqttLink:
         self._spawn()
 
     def restart(self) -> bool:
-        """Start the thread again after it died; False while it runs or once stopping.
-        What it had queued (replies, the outbox) is sent by the new thread."""
+        """Start the thread again after it died (it sends what was queued); else False."""
         if self._thread is None or self._thread.is_alive() or self._stop.is_set():
             return False
         self.status.restarts += 1
@@ -159,6 +155,7 @@ class MqttLink:
                                exc_info=True)
             if self._client is not None:  # no DISCONNECT: the broker says ``offline`` now
                 close_now(self._client.socket())
+            self.status.subscribed = False
             self._set_state("dead", f"the link thread died: {self.died}")
 
     def _run(self) -> None:
@@ -305,8 +302,11 @@ class MqttLink:
                     outcome = "refused"
                 else:
                     outcome = "accepted"
+            elif kind == "suback":  # commands sent from now on reach this node
+                self.status.subscribed = True
             elif kind == "gone":
                 self._delivery.forget_acked()
+                self.status.subscribed = False
                 if self.status.state == "connected":
                     logger.warning("mqtt: connection to %s lost (%s)", self.status.broker,
                                    event[1])
@@ -331,7 +331,7 @@ class MqttLink:
         ended, taken = self.sequence.session, self.sequence.begin(session)
         self.status.sessions_ended[ended] = taken
         self.status.session, self.status.last_error = session, None
-        self.status.connects += 1
+        self.status.connects, self.status.subscribed = self.status.connects + 1, False
         self._set_state("connected")
         logger.info("mqtt: connected to %s, session %d", self.status.broker, session)
         self._announce(client)

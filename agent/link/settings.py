@@ -45,6 +45,7 @@ class LinkStatus:
     replayed: int = 0
     rejected: int = 0
     restarts: int = 0  # of the link thread, after it died
+    subscribed: bool = False  # the broker confirmed this connection's subscriptions
     faults: dict[str, int] = field(default_factory=dict)  # survived, by reason (outgoing.py)
     sessions_ended: dict[int, int] = field(default_factory=dict)  # session -> records taken
     heartbeat: float = field(default_factory=time.monotonic)  # the link thread's last round
