@@ -41,19 +41,18 @@ from control_helpers import (  # the tests' parts, not copies
     Operator,
     node_config,
     simulated_fleet,
-    trusted,
+    trusted_keys,
 )
 from hostile_helpers import RawClient, junk
 from mqtt_helpers import Broker, wait_until
 
 from agent import protocol
-from agent.control.envelope import TrustedKeys
 
 
 def ping_round_trips(broker: Broker, scratch: Path, key: Ed25519PrivateKey,
                      count: int) -> None:
     operator = Operator(broker, key)
-    keys = TrustedKeys.from_config(trusted(key))
+    keys = trusted_keys(key)
     with simulated_fleet(broker, scratch / "ping", keys, 1) as nodes:
         name = nodes[0].controller.identity.node_id
         samples = []
@@ -71,7 +70,7 @@ def ping_round_trips(broker: Broker, scratch: Path, key: Ed25519PrivateKey,
 def broadcast(broker: Broker, scratch: Path, key: Ed25519PrivateKey, count: int,
               rounds: int) -> None:
     operator = Operator(broker, key)
-    keys = TrustedKeys.from_config(trusted(key))
+    keys = trusted_keys(key)
     durations = []
     with simulated_fleet(broker, scratch / f"fleet-{count}", keys, count):
         for _ in range(rounds):
