@@ -1,4 +1,5 @@
-"""Fixtures shared by the tests: a real MQTT broker, loop devices for real uevents."""
+"""Fixtures shared by the tests: a real MQTT broker, an operator key and client on it, loop
+devices for real uevents."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from control_helpers import Operator
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from loop_devices import LoopDevices
 from mqtt_helpers import Broker
 
@@ -18,6 +21,20 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture()
+def key() -> Ed25519PrivateKey:
+    """The operator's signing key, trusted by the nodes a test starts."""
+    return Ed25519PrivateKey.generate()
+
+
+@pytest.fixture()
+def operator(broker: Broker, key: Ed25519PrivateKey) -> Iterator[Operator]:
+    """The product's operator client on the test's broker, signing with ``key``."""
+    client = Operator(broker, key)
+    yield client
+    client.close()
 
 
 @pytest.fixture

@@ -40,18 +40,6 @@ CALM_GUARD = {"max_p99_ratio": 1000, "max_error_rate": 1}
 
 
 @pytest.fixture()
-def key() -> Ed25519PrivateKey:
-    return Ed25519PrivateKey.generate()
-
-
-@pytest.fixture()
-def operator(broker: Broker, key: Ed25519PrivateKey) -> Iterator[Operator]:
-    client = Operator(broker, key)
-    yield client
-    client.close()
-
-
-@pytest.fixture()
 def node(tmp_path: Path, broker: Broker, key: Ed25519PrivateKey) -> Iterator[Service]:
     root = copy_board(BOARD, tmp_path)
     config = node_config(tmp_path, root, broker, key,

@@ -30,11 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
-def key() -> Ed25519PrivateKey:
-    return Ed25519PrivateKey.generate()
-
-
-@pytest.fixture()
 def key_file(tmp_path: Path, key: Ed25519PrivateKey) -> Path:
     path = tmp_path / "operator.key"
     path.write_bytes(private_key_pem(key))

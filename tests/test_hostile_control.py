@@ -35,11 +35,6 @@ CALM_GUARD = {"window_s": 0.2, "max_p99_ratio": 1000, "max_error_rate": 1}
 
 
 @pytest.fixture()
-def key() -> Ed25519PrivateKey:
-    return Ed25519PrivateKey.generate()
-
-
-@pytest.fixture()
 def operator(broker: Broker, key: Ed25519PrivateKey) -> Iterator[Operator]:
     client = Operator(broker, key)
     client.client.subscribe(f"{NODE}/reported", qos=1)

@@ -48,18 +48,6 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
 
 
 @pytest.fixture()
-def key() -> Ed25519PrivateKey:
-    return Ed25519PrivateKey.generate()
-
-
-@pytest.fixture()
-def operator(broker: Broker, key: Ed25519PrivateKey) -> Iterator[Operator]:
-    client = Operator(broker, key)
-    yield client
-    client.close()
-
-
-@pytest.fixture()
 def node(tmp_path: Path, broker: Broker, key: Ed25519PrivateKey) -> Iterator[Service]:
     config = node_config(tmp_path, copy_board(BOARD, tmp_path), broker, key, allow=["ping"])
     config["inference"] = {"enabled": False}  # the link and the controller are under test

@@ -54,13 +54,18 @@ class Checks:
             raise EnvelopeError("unsigned", f"the {what} carries no signature")
         return document
 
-    def command(self, payload: bytes, name: str, target: str) -> dict[str, Any]:
-        """A command envelope for ``name`` on a topic of ``target``, or EnvelopeError."""
-        envelope = self.document(payload, "command")
-        problem = schemas.check("envelope", envelope)
+    def _signed(self, payload: bytes, what: str, schema: str) -> dict[str, Any]:
+        """The document, of ``schema``'s shape, with a valid signature of a trusted key."""
+        envelope = self.document(payload, what)
+        problem = schemas.check(schema, envelope)
         if problem:
             raise EnvelopeError("malformed", f"envelope: {problem}")
         self.keys.verify(envelope)
+        return envelope
+
+    def command(self, payload: bytes, name: str, target: str) -> dict[str, Any]:
+        """A command envelope for ``name`` on a topic of ``target``, or EnvelopeError."""
+        envelope = self._signed(payload, "command", "envelope")
         try:
             if envelope["command"] != name:
                 raise EnvelopeError("malformed", f"the envelope is for {envelope['command']!r}, "
@@ -73,11 +78,7 @@ class Checks:
 
     def desired(self, payload: bytes, target: str) -> dict[str, Any]:
         """A desired-state envelope (or a signed clear) for ``target``, or EnvelopeError."""
-        envelope = self.document(payload, "desired state")
-        problem = schemas.check("desired-envelope", envelope)
-        if problem:
-            raise EnvelopeError("malformed", f"envelope: {problem}")
-        self.keys.verify(envelope)
+        envelope = self._signed(payload, "desired state", "desired-envelope")
         try:
             if envelope["command"] != "desired":
                 raise EnvelopeError("malformed", "not a desired-state envelope (command "
