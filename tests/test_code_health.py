@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
     {"protocol", "terminal", "stopping"},
     {"link"},
     {"control"},
+    {"serving"},
     {"config"},
     {"service"},
     {"cli"},

@@ -32,6 +32,15 @@ def host_port(value: Any) -> str | None:
     return "host:port such as 127.0.0.1:9101"
 
 
+def listen_address(value: Any) -> str | None:
+    """host:port to listen on; port 0 takes a free one (tests, selftest)."""
+    if isinstance(value, str):
+        host, _, port = value.rpartition(":")
+        if host and port.isdigit() and 0 <= int(port) < 65536:
+            return None
+    return "host:port such as 127.0.0.1:8000 (port 0: any free port)"
+
+
 def _string_list(value: Any) -> str | None:
     ok = isinstance(value, list) and all(isinstance(item, str) and item for item in value)
     return None if ok else "a list of strings"
@@ -61,8 +70,9 @@ def dim_sizes(value: Any) -> str | None:
 
 
 def input_source(value: Any) -> str | None:
-    ok = value == "synthetic" or (isinstance(value, str) and value.startswith("npy:"))
-    return None if ok else "synthetic, or npy:<directory of .npy files>"
+    ok = value in ("none", "synthetic") or (isinstance(value, str)
+                                            and value.startswith("npy:"))
+    return None if ok else "none, synthetic, or npy:<directory of .npy files>"
 
 
 def ed25519_key(value: Any) -> str | None:

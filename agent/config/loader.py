@@ -37,6 +37,22 @@ def _check_consistency(data: dict[str, Any], file: str) -> None:
                           "or neither")
     if data["mqtt"]["username"] is None and data["mqtt"]["password_file"]:
         raise ConfigError(file, "mqtt.password_file", "needs mqtt.username")
+    _check_serve(data["serve"], file)
+
+
+def _check_serve(serve: dict[str, Any], file: str) -> None:
+    """The data plane runs as root: beyond loopback, every call needs TLS and the token."""
+    from agent.serving.access import is_loopback
+
+    tls = serve["tls"]
+    if tls is not None and not (tls.get("cert") and tls.get("key")):
+        raise ConfigError(file, "serve.tls", "needs both cert and key")
+    for key in ("http", "grpc"):
+        host = serve[key].rpartition(":")[0]
+        if not is_loopback(host) and tls is None:
+            raise ConfigError(file, f"serve.{key}", f"{serve[key]} is not a loopback "
+                              "address: it needs serve.tls (cert, key), and every call then "
+                              "needs the token of serve.token_file")
 
 
 def _normalised(data: dict[str, Any]) -> dict[str, Any]:

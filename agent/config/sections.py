@@ -19,6 +19,7 @@ from agent.config.checks import (
     ed25519_key,
     host_port,
     input_source,
+    listen_address,
     metric_groups,
     onnx_providers,
     topic_level,
@@ -115,9 +116,33 @@ class InferenceConfig:
         text(re.compile(r"^[0-9a-f]{64}$"), "64 lower-case hex digits")), None)
     providers: tuple[str, ...] | None = setting(  # None: chosen from the hardware
         onnx_providers, "auto", convert=_every_unless("auto"))
-    source: str = setting(input_source, "synthetic")
+    # none: serve and wait; synthetic / npy:DIR drive a load test through the server
+    source: str = setting(input_source, "none")
     dims: dict[str, int] = setting(dim_sizes, {}, convert=dict)
     rate_hz: float | None = setting(optional(number(0.001, 1_000_000)), None)
+
+
+@dataclass(frozen=True)
+class ServeTlsConfig:
+    cert: str | None = setting(optional(PATH), None)
+    key: str | None = setting(optional(PATH), None)
+    client_ca: str | None = setting(optional(PATH), None)  # clients must show a cert it signed
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The data plane (``edge-agent serve``): where it listens and what it serves."""
+
+    http: str = setting(listen_address, "127.0.0.1:8000")
+    grpc: str = setting(listen_address, "127.0.0.1:8001")
+    repository: str | None = setting(optional(PATH), None)  # None: <state_dir>/repository
+    tls: ServeTlsConfig | None = section(ServeTlsConfig, nullable="cert and key")
+    token_file: str = setting(PATH, "/etc/edge-agent/serve-token")
+    max_request_mb: float = setting(number(0.001, 4096), 64)
+
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_mb * 1024 * 1024)
 
 
 @dataclass(frozen=True)
@@ -186,6 +211,7 @@ class Config:
     telemetry: TelemetryConfig = section(TelemetryConfig)
     tuning: TuningConfig = section(TuningConfig)
     inference: InferenceConfig = section(InferenceConfig)
+    serve: ServeConfig = section(ServeConfig)
     control: ControlConfig = section(ControlConfig)
     prometheus: PrometheusConfig = section(PrometheusConfig)
     hotplug: HotplugConfig = section(HotplugConfig)
@@ -200,6 +226,11 @@ class Config:
         from agent.protocol import node_root
 
         return node_root(self.fleet, self.node_id)
+
+    @property
+    def repository(self) -> str:
+        """The model repository: ``serve.repository``, else ``<state_dir>/repository``."""
+        return self.serve.repository or f"{self.state_dir}/repository"
 
     @property
     def prometheus_listen(self) -> str | None:

@@ -1,0 +1,48 @@
+"""The one error a request can end in, and how each front end spells it.
+
+The registry and the codecs raise ``ServeError`` with a gRPC status name; HTTP maps the same
+name to its status code, so both front ends answer a fault alike and nothing else reaches
+a client (any other exception is a bug, answered 500 / ``INTERNAL`` and logged).
+"""
+
+from __future__ import annotations
+
+HTTP_STATUS = {
+    "INVALID_ARGUMENT": 400,
+    "FAILED_PRECONDITION": 400,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409,
+    "RESOURCE_EXHAUSTED": 413,  # a body above serve.max_request_mb
+    "INTERNAL": 500,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 504,
+}
+
+
+class ServeError(Exception):
+    """A request refused or failed, with the gRPC status name (``HTTP_STATUS`` keys)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        if code not in HTTP_STATUS:
+            raise ValueError(f"unknown status {code}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+
+def invalid(message: str) -> ServeError:
+    return ServeError("INVALID_ARGUMENT", message)
+
+
+def not_found(message: str) -> ServeError:
+    return ServeError("NOT_FOUND", message)
+
+
+def unavailable(message: str) -> ServeError:
+    return ServeError("UNAVAILABLE", message)

@@ -1,0 +1,156 @@
+"""Tensors as the Open Inference Protocol carries them, and the checks a request passes
+before any byte of it reaches the runtime.
+
+Both front ends decode with these functions (HTTP's JSON ``data`` and binary extension,
+gRPC's ``raw_input_contents`` and typed contents), so a request is refused with the same
+words whichever way it came.  Every size is checked before an array is built: a shape
+claiming more elements than the body holds is refused, never allocated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from agent.serving.core import DATATYPES, Tensor, TensorSpec
+from agent.serving.errors import invalid
+
+# ONNX Runtime's type strings for the same.
+ORT_DATATYPES = {
+    "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32", "tensor(uint64)": "UINT64", "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16", "tensor(int32)": "INT32", "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+MAX_RANK = 16
+MAX_ELEMENTS = 1 << 31  # far beyond any body serve.max_request_mb lets in
+
+
+def element_count(name: str, shape: Sequence[Any]) -> int:
+    """The elements a shape holds; each dimension an integer 0 or above, rank bounded."""
+    if not isinstance(shape, Sequence) or isinstance(shape, str | bytes):
+        raise invalid(f"input {name}: shape must be a list of integers")
+    if len(shape) > MAX_RANK:
+        raise invalid(f"input {name}: shape has {len(shape)} dimensions, at most {MAX_RANK}")
+    for dim in shape:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+            raise invalid(f"input {name}: shape {list(shape)} must hold integers 0 or above")
+    count = int(math.prod(shape))
+    if count > MAX_ELEMENTS:
+        raise invalid(f"input {name}: shape {list(shape)} holds too many elements")
+    return count
+
+
+def _dtype(name: str, datatype: Any) -> np.dtype[Any]:
+    dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
+    if dtype is None:
+        raise invalid(f"input {name}: datatype {datatype!r} is not supported (one of "
+                      f"{', '.join(DATATYPES)})")
+    return dtype
+
+
+def from_raw(name: str, datatype: Any, shape: Sequence[Any], raw: bytes | memoryview) -> Tensor:
+    """A tensor from its raw little-endian bytes (binary extension, ``raw_input_contents``),
+    refused unless the byte count is exactly what the shape and datatype need."""
+    dtype = _dtype(name, datatype)
+    count = element_count(name, shape)
+    expected = count * dtype.itemsize
+    if len(raw) != expected:
+        raise invalid(f"input {name}: {len(raw)} bytes, but shape {list(shape)} of {datatype} "
+                      f"needs {expected}")
+    array = np.frombuffer(raw, dtype=dtype, count=count).reshape(tuple(shape))
+    return Tensor(name, array)
+
+
+def from_values(name: str, datatype: Any, shape: Sequence[Any], data: Any) -> Tensor:
+    """A tensor from JSON ``data`` or gRPC typed contents: flat or nested row-major lists,
+    refused unless they hold exactly the shape's elements of the right kind."""
+    dtype = _dtype(name, datatype)
+    count = element_count(name, shape)
+    flat = list(_flatten(name, data, count))
+    if len(flat) != count:
+        raise invalid(f"input {name}: {len(flat)} values, but shape {list(shape)} needs "
+                      f"{count}")
+    kind = dtype.kind
+    for value in flat:
+        if kind == "b":
+            ok = isinstance(value, bool)
+        elif kind in "iu":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok:
+            raise invalid(f"input {name}: {value!r} is not a {datatype} value")
+    try:
+        array = np.array(flat, dtype=dtype).reshape(tuple(shape))
+    except (OverflowError, ValueError) as error:
+        raise invalid(f"input {name}: a value does not fit {datatype} ({error})") from None
+    if kind in "iu":  # numpy wraps out-of-range integers in some versions: check both ways
+        info = np.iinfo(dtype)
+        if flat and (min(flat) < info.min or max(flat) > info.max):
+            raise invalid(f"input {name}: a value does not fit {datatype}")
+    return Tensor(name, array)
+
+
+def _flatten(name: str, data: Any, limit: int) -> Iterable[Any]:
+    """Values of a nested list, depth-first, stopping once more than ``limit`` are seen."""
+    if not isinstance(data, list):
+        raise invalid(f"input {name}: data must be a list")
+    stack: list[Any] = [iter(data)]
+    seen = 0
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif isinstance(item, list):
+            if len(stack) > MAX_RANK:
+                raise invalid(f"input {name}: data nested deeper than {MAX_RANK}")
+            stack.append(iter(item))
+        else:
+            seen += 1
+            if seen > limit:
+                raise invalid(f"input {name}: more values than its shape holds")
+            yield item
+
+
+_END = object()
+
+
+def to_raw(array: np.ndarray) -> bytes:
+    """An output's bytes, little-endian and row-major, as the binary extension carries it."""
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def to_values(array: np.ndarray) -> list[Any]:
+    """An output as a flat JSON list (FP16 as floats, BOOL as true/false)."""
+    return np.ascontiguousarray(array).reshape(-1).tolist()  # type: ignore[no-any-return]
+
+
+def check_inputs(model: str, specs: Sequence[TensorSpec], inputs: Sequence[Tensor]) -> None:
+    """Every input the model takes, each once, with its datatype and a shape its dimensions
+    accept (-1: any size); what does not match is refused naming the input."""
+    wanted = {spec.name: spec for spec in specs}
+    seen: set[str] = set()
+    for tensor in inputs:
+        spec = wanted.get(tensor.name)
+        if spec is None:
+            raise invalid(f"model {model} has no input {tensor.name!r} (its inputs: "
+                          f"{', '.join(wanted)})")
+        if tensor.name in seen:
+            raise invalid(f"input {tensor.name} is given twice")
+        seen.add(tensor.name)
+        if tensor.datatype != spec.datatype:
+            raise invalid(f"input {tensor.name}: datatype {tensor.datatype}, model {model} "
+                          f"wants {spec.datatype}")
+        shape = tuple(tensor.array.shape)
+        if len(shape) != len(spec.shape) or any(
+                want not in (-1, got) for want, got in zip(spec.shape, shape, strict=True)):
+            raise invalid(f"input {tensor.name}: shape {list(shape)}, model {model} wants "
+                          f"{list(spec.shape)} (-1: any size)")
+    missing = [name for name in wanted if name not in seen]
+    if missing:
+        raise invalid(f"model {model}: input {', '.join(missing)} missing")
