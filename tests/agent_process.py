@@ -18,12 +18,18 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def agent_config(tmp_path: Path, port: int, root: Path | None = None,
                  **extra: Any) -> dict[str, Any]:
-    """Node orin-1 of fleet lab on a fixture AGX Orin, a fast sampler and fast reconnects."""
+    """Node orin-1 of fleet lab on a fixture AGX Orin, a fast sampler and fast reconnects;
+    its data plane on free loopback ports and with a token file of the test's."""
+    token = tmp_path / "serve-token"
+    if not token.exists():
+        token.write_text("test-token\n")
     return {"node_id": "orin-1", "fleet": "lab", "state_dir": str(tmp_path / "state"),
             "root": str(root or FIXTURES / "jetson-agx-orin-jp6"),
             "mqtt": {"host": "127.0.0.1", "port": port,
                      "reconnect": {"min_s": 0.1, "max_s": 0.5}},
-            "telemetry": {"interval_s": 0.2}, **extra}
+            "telemetry": {"interval_s": 0.2},
+            "serve": {"http": "127.0.0.1:0", "grpc": "127.0.0.1:0", "token_file": str(token)},
+            **extra}
 
 
 def write_config(tmp_path: Path, port: int, root: Path | None = None, **extra: Any) -> Path:
@@ -37,6 +43,14 @@ def start_agent(config: Path, *args: str, **env: str) -> subprocess.Popen[str]:
                              *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, **env},
                             preexec_fn=sigint_at_default)
+
+
+def serving_addresses(state_dir: Path) -> dict[str, Any]:
+    """``{pid, http, grpc}`` of the data plane a running agent supervises ({} before)."""
+    try:
+        return json.loads((state_dir / "serve" / "ready.json").read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return {}
 
 
 def status(config: Path) -> tuple[int, dict[str, Any]]:

@@ -54,7 +54,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 logger = logging.getLogger(__name__)
 
 
-def _config(args: argparse.Namespace) -> Config:
+def command_config(args: argparse.Namespace) -> Config:
     """The config with the command line's overrides and the state directory by the one rule
     (agent.cli.common), its root checked; any error in it is a UsageError (exit 2) naming
     the file and key, or the flag."""
@@ -79,11 +79,11 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _reload_config(args: argparse.Namespace) -> Config:
-    """``_config`` for a reload by SIGHUP: what it rejects, the running service survives."""
+    """``command_config`` for a reload by SIGHUP: what it rejects, the running service survives."""
     from agent.service.lifecycle import ConfigRejected
 
     try:
-        return _config(args)
+        return command_config(args)
     except UsageError as error:
         raise ConfigRejected(str(error)) from None
 
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, handlers=None if terminal
                         is None else [terminal.handler(sys.stderr)])
     notifier = Notifier()
-    config = _config(args)
+    config = command_config(args)
     unknown_profile = profile_problem(config)
     if unknown_profile is not None:  # the fleet must still reach the node to fix it
         logger.error("%s: the agent starts degraded", unknown_profile)
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 def status(args: argparse.Namespace) -> int:
     from agent.service.reports import NoStatus, read_status
 
-    config = _config(args)
+    config = command_config(args)
     try:
         state = read_status(Path(config.state_dir))
     except NoStatus as error:
@@ -150,7 +150,7 @@ def selftest(args: argparse.Namespace) -> int:
     from agent.service.probe import run_selftest
 
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
-    config = _config(args)
+    config = command_config(args)
     with StopSignals() as stop:
         report = run_selftest(config, seconds=args.seconds, stop=stop.event)
     if report is None:

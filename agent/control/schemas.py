@@ -43,7 +43,9 @@ ARGS: dict[str, dict[str, Any]] = {
                                      "guard": PROFILE_GUARD}},
     "rollback-profile": NO_ARGS,
     "set-model": {"type": "object", "additionalProperties": False, "required": ["model"],
-                  "properties": {"model": PATH, "sha256": SHA256, "guard": MODEL_GUARD}},
+                  "properties": {"model": PATH, "sha256": SHA256, "guard": MODEL_GUARD,
+                                 "name": {"type": "string",
+                                          "pattern": "^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$"}}},
     "set-telemetry": {
         "type": "object", "additionalProperties": False, "minProperties": 1,
         "properties": {"interval_s": {"type": "number", "minimum": 0.05, "maximum": 86400},

@@ -134,6 +134,30 @@ class Window:
             buckets=buckets,
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON form with the buckets sparse (index: count): how the data plane hands a
+        version's window to the control plane, whose guards compare windows."""
+        return {"generation": self.generation, "count": self.count, "errors": self.errors,
+                "deadline_misses": self.deadline_misses, "sum_ns": self.sum_ns,
+                "max_ns": self.max_ns, "first_start_ns": self.first_start_ns,
+                "last_end_ns": self.last_end_ns,
+                "buckets": {str(i): n for i, n in enumerate(self.buckets) if n}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Window:
+        """The window ``to_dict`` wrote; ValueError (or KeyError/TypeError) for anything
+        else."""
+        buckets = [0] * BUCKET_COUNT
+        for index, count in data["buckets"].items():
+            buckets[int(index)] = int(count)
+        optional = [None if data[k] is None else int(data[k])
+                    for k in ("first_start_ns", "last_end_ns")]
+        return cls(generation=int(data["generation"]), count=int(data["count"]),
+                   errors=int(data["errors"]), deadline_misses=int(data["deadline_misses"]),
+                   sum_ns=int(data["sum_ns"]), max_ns=int(data["max_ns"]),
+                   first_start_ns=optional[0], last_end_ns=optional[1],
+                   buckets=tuple(buckets))
+
     def snapshot(self) -> dict[str, Any]:
         """The shape ``infer --json`` prints and telemetry carries as ``metrics.inference``;
         latencies are 0 with no successful call."""

@@ -23,7 +23,7 @@ from agent.tuning.errors import ProfileError
 
 if TYPE_CHECKING:
     from agent.discovery.model import Topology
-    from agent.inference.stats import LatencyStats
+    from agent.inference.stats import Window
     from agent.service.inference import Inference
     from agent.service.tuning import Tuning
     from agent.telemetry.sampler import Sampler
@@ -127,11 +127,15 @@ class ServiceCommands:
                 "metrics": "all" if sampler.metrics is None else sorted(sampler.metrics)}
 
     def restart_inference(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
+        """A fresh data-plane process, answered once it is ready again (or why not)."""
         inference = self.parts.inference
+        if not inference.enabled:
+            raise CommandFailed("inference_failed", "inference is disabled in the config")
         inference.restart()
-        if inference.error:
-            raise CommandFailed("inference_failed", inference.error)
-        return {"model": inference.model_path}
+        if not inference.supervisor.ready:
+            raise CommandFailed("inference_failed", "; ".join(inference.problems())
+                                or "the data plane is not ready")
+        return {"model": inference.model_path, "data_plane": inference.supervisor.status()}
 
     def selftest(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         report = self.parts.selftest()
@@ -141,10 +145,17 @@ class ServiceCommands:
 
     # -- guarded changes --------------------------------------------------------------------
 
-    def _stats(self) -> LatencyStats | None:
-        """The running model's statistics (None without a loop)."""
-        loop = self.parts.inference.loop
-        return loop.active.stats if loop is not None else None
+    def _window(self) -> tuple[int, Window] | None:
+        """The default model's window (None while the data plane does not serve it)."""
+        return self.parts.inference.window()
+
+    @staticmethod
+    def _between(before: tuple[int, Window] | None,
+                 now: tuple[int, Window] | None) -> tuple[Window | None, Window | None]:
+        """Two windows the guard may compare: of one data-plane process, else neither."""
+        if before is None or now is None or before[0] != now[0]:
+            return None, None
+        return now[1], before[1]
 
     def apply_profile(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         tuning = self.parts.tuning
@@ -155,8 +166,7 @@ class ServiceCommands:
             tuning.engine.plan(args["profile"], force=bool(args.get("force")))
         except ProfileError as error:
             raise CommandFailed("invalid_profile", str(error)) from None
-        stats = self._stats()
-        before = stats.window() if stats is not None else None
+        before = self._window()
         progress("applying")
         try:
             changes = tuning.switch(args["profile"], force=bool(args.get("force")))
@@ -166,7 +176,8 @@ class ServiceCommands:
         progress("health_window")
         try:
             self.sleep(guard["window_s"])
-            reason = guard_problem(self._stats(), before, self.parts.sampler.last, guard)
+            now, then = self._between(before, self._window())
+            reason = guard_problem(now, then, self.parts.sampler.last, guard)
         except Exception as error:  # fail closed: a change the guard cannot judge is undone
             reason = f"the health window could not run ({type(error).__name__}: {error})"
         if reason is None:
@@ -203,25 +214,29 @@ class ServiceCommands:
         return any(resolved.is_relative_to(d.resolve()) for d in self.parts.model_dirs)
 
     def set_model(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
-        from agent.inference.errors import SessionError
-        from agent.inference.loop import SwapRejected
+        """Install a verified file as the next version of a model (the default one unless
+        ``name``) through the data plane's canary; a failing canary keeps the old version."""
+        from agent.service.inference import InstallFailed
 
         inference = self.parts.inference
         if not self.model_allowed(args["model"]):
             raise CommandFailed("not_allowed", f"{args['model']} is outside the model "
                                 "directories (control.model_dirs, <state_dir>/models)")
+        if not inference.enabled or not inference.supervisor.ready:
+            raise CommandFailed("model_rejected", "the data plane is not ready: "
+                                + ("; ".join(inference.problems()) or "inference is disabled"))
         guard = self._guard(args)
         progress("loading")
+        canary = {key: guard[key] for key in ("canary_s", "max_p99_ratio", "max_error_rate",
+                                              "max_p99_ms") if guard.get(key) is not None}
         try:
-            result = inference.swap(args["model"], args.get("sha256"), guard["canary_s"],
-                                    guard["max_error_rate"],
-                                    guard["max_p99_ratio"], guard.get("max_p99_ms"))
-        except (SessionError, SwapRejected, OSError, RuntimeError) as error:
-            raise CommandFailed("model_rejected", str(error)) from None
-        if result.rolled_back:
-            raise CommandFailed("canary_failed", f"{result.reason}; switched back",
-                                {"model": inference.model_path})
-        return {"model": inference.model_path, "canary": result.reason}
+            installed = inference.install(Path(args["model"]), args.get("sha256"),
+                                          args.get("name"), canary)
+        except InstallFailed as failure:
+            raise CommandFailed(failure.code, str(failure),
+                                {"model": inference.model_path}) from None
+        self.parts.link().rebirth()  # birth lists the served models
+        return {**installed, "canary": "passed"}
 
     # -- desired state ----------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The agent's health policy, in one place.
 
 Three verdicts with three consequences: ``Liveness`` decides whether systemd hears
-``WATCHDOG=1`` (a hung inference loop or MQTT link gets the agent restarted); ``degraded``
+``WATCHDOG=1`` (a hung MQTT link gets the agent restarted); ``degraded``
 lists what an operator must fix while the agent stays up and reachable; ``warnings`` what
 works but not as well as the board could.  ``guard_problem`` is the health window a guarded
 fleet command (``apply-profile``) must pass to keep its change.
@@ -13,36 +13,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from agent.inference.stats import LatencyStats, Window
+from agent.inference.stats import Window
 from agent.service.parts import Part
 from agent.telemetry.records import hottest_c
 
 LINK_STALL_S = 10.0
-INFERENCE_STALL_S = 10.0
-
-
-class ModelView(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def stats(self) -> LatencyStats: ...
-
-
-class LoopView(Protocol):
-    """The inference loop as the watchdog sees it."""
-
-    @property
-    def alive(self) -> bool: ...
-
-    @property
-    def completions(self) -> int: ...
-
-    @property
-    def period_ns(self) -> int: ...
-
-    @property
-    def active(self) -> ModelView: ...
 
 
 class Heartbeat(Protocol):
@@ -70,32 +45,19 @@ class Unused(Protocol):
 
 class Liveness:
     """Why the agent must not tell systemd it is alive, or None (see systemd.Watchdog): the
-    inference loop ended, is stuck in a call, or completed none for max(INFERENCE_STALL_S,
-    5 periods); the link ended or its thread made no round for LINK_STALL_S."""
+    link ended or its thread made no round for LINK_STALL_S.  The data plane is not asked: a
+    fault there makes the agent ``degraded`` and restarts that process (``dataplane``), and
+    the control plane must stay up for the fleet to fix the node."""
 
-    def __init__(self, loop: Callable[[], LoopView | None],
-                 link: Callable[[], LinkView | None]) -> None:
-        self.loop, self.link = loop, link
-        self._progress = (0, time.monotonic())  # inference completions, when they last rose
+    def __init__(self, link: Callable[[], LinkView | None]) -> None:
+        self.link = link
 
     def problem(self) -> str | None:
-        now = time.monotonic()
-        loop = self.loop()
-        if loop is not None:
-            if not loop.alive:
-                return "the inference loop has ended"
-            if loop.active.stats.stuck(time.perf_counter_ns()):
-                return f"an inference call on {loop.active.name} is stuck"
-            completions, since = self._progress
-            if loop.completions != completions:
-                self._progress = (loop.completions, now)
-            elif now - since > max(INFERENCE_STALL_S, 5 * loop.period_ns / 1e9):
-                return f"no inference call completed for {now - since:.0f} s"
         link = self.link()
         if link is not None:
             if not link.alive:
                 return "the MQTT link has ended"
-            quiet = now - link.status.heartbeat
+            quiet = time.monotonic() - link.status.heartbeat
             if quiet > LINK_STALL_S:
                 return f"the MQTT link made no progress for {quiet:.0f} s"
         return None
@@ -152,23 +114,21 @@ def warnings(unused: Iterable[Unused]) -> list[str]:
     return [f"{accelerator.device} is not used: {accelerator.reason}" for accelerator in unused]
 
 
-def guard_problem(stats: LatencyStats | None, before: Window | None,
+def guard_problem(now: Window | None, before: Window | None,
                   last_sample: dict[str, Any] | None, guard: dict[str, Any]) -> str | None:
-    """Why the window since ``before`` is unhealthy (inference error rate or p99 against the
-    values before, the hottest thermal zone), or None."""
-    if stats is not None and before is not None:
-        now = stats.window()
-        if now.generation == before.generation:
-            window = now.since(before)
-            calls = window.count + window.errors
-            if calls and window.errors / calls > guard["max_error_rate"]:
-                return (f"inference error rate {window.errors / calls:.2%} above "
-                        f"{guard['max_error_rate']:.2%}")
-            old_p99 = before.percentile_ns(99)
-            new_p99 = window.percentile_ns(99)
-            if before.count and window.count and new_p99 > guard["max_p99_ratio"] * old_p99:
-                return (f"inference p99 {new_p99 / 1e6:.3f} ms above {guard['max_p99_ratio']}x "
-                        f"the {old_p99 / 1e6:.3f} ms before")
+    """Why the window between ``before`` and ``now`` is unhealthy (inference error rate or
+    p99 against the values before, the hottest thermal zone), or None."""
+    if now is not None and before is not None and now.generation == before.generation:
+        window = now.since(before)
+        calls = window.count + window.errors
+        if calls and window.errors / calls > guard["max_error_rate"]:
+            return (f"inference error rate {window.errors / calls:.2%} above "
+                    f"{guard['max_error_rate']:.2%}")
+        old_p99 = before.percentile_ns(99)
+        new_p99 = window.percentile_ns(99)
+        if before.count and window.count and new_p99 > guard["max_p99_ratio"] * old_p99:
+            return (f"inference p99 {new_p99 / 1e6:.3f} ms above {guard['max_p99_ratio']}x "
+                    f"the {old_p99 / 1e6:.3f} ms before")
     hottest = hottest_c((last_sample or {}).get("metrics") or {})
     if guard.get("max_temp_c") is not None and hottest is not None and \
             hottest > guard["max_temp_c"]:

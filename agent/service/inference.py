@@ -1,10 +1,12 @@
-"""The service's inference: the configured model in the loop, swapped and restarted on
-command."""
+"""The service's inference: the supervised data plane, what it serves, and the changes the
+fleet makes to it (a new model version, a restart, a new profile's scheduling)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import time
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,102 +14,181 @@ from typing import TYPE_CHECKING, Any
 from agent.config import Config
 from agent.discovery.model import Topology
 from agent.kernel.sched import ThreadSched
+from agent.service.dataplane import Supervisor
+from agent.service.serve import builtin_models, default_model
 
 if TYPE_CHECKING:
+    from agent.inference.stats import Window
+    from agent.service.loaddriver import LoadDriver
     from agent.service.parts import Ending
 
 logger = logging.getLogger(__name__)
 
+LOAD_ALLOWANCE_S = 300.0  # building a new version's sessions, on top of its canary
+
+
+class InstallFailed(Exception):
+    """A model version that was not installed; ``code`` is the command's failure code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
 
 class Inference:
-    """The configured model in the inference loop; absent (and reported) when it fails."""
+    """The data plane as a part of the agent; absent (and reported) when disabled."""
 
     def __init__(self, config: Config, topology: Topology, state_dir: Path,
                  sched: ThreadSched | None, on_event: Callable[..., None]) -> None:
-        self.config, self.topology, self.state_dir = config.inference, topology, state_dir
-        self.sched, self.on_event = sched, on_event
-        self.loop: Any = None  # InferenceLoop once started
-        self.loader: Any = None  # ModelLoader: replacements are built like the first model
+        self.config, self.topology = config, topology
+        self.supervisor = Supervisor(config, state_dir, on_event, sched)
+        self.default = default_model(config)
+        self.model_path = config.inference.model  # what the default entry last got
+        self.repository = Path(config.serve.repository or state_dir / "repository")
         self.error: str | None = None
         self.providers: list[str] = []
         self.unused: list[Any] = []  # UnusedAccelerator: discovered, not reached by providers
-        self.model_path = self.config.model
+        self.driver: LoadDriver | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.inference.enabled
 
     def start(self) -> None:
-        if not self.config.enabled:
+        if not self.enabled:
             return
         import onnxruntime as ort
 
         from agent.inference.accelerators import unused_accelerators
         from agent.inference.errors import SessionError
-        from agent.inference.io import NpyDirectorySource, SourceError, SyntheticSource
-        from agent.inference.loader import ModelLoader, model_cache_dir
-        from agent.inference.loop import InferenceLoop
-        from agent.inference.options import thread_plan
         from agent.inference.providers import choose_providers
 
-        ort.set_default_logger_severity(3)
         available = ort.get_available_providers()
-        try:
-            providers = choose_providers(available, self.topology, self.config.providers)
-            self.unused = unused_accelerators(available, self.topology, providers)
-            self.loader = ModelLoader(providers, thread_plan(
-                self.topology, self.sched.cpus if self.sched else None),
-                model_cache_dir(str(self.state_dir)))
-            model, built = self.loader.load(self.model_path, self.config.sha256)
-            inputs = built.session.get_inputs()
-            source: Any = (SyntheticSource(inputs, self.config.dims)
-                           if self.config.source == "synthetic" else
-                           NpyDirectorySource(self.config.source.removeprefix("npy:"),
-                                              inputs[0].name))
-        except (SessionError, SourceError, OSError, ValueError) as error:
-            named = isinstance(error, SessionError) and error.model is not None
-            self.error = (f"inference.model {error}" if named  # it begins with the file
-                          else f"inference.model {self.model_path}: {error}")
-            logger.error("%s", self.error)
-            return
-        self.providers = built.providers
-        # What ORT registered, which is less than asked where an EP failed to start.
-        self.unused = unused_accelerators(available, self.topology, built.providers)
+        try:  # what the data plane will choose, named here for birth and selftest
+            self.providers = choose_providers(available, self.topology,
+                                              self.config.inference.providers)
+        except SessionError as error:
+            self.error = f"inference.providers: {error}"
+        self.unused = unused_accelerators(available, self.topology, self.providers)
         for accelerator in self.unused:
             logger.warning("%s is not used: %s", accelerator.device, accelerator.reason)
-        self.loop = InferenceLoop(model, source, rate_hz=self.config.rate_hz,
-                                  thread_sched=self.sched,
-                                  on_event=lambda e: self.on_event(e.pop("type"), **e))
-        self.loop.start()
+        self.supervisor.start()
+        source = self.config.inference.source
+        if source != "none":
+            from agent.service.loaddriver import LoadDriver
 
-    def metrics(self) -> dict[str, Any] | None:
-        if self.loop is None:
-            return None if self.error is None else {"error": self.error}
-        model = self.loop.active
-        return {"model": model.name, "providers": self.providers,
-                "stuck": model.stats.stuck(time.perf_counter_ns()), **model.stats.snapshot()}
-
-    def swap(self, path: str, sha256: str | None, canary_s: float, max_error_rate: float,
-             max_p99_ratio: float, max_p99_ms: float | None) -> Any:
-        """Load ``path`` beside the running model and hot-swap to it (loop.swap checks,
-        watches the canary window and switches back by itself); returns the SwapResult."""
-        if self.loop is None or self.loader is None:
-            raise RuntimeError(self.error or "inference is not running")
-        model, _built = self.loader.load(path, sha256)
-        result = self.loop.swap(model, canary_s=canary_s, max_error_rate=max_error_rate,
-                                max_p99_ratio=max_p99_ratio, max_p99_ms=max_p99_ms)
-        if not result.rolled_back:
-            self.model_path = path
-        return result
-
-    def restart(self) -> None:
-        """A fresh loop on the current model (after a stuck call, say)."""
-        self._stop_loop()
-        self.loop, self.error = None, None
-        self.start()
-
-    def _stop_loop(self) -> None:
-        if self.loop is not None:
-            self.loop.stop()
+            self.driver = LoadDriver(self.supervisor.client, self.default, source,
+                                     self.config.inference.dims, self.config.inference.rate_hz)
+            self.driver.start()
 
     def stop(self, ending: Ending) -> None:
-        self._stop_loop()
+        if self.driver is not None:
+            self.driver.stop()
+        self.supervisor.stop(ending)
 
     def problems(self) -> list[str]:
-        return [self.error] if self.error else []
+        return ([self.error] if self.error else []) + (
+            self.supervisor.problems() if self.enabled else [])
+
+    def restart(self) -> None:
+        self.supervisor.restart()
+
+    def resched(self, sched: ThreadSched | None) -> None:
+        self.supervisor.resched(sched)
+
+    # -- figures -----------------------------------------------------------------------------
+
+    def _served(self, name: str) -> dict[str, Any] | None:
+        """The newest served version's statistics entry of a model."""
+        entries = [s for s in self.supervisor.stats if s.get("name") == name]
+        return max(entries, key=lambda s: int(s.get("version") or 0), default=None)
+
+    def metrics(self) -> dict[str, Any] | None:
+        """``metrics.inference``: the default model as before, every model and version under
+        ``models``, and the data plane's own state."""
+        if not self.enabled:
+            return None
+        plane = self.supervisor.status()
+        entry = self._served(self.default)
+        models = [{"name": s["name"], "version": s["version"],
+                   **(s.get("edge_agent") or {}).get("snapshot", {})}
+                  for s in self.supervisor.stats]
+        if entry is None:
+            return {"model": self.default, "error": "; ".join(self.problems()) or
+                    "not served", "models": models, "data_plane": plane}
+        ours = entry.get("edge_agent") or {}
+        return {"model": self.default, "version": entry["version"],
+                "providers": ours.get("providers", self.providers),
+                "stuck": bool(ours.get("stuck")), **ours.get("snapshot", {}),
+                "models": models, "data_plane": plane}
+
+    def window(self) -> tuple[int, Window] | None:
+        """The default model's window now, read afresh, with the restart count (a window
+        of another process's statistics cannot be compared)."""
+        from agent.inference.stats import Window
+        from agent.serving.errors import ServeError
+
+        if not self.supervisor.ready:
+            return None
+        try:
+            stats = self.supervisor.client().statistics(self.default)
+        except ServeError:
+            return None
+        served = max(stats, key=lambda s: int(s.get("version") or 0), default=None)
+        raw = (served or {}).get("edge_agent", {}).get("window")
+        return None if raw is None else (self.supervisor.restarts, Window.from_dict(raw))
+
+    def served_models(self) -> list[dict[str, Any]]:
+        """Birth's list: each model with the versions that serve."""
+        found: dict[str, list[str]] = {}
+        for entry in self.supervisor.index:
+            if entry.state == "READY":
+                found.setdefault(entry.name, []).append(entry.version)
+        return [{"name": name, "versions": versions} for name, versions in sorted(found.items())]
+
+    # -- a new version -------------------------------------------------------------------------
+
+    def install(self, source: Path, sha256: str | None, name: str | None,
+                canary: dict[str, Any]) -> dict[str, Any]:
+        """Copy a verified file in as the next version of ``name`` and load it through the
+        data plane's canary; a version that fails is removed again and the old one serves."""
+        from agent.serving.errors import ServeError
+
+        name = name or self.default
+        try:
+            data = source.read_bytes()
+        except OSError as error:
+            raise InstallFailed("model_rejected", f"{source}: {error.strerror or error}") \
+                from None
+        digest = hashlib.sha256(data).hexdigest()
+        if sha256 is not None and digest != sha256.lower():
+            raise InstallFailed("model_rejected", f"{source}: has sha256 {digest}, expected "
+                                f"{sha256}; not installed")
+        version = self._next_version(name)
+        target = self.repository / name / str(version)
+        staging = target.with_name(f".{version}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        with open(staging / "model.onnx", "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        staging.rename(target)
+        try:
+            client = self.supervisor.client(timeout_s=LOAD_ALLOWANCE_S + canary["canary_s"])
+            client.load(name, {"canary": canary})
+        except ServeError as error:
+            shutil.rmtree(target, ignore_errors=True)
+            code = "canary_failed" if error.code == "FAILED_PRECONDITION" else "model_rejected"
+            raise InstallFailed(code, f"{name} version {version}: {error.message}") from None
+        if name == self.default:
+            self.model_path = str(source)
+        return {"model": name, "version": version, "sha256": digest, "path": str(source)}
+
+    def _next_version(self, name: str) -> int:
+        directory = self.repository / name
+        versions = [int(p.name) for p in directory.iterdir() if p.name.isdigit()] \
+            if directory.is_dir() else []
+        if name in builtin_models(self.config):
+            versions.append(1)
+        return max(versions, default=0) + 1

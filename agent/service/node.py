@@ -1,7 +1,7 @@
 """``edge-agent run``'s composition root: builds the agent's parts and wires them together.
 
 It only wires.  Parts are built in data-flow order (discover, plan and apply the configured
-profile, load the model and start the loop, then the link, the controller, the exporter and
+profile, start the supervised data plane, then the link, the controller, the exporter and
 the sampler) and each consumer gets the narrow collaborators it needs; every running part
 is a ``parts.Part``, started in that order and stopped in reverse, and rolls tuning back on
 the way out if the config says so.  A part that fails for a reason an operator can fix (a
@@ -85,12 +85,10 @@ class Service:
         self.hotplug: Hotplug | None = None
         self.parts: list[Part] = []  # in start order
         self.late: list[Part] = []  # of those, the ones stopped after all the others
-        self.liveness = health.Liveness(
-            lambda: self.inference.loop if self.inference is not None else None,
-            lambda: self.link)
+        self.liveness = health.Liveness(lambda: self.link)
         self.link_restarts = health.LinkRestarts()
         self._link_deaths = 0  # deaths of the link thread seen by tick()
-        self._link_degraded = False  # the retained state says degraded for a link death
+        self._health: tuple[str, str | None] = ("online", None)  # what the state says
         self.final_status: dict[str, Any] | None = None  # written by stop()
 
     # -- start ------------------------------------------------------------------------------
@@ -121,7 +119,7 @@ class Service:
         self._start(self.tuning, late=True)
         self.inference = Inference(config, self.topology, self.state_dir,
                                    self.tuning.inference_sched(), self.event)
-        self.notifier.notify(STATUS=f"loading {config.inference.model}",
+        self.notifier.notify(STATUS="starting the data plane",
                              EXTEND_TIMEOUT_USEC=MODEL_LOAD_ALLOWANCE_S * 1_000_000)
         self._start(self.inference)
         self.sampler = Sampler(self._collectors(), self.outbox, self.sequence,
@@ -142,9 +140,16 @@ class Service:
             self._start(Wrapped(exporter.start, lambda ending: exporter.stop()))
         sampler = self.sampler
         self._start(Wrapped(sampler.start, lambda ending: sampler.stop()))
+        self._announce_health()
+
+    def _announce_health(self) -> None:
+        """The retained state follows the problems: ``degraded`` with them, else ``online``
+        (a data plane that restarts, a link death within its window, a failing outbox)."""
         problems = self.problems()
-        if problems:
-            link.set_health("degraded", "; ".join(problems))
+        wanted = ("degraded", "; ".join(problems)) if problems else ("online", None)
+        if wanted != self._health and self.link is not None:
+            self._health = wanted
+            self.link.set_health(*wanted)
 
     def _link(self, outbox: Outbox, controller: Controller | None) -> MqttLink:
         m = self.config.mqtt
@@ -271,6 +276,9 @@ class Service:
         """Once a second from the main thread: periodic verify, the status file; returns the
         status it wrote."""
         self._supervise_link()
+        self._announce_health()
+        if self.inference is not None and self.tuning is not None:
+            self.inference.resched(self.tuning.inference_sched())  # after a switch, rollback
         if self.tuning is not None and self.tuning.applied and (
                 self.tuning.verified_at is None
                 or time.time() - self.tuning.verified_at >= VERIFY_INTERVAL_S):
@@ -292,7 +300,7 @@ class Service:
     def _supervise_link(self) -> None:
         """A link thread that died (a bug: no message can end it) is started again, as
         often as ``LinkRestarts`` allows, with a ``link_restarted`` event; the retained
-        state says ``degraded`` until the death is out of its window."""
+        state says ``degraded`` until the death is out of its window (``_announce_health``)."""
         link = self.link
         if link is None:
             return
@@ -304,13 +312,6 @@ class Service:
                 and link.restart():
             logger.warning("mqtt: the link thread died (%s); started again", link.died)
             self.event("link_restarted", error=link.died, restarts=link.status.restarts)
-            self._link_degraded = True
-            link.set_health("degraded", "; ".join(self.problems()))
-        elif self._link_degraded and self.link_restarts.problem() is None:
-            self._link_degraded = False
-            problems = self.problems()
-            link.set_health("degraded" if problems else "online",
-                            "; ".join(problems) or None)
 
     def rediscover(self, devices: list[dict[str, Any]], more: int = 0) -> None:
         """Devices came or went: discover again, sample and announce the new topology, and

@@ -14,6 +14,10 @@ from agent.service.node import Service
 from agent.service.selftest import run_checks
 
 
+def _any_port(address: str) -> str:
+    return f"{address.rpartition(':')[0]}:0"
+
+
 def run_selftest(config: Config, seconds: float = 3.0,
                  stop: threading.Event | None = None) -> dict[str, Any] | None:
     """Start the agent beside any running one (its own state directory and MQTT client id,
@@ -25,7 +29,11 @@ def run_selftest(config: Config, seconds: float = 3.0,
             tuning=dataclasses.replace(config.tuning, apply=False),
             control=dataclasses.replace(config.control, enabled=False),
             prometheus=dataclasses.replace(config.prometheus, listen=None),
-            home_assistant=dataclasses.replace(config.home_assistant, enabled=False))
+            home_assistant=dataclasses.replace(config.home_assistant, enabled=False),
+            # free ports: the probe never takes the running agent's addresses
+            serve=dataclasses.replace(config.serve, http=_any_port(config.serve.http),
+                                      grpc=_any_port(config.serve.grpc)),
+            inference=dataclasses.replace(config.inference, source="none"))
         stop = stop or threading.Event()
         service = Service(probe)
         try:
@@ -33,8 +41,8 @@ def run_selftest(config: Config, seconds: float = 3.0,
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline and not (
                     service.link is not None and service.link.status.state == "connected"
-                    and service.inference is not None and service.inference.loop is not None
-                    and service.inference.loop.completions > 10):
+                    and service.inference is not None and (
+                        service.inference.supervisor.ready or not config.inference.enabled)):
                 if stop.wait(0.1):
                     return None
             return None if stop.is_set() else run_checks(service.subject())

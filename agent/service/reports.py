@@ -28,7 +28,6 @@ class NoStatus(Exception):
 def birth(config: Config, topology: Topology, tuning: Tuning, inference: Inference,
           session: int) -> dict[str, Any]:
     board = topology.board
-    loop = inference.loop
     return stamp(
         "birth/1", session=session, node_id=config.node_id, fleet=config.fleet,
         groups=list(config.groups),
@@ -36,9 +35,12 @@ def birth(config: Config, topology: Topology, tuning: Tuning, inference: Inferen
                   **_library_versions()},
         board={"family": board.family, "model": board.model, "soc": board.soc},
         profile={"name": tuning.profile, "applied": tuning.applied},
-        model=None if loop is None else {"name": loop.active.name,
-                                         "path": config.inference.model,
-                                         "providers": inference.providers},
+        model=None if not inference.supervisor.ready else {
+            "name": inference.default, "path": inference.model_path,
+            "providers": inference.providers},
+        models=inference.served_models(),
+        serve={"http": config.serve.http, "grpc": config.serve.grpc,
+               **inference.supervisor.addresses} if inference.enabled else None,
         capabilities={"gpus": [g.name for g in topology.gpus],
                       "npus": [n.name for n in topology.npus],
                       "preempt_rt": topology.kernel.preempt_rt,

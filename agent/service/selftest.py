@@ -30,6 +30,27 @@ def _check(name: str, status: str, detail: str) -> dict[str, str]:
     return {"name": name, "status": status, "detail": detail}
 
 
+def _data_plane_check(inference: Inference) -> dict[str, str]:
+    """The data plane answers: ready, and one inference of the default model through its
+    HTTP front end."""
+    from agent.service.loaddriver import synthetic_feeds
+    from agent.serving.errors import ServeError
+
+    if not inference.supervisor.ready:
+        return _check("inference", "fail", "; ".join(inference.problems())
+                      or "the data plane is not ready")
+    try:
+        client = inference.supervisor.client()
+        outputs = client.infer(inference.default,
+                               synthetic_feeds(client.model_metadata(inference.default), {}))
+    except ServeError as error:
+        return _check("inference", "fail", f"{inference.default}: {error}")
+    served = ", ".join(f"{m['name']} {'/'.join(m['versions'])}"
+                       for m in inference.served_models())
+    return _check("inference", "pass", f"{inference.default} answered {len(outputs)} "
+                  f"output(s) on {', '.join(inference.providers)}; serving {served}")
+
+
 def run_checks(subject: Subject) -> dict[str, Any]:
     checks = []
     topology = subject.topology
@@ -42,14 +63,8 @@ def run_checks(subject: Subject) -> dict[str, Any]:
     inference = subject.inference
     if inference is None or not subject.inference_enabled:
         checks.append(_check("inference", "n/a", "inference is disabled in the config"))
-    elif inference.loop is None:
-        checks.append(_check("inference", "fail", inference.error or "not running"))
     else:
-        stats = inference.loop.active.stats.snapshot()
-        ok = stats["count"] > 0 and stats["errors"] == 0
-        checks.append(_check("inference", "pass" if ok else "fail",
-                             f"{inference.loop.active.name} on {', '.join(inference.providers)}"
-                             f": {stats['count']} calls, {stats['errors']} errors"))
+        checks.append(_data_plane_check(inference))
     if inference is not None:  # works, on the CPU, but the board has better: not a failure
         for accelerator in inference.unused:
             checks.append(_check("accelerator", "warn",

@@ -1,0 +1,275 @@
+"""The control plane's side of the data plane: spawn ``edge-agent serve``, watch it, restart
+it with backoff, and read its figures for telemetry.
+
+A data-plane fault (exit, kill -9, OOM kill, a hung server or a stuck call) makes the agent
+``degraded`` and restarts the process; it never stops the control plane or its watchdog
+pings, because the fleet needs the control plane to fix the node.  Every exit is an
+``event`` with the status or signal, and ``restarts`` counts them in telemetry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent.serving.threads import write_sched_file
+
+if TYPE_CHECKING:
+    from agent.config import Config
+    from agent.kernel.sched import ThreadSched
+    from agent.service.parts import Ending
+    from agent.serving.http_client import HttpClient
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 1.0  # readiness and statistics
+FIRST_READY_S = 300.0  # a first load may build an engine for minutes (TensorRT)
+HUNG_S = 15.0  # a ready server that stops answering this long is killed
+BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 30.0
+STEADY_S = 60.0  # ready this long: the backoff starts from its minimum again
+STOP_S = 10.0  # SIGTERM, then SIGKILL
+
+
+def exit_reason(returncode: int) -> dict[str, Any]:
+    """An exit status as the event carries it: ``{exit_status}`` or ``{signal}``."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return {"signal": name}
+    return {"exit_status": returncode}
+
+
+class Supervisor:
+    """One ``serve`` child at a time; ``start`` waits (bounded) for the first ready."""
+
+    def __init__(self, config: Config, state_dir: Path, on_event: Callable[..., None],
+                 sched: ThreadSched | None = None, wait_ready_s: float = FIRST_READY_S) -> None:
+        self.config, self.on_event = config, on_event
+        self.directory = state_dir / "serve"
+        self.state_dir = state_dir
+        self.sched = sched
+        self.wait_ready_s = wait_ready_s
+        self.process: subprocess.Popen[bytes] | None = None
+        self.addresses: dict[str, str] = {}
+        self.state = "stopped"  # starting | ready | not_ready | restarting | stopped
+        self.reason: str | None = None
+        self.restarts = 0
+        self.stats: list[dict[str, Any]] = []  # the last statistics read
+        self.index: list[Any] = []  # IndexEntry rows, the last read
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._token = self.directory / "control-token"
+
+    # -- files the child reads -----------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        config_file = self.directory / "agent.json"
+        config_file.write_text(json.dumps(self.config.raw))
+        fd = os.open(self._token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:  # the control plane's own key to load/unload
+            handle.write(secrets.token_urlsafe(32))
+        write_sched_file(self.directory / "sched.json", self.sched)
+
+    def _command(self) -> list[str]:
+        d = self.directory
+        return [sys.executable, "-m", "agent", "serve", "--config", str(d / "agent.json"),
+                "--state-dir", str(self.state_dir), "--ready-file", str(d / "ready.json"),
+                "--sched-file", str(d / "sched.json"), "--token-file", str(self._token),
+                "--parent-pid", str(os.getpid())]
+
+    def token(self) -> str:
+        return self._token.read_text().strip()
+
+    def client(self, timeout_s: float = 5.0) -> HttpClient:
+        """A client of its own for the caller (a client is not thread-safe)."""
+        from agent.serving.http_client import HttpClient
+
+        address = self.addresses.get("http") or self.config.serve.http
+        scheme = "https" if self.config.serve.tls is not None else "http"
+        return HttpClient(f"{scheme}://{address}", token=self.token(), timeout_s=timeout_s)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._prepare()
+        self._stop.clear()
+        self._spawn()
+        self._thread = threading.Thread(target=self._watch, name="data-plane", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.wait_ready_s
+        while time.monotonic() < deadline and not self._ready.is_set():
+            process = self.process
+            if process is None or process.poll() is not None or self._ready.wait(0.1):
+                break
+
+    def _spawn(self) -> None:
+        (self.directory / "ready.json").unlink(missing_ok=True)
+        self.addresses = {}
+        self._ready.clear()
+        # systemd hears the control plane only (NotifyAccess=main): the child must not try
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
+        self.process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL, env=env)
+        self.state, self.started_at = "starting", time.monotonic()
+        logger.info("data plane started (pid %d)", self.process.pid)
+
+    def stop(self, ending: Ending | None = None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=STOP_S + 5)
+        self._terminate()
+        self.state = "stopped"
+
+    def _terminate(self) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def restart(self) -> None:
+        """``restart-inference``: a fresh process, waited for like the first."""
+        with self._lock:
+            self._terminate()
+            self._spawn()
+        self._ready.wait(self.wait_ready_s)
+
+    def resched(self, sched: ThreadSched | None) -> None:
+        """A profile switch or rollback: the new scheduling for the inference threads."""
+        if sched == self.sched:
+            return
+        self.sched = sched
+        write_sched_file(self.directory / "sched.json", sched)
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGHUP)
+
+    # -- watching --------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """The supervisor's thread: nothing it meets may end it."""
+        backoff = BACKOFF_MIN_S
+        client: HttpClient | None = None
+        last_answer = time.monotonic()
+        while not self._stop.wait(POLL_S if self.addresses else 0.1):
+            try:
+                with self._lock:
+                    process = self.process
+                    assert process is not None
+                    code = process.poll()
+                if code is not None:
+                    client = None
+                    backoff = self._exited(process, code, backoff)
+                    continue
+                if not self.addresses:
+                    self._read_addresses()
+                    last_answer = time.monotonic()
+                    if not self.addresses:
+                        self._check_first_load(process)
+                    continue
+                client = client or self.client(timeout_s=2.0)
+                if self._poll(client):
+                    last_answer = time.monotonic()
+                    if self.state == "ready" and time.monotonic() - self.started_at > STEADY_S:
+                        backoff = BACKOFF_MIN_S
+                elif time.monotonic() - last_answer > HUNG_S:
+                    self._kill(process, f"the server did not answer for {HUNG_S:.0f} s")
+            except Exception:  # the supervisor must go on; the next round tries again
+                logger.exception("data plane: supervision round failed")
+                client = None
+
+    def _read_addresses(self) -> None:
+        try:
+            data = json.loads((self.directory / "ready.json").read_text())
+        except (OSError, ValueError):
+            return
+        if data.get("pid") == (self.process.pid if self.process else None):
+            self.addresses = {"http": str(data["http"]), "grpc": str(data["grpc"])}
+
+    def _check_first_load(self, process: subprocess.Popen[bytes]) -> None:
+        if time.monotonic() - self.started_at > self.wait_ready_s:
+            self._kill(process, f"not listening after {self.wait_ready_s:.0f} s")
+
+    def _poll(self, client: HttpClient) -> bool:
+        """Readiness, statistics and the index; False when the server did not answer."""
+        from agent.serving.errors import ServeError
+
+        try:
+            ready = client.ready()
+            self.stats = client.statistics()
+            self.index = client.index()
+        except ServeError as error:
+            self.reason = f"the server does not answer: {error}"
+            return False
+        stuck = [f"{s['name']} version {s['version']}" for s in self.stats
+                 if s.get("edge_agent", {}).get("stuck")]
+        if stuck:
+            assert self.process is not None
+            self._kill(self.process, f"an inference call on {stuck[0]} is stuck")
+            return True
+        failed = [f"{e.name}: {e.reason}" for e in self.index
+                  if e.state != "READY" and e.reason and e.reason != "unloaded"]
+        self.state = "ready" if ready else "not_ready"
+        self.reason = None if ready and not failed else (
+            "; ".join(failed) or "the server is not ready (a model's self-probe failed)")
+        if ready:
+            self._ready.set()
+        return True
+
+    def _kill(self, process: subprocess.Popen[bytes], why: str) -> None:
+        logger.error("data plane (pid %d): %s; killing it", process.pid, why)
+        self.on_event("data_plane_killed", pid=process.pid, reason=why)
+        process.kill()
+
+    def _exited(self, process: subprocess.Popen[bytes], code: int, backoff: float) -> float:
+        """Report the exit, wait out the backoff (or the stop), start it again."""
+        self.restarts += 1
+        reason = exit_reason(code)
+        uptime = round(time.monotonic() - self.started_at, 1)
+        self.state, self.stats, self.index = "restarting", [], []
+        self.reason = (f"the data plane exited ({', '.join(f'{k} {v}' for k, v in reason.items())})"
+                       f"; restarting in {backoff:.0f} s")
+        logger.error("data plane (pid %d): %s", process.pid, self.reason)
+        self.on_event("data_plane_exited", pid=process.pid, **reason, uptime_s=uptime,
+                      restarts=self.restarts, restart_in_s=backoff)
+        if self._stop.wait(backoff):
+            return backoff
+        with self._lock:
+            if self.process is process:
+                self._spawn()
+        return min(backoff * 2, BACKOFF_MAX_S)
+
+    # -- what the rest of the agent reads ----------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def problems(self) -> list[str]:
+        if self.state in ("ready", "stopped") and self.reason is None:
+            return []
+        return [f"data plane: {self.reason or self.state}"]
+
+    def status(self) -> dict[str, Any]:
+        process = self.process
+        return {"state": self.state, "pid": process.pid if process else None,
+                "restarts": self.restarts, **self.addresses}

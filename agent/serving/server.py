@@ -1,0 +1,187 @@
+"""The data plane process: the registry behind both front ends, until SIGTERM.
+
+One process, so that the profile's cgroup limits, RT priorities and CPU affinity apply to
+inference alone and a crash or OOM kill takes nothing else with it.  HTTP (aiohttp) runs on
+this process's event loop, gRPC on its own thread pool; both hand inference to threads the
+profile schedules (``threads``).  Once both listen, the bound addresses go to the ready file
+(port 0 takes a free port: tests and ``selftest``), which is how the supervisor finds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import ssl
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.inference.session import BuiltSession, build_session
+from agent.serving.access import Access, is_loopback
+from agent.serving.registry import ModelRegistry
+from agent.serving.threads import InferenceThreads, read_sched_file
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything the data plane needs, resolved from the config by its caller."""
+
+    http: str  # host:port
+    grpc: str
+    repository: Path
+    builtins: Mapping[str, Path]  # served in place as version 1 (the demo, inference.model)
+    token_files: Sequence[Path]
+    max_request_bytes: int
+    providers: Sequence[str]
+    threads: tuple[int, int]  # intra-op, inter-op of a session
+    cache_dir: Path | None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    sched_file: Path | None = None  # the profile's scheduling; read again on SIGHUP
+    ready_file: Path | None = None
+    workers: int = 4  # requests run at once per front end
+    probe_interval_s: float = 10.0
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _tls(settings: ServerSettings) -> ssl.SSLContext | None:
+    if not (settings.tls_cert and settings.tls_key):
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    if settings.tls_client_ca:
+        context.load_verify_locations(settings.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def _grpc_credentials(settings: ServerSettings) -> Any:
+    import grpc
+
+    with open(settings.tls_key, "rb") as key, open(settings.tls_cert, "rb") as cert:  # type: ignore[arg-type]
+        pair = (key.read(), cert.read())
+    ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
+    return grpc.ssl_server_credentials([pair], root_certificates=ca,
+                                       require_client_auth=ca is not None)
+
+
+def session_factory(settings: ServerSettings,
+                    pool: InferenceThreads) -> Callable[..., BuiltSession]:
+    """Sessions built like every other of this node (providers, threads, cache); ORT's
+    intra-op workers join the inference threads."""
+
+    def factory(path: Path, *, sha256: str | None, providers: Sequence[str] | None,
+                threads: int | None) -> BuiltSession:
+        built = build_session(path, providers=list(providers or settings.providers),
+                              intra_op=threads or settings.threads[0],
+                              inter_op=settings.threads[1], cache_dir=settings.cache_dir,
+                              expected_sha256=sha256)
+        pool.adopt(built.worker_tids)
+        return built
+
+    return factory
+
+
+def write_ready(path: Path, addresses: dict[str, str]) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps({"pid": os.getpid(), **addresses}))
+    partial.replace(path)
+
+
+class DataPlane:
+    """The registry, the executors and both front ends of one ``serve`` process."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.threads = InferenceThreads(read_sched_file(settings.sched_file))
+        self.registry = ModelRegistry(settings.repository, settings.builtins,
+                                      session_factory(settings, self.threads),
+                                      probe_interval_s=settings.probe_interval_s)
+        everything = not (is_loopback(split_address(settings.http)[0])
+                          and is_loopback(split_address(settings.grpc)[0]))
+        self.access = Access(list(settings.token_files), everything=everything)
+        self.http_pool = ThreadPoolExecutor(settings.workers, "infer-http",
+                                            initializer=self.threads.adopt_current)
+        self.grpc_pool = ThreadPoolExecutor(settings.workers, "infer-grpc",
+                                            initializer=self.threads.adopt_current)
+        self.grpc_server: Any = None
+        self.runner: Any = None
+        self.addresses: dict[str, str] = {}
+
+    def resched(self) -> None:
+        """SIGHUP: the supervisor wrote a new profile's scheduling."""
+        self.threads.switch(read_sched_file(self.settings.sched_file))
+
+    async def start(self) -> None:
+        from aiohttp import web
+
+        from agent.serving.grpc_api import build_grpc_server
+        from agent.serving.http_api import make_app
+
+        settings = self.settings
+        await asyncio.get_running_loop().run_in_executor(None, self.registry.start)
+        self.grpc_server = build_grpc_server(
+            self.registry, self.access, max_request_bytes=settings.max_request_bytes,
+            executor=self.grpc_pool)
+        host, port = split_address(settings.grpc)
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        bound = (self.grpc_server.add_secure_port(target, _grpc_credentials(settings))
+                 if settings.tls_cert else self.grpc_server.add_insecure_port(target))
+        if not bound:
+            raise OSError(f"serve.grpc {settings.grpc}: cannot listen there")
+        self.grpc_server.start()
+        self.addresses["grpc"] = f"{host}:{bound}"
+        app = make_app(self.registry, self.access, max_request_bytes=settings.max_request_bytes,
+                       executor=self.http_pool)
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        host, port = split_address(settings.http)
+        site = web.TCPSite(self.runner, host, port, ssl_context=_tls(settings),
+                           reuse_address=True)
+        await site.start()
+        self.addresses["http"] = f"{host}:{self.runner.addresses[0][1]}"  # port 0: the bound one
+        if settings.ready_file is not None:
+            write_ready(settings.ready_file, self.addresses)
+        logger.info("serving %s (HTTP %s, gRPC %s)",
+                    ", ".join(e.name for e in self.registry.index(ready_only=True)) or "nothing",
+                    self.addresses["http"], self.addresses["grpc"])
+
+    async def stop(self) -> None:
+        if self.grpc_server is not None:
+            self.grpc_server.stop(2.0).wait(3.0)
+        if self.runner is not None:
+            await self.runner.cleanup()
+        self.registry.stop()
+        self.http_pool.shutdown(wait=False, cancel_futures=True)
+        self.grpc_pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _serve(plane: DataPlane, stopped: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, stopped.set)
+    loop.add_signal_handler(signal.SIGHUP, plane.resched)
+    try:
+        await plane.start()
+        await stopped.wait()
+    finally:
+        await plane.stop()
+
+
+def serve(settings: ServerSettings) -> int:
+    """Run until SIGTERM or SIGINT; 0 on a clean stop."""
+    plane = DataPlane(settings)
+    asyncio.run(_serve(plane, asyncio.Event()))
+    return 0

@@ -1,0 +1,211 @@
+"""The data plane as a process: ``edge-agent serve`` alone, and supervised by ``run``.
+
+Real processes, real tritonclient over real sockets on free loopback ports, a real broker:
+a version loaded under load fails no request; ``kill -9`` of the data plane under load is
+an event and a restart, while the control plane stays online and keeps the watchdog fed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import yaml
+
+from agent.inference.demo_model import DEMO_INPUT, DEMO_MODEL_PATH, DEMO_OUTPUT
+from tests.agent_process import agent_config, serving_addresses, start_agent
+from tests.mqtt_helpers import Broker, Subscriber, wait_until
+from tests.onnx_models import conv_net
+
+TOKEN = "test-token"
+
+
+@contextlib.contextmanager
+def serve_process(tmp_path: Path, **serve: Any) -> Iterator[dict[str, Any]]:
+    """``edge-agent serve`` on free ports; yields the ready file's addresses."""
+    config = agent_config(tmp_path, 1883)
+    config["serve"].update(serve)
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    ready = tmp_path / "ready.json"
+    process = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--config", str(path),
+                                "--ready-file", str(ready)])
+    try:
+        assert wait_until(lambda: ready.exists() or process.poll() is not None, 120)
+        assert process.poll() is None, "serve exited before it was ready"
+        yield {**json.loads(ready.read_text()), "process": process,
+               "repository": Path(config["state_dir"]) / "repository"}
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def demo_input(batch: int = 1, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random((batch, 3, 64, 64), dtype=np.float32)
+
+
+def http_infer(client: httpclient.InferenceServerClient, model: str,
+               x: np.ndarray) -> tuple[np.ndarray, str]:
+    given = httpclient.InferInput(DEMO_INPUT, list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    result = client.infer(model, [given])
+    return result.as_numpy(DEMO_OUTPUT), result.get_response()["model_version"]
+
+
+def test_serve_alone_answers_both_protocols_and_stops_on_sigterm(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    expected = ort.InferenceSession(str(DEMO_MODEL_PATH), providers=[
+        "CPUExecutionProvider"]).run(None, {DEMO_INPUT: demo_input(2)})[0]
+    with serve_process(tmp_path) as plane:
+        http = httpclient.InferenceServerClient(plane["http"])
+        assert http.is_server_ready() and http.is_model_ready("demo")
+        got, version = http_infer(http, "demo", demo_input(2))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        assert version == "1"
+        grpc = grpcclient.InferenceServerClient(plane["grpc"])
+        given = grpcclient.InferInput(DEMO_INPUT, [2, 3, 64, 64], "FP32")
+        given.set_data_from_numpy(demo_input(2))
+        result = grpc.infer("demo", [given], request_id="r-7")
+        np.testing.assert_allclose(result.as_numpy(DEMO_OUTPUT), expected, rtol=1e-5,
+                                   atol=1e-6)
+        assert result.get_response().id == "r-7"
+        names = {m["name"] for m in http.get_model_repository_index()}
+        assert names == {"demo"}
+
+
+def test_a_version_loaded_under_load_fails_no_request(tmp_path: Path) -> None:
+    with serve_process(tmp_path) as plane:
+        version2 = plane["repository"] / "demo" / "2"
+        version2.mkdir(parents=True)
+        shutil.copy(conv_net(tmp_path / "net.onnx"), version2 / "model.onnx")
+        failures: list[str] = []
+        versions: list[str] = []
+        stop = threading.Event()
+
+        def client_loop(seed: int) -> None:
+            client = httpclient.InferenceServerClient(plane["http"])
+            while not stop.is_set():
+                try:
+                    versions.append(http_infer(client, "demo", demo_input(1, seed))[1])
+                except Exception as error:
+                    failures.append(repr(error))
+
+        threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: len(versions) > 20, 30)
+        control = httpclient.InferenceServerClient(plane["http"])
+        with pytest.raises(Exception, match="token"):
+            control.load_model("demo")
+        control.load_model("demo", headers={"Authorization": f"Bearer {TOKEN}"})
+        seen = len(versions)
+        assert wait_until(lambda: "2" in versions[seen:] and len(versions) > seen + 20, 30)
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        assert failures == []
+        first_new = versions.index("2")
+        assert set(versions[first_new:]) == {"2"}  # latest: 1 — the old one no longer serves
+        assert control.get_model_metadata("demo")["versions"] == ["2"]
+
+
+def watchdog_listener(path: Path) -> tuple[socket.socket, list[tuple[float, str]]]:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(str(path))
+    listener.settimeout(0.2)
+    return listener, []
+
+
+def test_kill_9_of_the_data_plane_under_load_is_an_event_and_a_restart(
+        tmp_path: Path, broker: Broker) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump(agent_config(tmp_path, broker.port)))
+    state_dir = tmp_path / "state"
+    listener, notes = watchdog_listener(tmp_path / "notify.sock")
+    subscriber = Subscriber(broker, ["edge/v1/lab/orin-1/#"])
+    agent = start_agent(config, NOTIFY_SOCKET=str(tmp_path / "notify.sock"),
+                        WATCHDOG_USEC="1000000")
+    done = threading.Event()
+
+    def read_notes() -> None:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError, OSError):
+                for line in listener.recv(4096).decode().splitlines():
+                    notes.append((time.monotonic(), line))
+
+    reader = threading.Thread(target=read_notes)
+    reader.start()
+    outcomes: list[tuple[float, bool]] = []
+    try:
+        assert wait_until(lambda: serving_addresses(state_dir).get("http"), 120)
+        first = serving_addresses(state_dir)
+        client = httpclient.InferenceServerClient(first["http"])
+        assert wait_until(client.is_server_ready, 60)
+
+        def load() -> None:
+            while not done.is_set():
+                address = serving_addresses(state_dir).get("http") or first["http"]
+                try:
+                    http_infer(httpclient.InferenceServerClient(address), "demo",
+                               demo_input())
+                    outcomes.append((time.monotonic(), True))
+                except Exception:
+                    outcomes.append((time.monotonic(), False))
+                    done.wait(0.05)
+
+        driver = threading.Thread(target=load)
+        driver.start()
+        assert wait_until(lambda: sum(ok for _t, ok in outcomes) > 10, 30)
+        killed_at = time.monotonic()
+        os.kill(first["pid"], signal.SIGKILL)
+        assert wait_until(lambda: serving_addresses(state_dir).get("pid") not in (
+            None, first["pid"]), 60)
+        assert wait_until(lambda: any(ok and t > killed_at for t, ok in outcomes), 60)
+        events = [e for e in subscriber.on("event") if e.get("type") == "data_plane_exited"]
+        assert wait_until(lambda: [e for e in subscriber.on("event")
+                                   if e.get("type") == "data_plane_exited"], 30)
+        events = [e for e in subscriber.on("event") if e.get("type") == "data_plane_exited"]
+        assert events[0]["signal"] == "SIGKILL" and events[0]["pid"] == first["pid"]
+        assert events[0]["restarts"] == 1
+        assert wait_until(lambda: any(
+            (t.get("metrics", {}).get("inference") or {}).get("data_plane", {}).get(
+                "restarts") == 1 for t in subscriber.on("telemetry")), 30)
+        recovered = min(t for t, ok in outcomes if ok and t > killed_at)
+        done.set()
+        driver.join(30)
+        assert agent.poll() is None  # the control plane never went down
+        states = [s.get("state") for s in subscriber.on("state")]
+        assert "offline" not in states and "degraded" in states and states[-1] == "online"
+        pings = [t for t, line in notes if line == "WATCHDOG=1"]
+        assert any(killed_at < t < recovered for t in pings) or recovered - killed_at < 0.6
+        gaps = [b - a for a, b in itertools.pairwise(pings) if a > killed_at - 2]
+        assert gaps and max(gaps) < 1.5, gaps  # pinged every 0.5 s throughout
+    finally:
+        done.set()
+        agent.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agent.wait(30)
+        agent.kill()
+        reader.join(5)
+        listener.close()
+        subscriber.close()
