@@ -1,0 +1,258 @@
+"""The gRPC front end: Triton's ``inference.GRPCInferenceService`` over ``Models``.
+
+It only translates, as the HTTP front end does: a message becomes the core's types, a
+``ServeError`` becomes the gRPC status of the same name, and any other exception is a bug,
+logged and answered ``INTERNAL`` so that no traceback reaches a client.  The server is a
+plain synchronous one on the caller's thread pool: ``Models.infer`` blocks in the runtime
+anyway, and a pool bounds how many run at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import grpc
+from google.protobuf import json_format  # type: ignore[import-untyped,unused-ignore]
+
+from agent.serving import proto
+from agent.serving.access import Access, bearer
+from agent.serving.core import (
+    InferRequest,
+    InferResult,
+    ModelConfigView,
+    Models,
+    OutputRequest,
+    Tensor,
+    TensorSpec,
+)
+from agent.serving.errors import ServeError, invalid
+from agent.serving.tensors import from_raw, from_values, to_raw
+
+logger = logging.getLogger(__name__)
+
+# Which typed field of InferTensorContents carries each datatype (FP16: raw only).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents",
+}
+CONTENTS_FIELDS = tuple(sorted({*CONTENTS_FIELD.values(), "bytes_contents"}))
+CONTROL = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})  # token even on loopback
+
+
+def parameter_values(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """A map of InferParameter / ModelRepositoryParameter as plain Python values (an unset
+    one is left out: it carries nothing)."""
+    values = {}
+    for key, parameter in parameters.items():
+        choice = parameter.WhichOneof("parameter_choice")
+        if choice is not None:
+            values[key] = getattr(parameter, choice)
+    return values
+
+
+def _typed_input(tensor: Any) -> Tensor:
+    """An input from its typed ``contents``, which must be the datatype's own field."""
+    field = CONTENTS_FIELD.get(tensor.datatype)
+    if field is None and tensor.datatype == "FP16":
+        raise invalid(f"input {tensor.name}: FP16 data goes in raw_input_contents (the "
+                      "protocol has no typed field for it)")
+    stray = [name for name in CONTENTS_FIELDS
+             if name != field and len(getattr(tensor.contents, name))]
+    if stray:
+        raise invalid(f"input {tensor.name}: {tensor.datatype} data goes in "
+                      f"{field or 'a supported datatype'}, not {', '.join(stray)}")
+    values = list(getattr(tensor.contents, field)) if field else []
+    return from_values(tensor.name, tensor.datatype, list(tensor.shape), values)
+
+
+def infer_request(message: Any) -> InferRequest:
+    """A ``ModelInferRequest`` decoded and size-checked: inputs either all raw, one
+    ``raw_input_contents`` entry each in order, or all typed."""
+    raw = message.raw_input_contents
+    typed = [t.name for t in message.inputs if t.HasField("contents")]
+    if raw and typed:
+        raise invalid(f"inputs {', '.join(typed)} carry typed contents while the request "
+                      "carries raw_input_contents: use one or the other")
+    if raw and len(raw) != len(message.inputs):
+        raise invalid(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs: "
+                      "one each, in the inputs' order")
+    if raw:
+        inputs = tuple(from_raw(t.name, t.datatype, list(t.shape), data)
+                       for t, data in zip(message.inputs, raw, strict=True))
+    else:
+        inputs = tuple(_typed_input(t) for t in message.inputs)
+    outputs = []
+    for output in message.outputs:
+        if "classification" in output.parameters:
+            raise invalid(f"output {output.name}: the classification extension is not "
+                          "supported")
+        outputs.append(OutputRequest(output.name))
+    return InferRequest(message.model_name, message.model_version, inputs, tuple(outputs),
+                        message.id, parameter_values(message.parameters))
+
+
+def infer_response(result: InferResult) -> Any:
+    """The response as Triton's server writes it: each output's bytes in
+    ``raw_output_contents``, in the order of ``outputs`` (what tritonclient reads)."""
+    response = proto.ModelInferResponse(model_name=result.model, model_version=result.version,
+                                        id=result.id)
+    for tensor in result.outputs:
+        response.outputs.add(name=tensor.name, datatype=tensor.datatype,
+                             shape=list(tensor.array.shape))
+        response.raw_output_contents.append(to_raw(tensor.array))
+    return response
+
+
+def config_type(datatype: str) -> int:
+    """model_config.proto's DataType of a protocol datatype (BYTES is TYPE_STRING there)."""
+    return proto.enum_number("DataType", "TYPE_STRING" if datatype == "BYTES"
+                             else f"TYPE_{datatype}")
+
+
+def _config_tensors(repeated: Any, specs: tuple[TensorSpec, ...]) -> None:
+    for spec in specs:
+        repeated.add(name=spec.name, data_type=config_type(spec.datatype), dims=list(spec.shape))
+
+
+def model_config(view: ModelConfigView) -> Any:
+    """Triton's ModelConfig of the fields with an equivalent here."""
+    response = proto.ModelConfigResponse()
+    config = response.config
+    config.name = view.name
+    config.platform = view.platform
+    config.backend = "onnxruntime"
+    config.max_batch_size = view.max_batch_size
+    _config_tensors(config.input, view.inputs)
+    _config_tensors(config.output, view.outputs)
+    for index, group in enumerate(view.instance_groups):
+        config.instance_group.add(name=f"{view.name}_{index}", count=group.count,
+                                  gpus=list(group.gpus),
+                                  kind=proto.enum_number("ModelInstanceGroup.Kind", group.kind))
+    policy = view.version_policy
+    if "latest" in policy:
+        config.version_policy.latest.num_versions = int(policy["latest"])
+    elif "specific" in policy:
+        config.version_policy.specific.versions.extend(int(v) for v in policy["specific"])
+    elif "all" in policy:
+        config.version_policy.all.SetInParent()
+    for key, value in view.parameters.items():
+        config.parameters[key].string_value = value
+    return response
+
+
+def _tensor_metadata(repeated: Any, specs: tuple[TensorSpec, ...]) -> None:
+    for spec in specs:
+        repeated.add(name=spec.name, datatype=spec.datatype, shape=list(spec.shape))
+
+
+class Service:
+    """One method per call, named as the protocol names it, each a message in and a message
+    out; raises ``ServeError``."""
+
+    def __init__(self, models: Models) -> None:
+        self.models = models
+
+    def ServerLive(self, request: Any) -> Any:
+        return proto.ServerLiveResponse(live=self.models.live())
+
+    def ServerReady(self, request: Any) -> Any:
+        return proto.ServerReadyResponse(ready=self.models.ready())
+
+    def ServerMetadata(self, request: Any) -> Any:
+        meta = self.models.server_metadata()
+        return proto.ServerMetadataResponse(name=meta["name"], version=meta["version"],
+                                            extensions=list(meta["extensions"]))
+
+    def ModelReady(self, request: Any) -> Any:
+        return proto.ModelReadyResponse(ready=self.models.model_ready(request.name,
+                                                                      request.version))
+
+    def ModelMetadata(self, request: Any) -> Any:
+        meta = self.models.model_metadata(request.name, request.version)
+        response = proto.ModelMetadataResponse(name=meta.name, versions=list(meta.versions),
+                                               platform=meta.platform)
+        _tensor_metadata(response.inputs, meta.inputs)
+        _tensor_metadata(response.outputs, meta.outputs)
+        return response
+
+    def ModelInfer(self, request: Any) -> Any:
+        return infer_response(self.models.infer(infer_request(request)))
+
+    def ModelConfig(self, request: Any) -> Any:
+        return model_config(self.models.model_config(request.name))
+
+    def ModelStatistics(self, request: Any) -> Any:
+        """Triton's statistics JSON is the message's JSON mapping; our own extra keys (not
+        in the message) are dropped here and stay on HTTP."""
+        response = proto.ModelStatisticsResponse()
+        for entry in self.models.statistics(request.name, request.version):
+            json_format.ParseDict(entry, response.model_stats.add(), ignore_unknown_fields=True)
+        return response
+
+    def RepositoryIndex(self, request: Any) -> Any:
+        """One repository here, so ``repository_name`` selects nothing."""
+        response = proto.RepositoryIndexResponse()
+        for entry in self.models.index(request.ready):
+            response.models.add(name=entry.name, version=entry.version, state=entry.state,
+                                reason=entry.reason)
+        return response
+
+    def RepositoryModelLoad(self, request: Any) -> Any:
+        self.models.load(request.model_name, parameter_values(request.parameters))
+        return proto.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(self, request: Any) -> Any:
+        self.models.unload(request.model_name, parameter_values(request.parameters))
+        return proto.RepositoryModelUnloadResponse()
+
+
+def _authorization(context: Any) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key.lower() == "authorization" and isinstance(value, str):
+            return value
+    return None
+
+
+def guarded(name: str, call: Callable[[Any], Any], access: Access
+            ) -> Callable[[Any, Any], Any]:
+    """``call`` behind the token check, with every failure turned into a status."""
+    control = name in CONTROL
+
+    def handle(request: Any, context: Any) -> Any:
+        try:
+            access.check(bearer(_authorization(context)), control=control)
+            return call(request)
+        except ServeError as error:
+            context.abort(grpc.StatusCode[error.code], error.message)
+        except Exception:
+            logger.exception("gRPC %s failed", name)
+            context.abort(grpc.StatusCode.INTERNAL, f"{name} failed inside the server (a bug: "
+                          "the agent's log has the details)")
+
+    return handle
+
+
+def build_grpc_server(models: Models, access: Access, *, max_request_bytes: int,
+                      executor: concurrent.futures.ThreadPoolExecutor) -> grpc.Server:
+    """The server, not yet bound nor started: the caller adds the port
+    (``add_insecure_port`` or a secure one) and starts it."""
+    service = Service(models)
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            guarded(name, getattr(service, name), access),
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString)
+        for name, (request, response) in proto.METHODS.items()
+    }
+    server = grpc.server(executor, options=[
+        ("grpc.max_receive_message_length", max_request_bytes),
+        ("grpc.max_send_message_length", -1),
+    ])
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(proto.SERVICE, handlers),))
+    return server

@@ -1,0 +1,130 @@
+"""A small client of the gRPC front end, for ``edge-agent infer --url grpc://...`` (the
+benchmark): the same private message classes as the server, tensors as raw bytes, so the
+agent measures itself without tritonclient installed.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import grpc
+import numpy as np
+
+from agent.serving import proto
+from agent.serving.core import DATATYPES, ModelMetadata, TensorSpec, datatype_of
+from agent.serving.errors import HTTP_STATUS, ServeError
+from agent.serving.grpc_api import CONTENTS_FIELD
+from agent.serving.tensors import to_raw
+
+
+def _error(error: grpc.RpcError) -> ServeError:
+    """The call's status as a ``ServeError``; a status the data plane never answers
+    (UNIMPLEMENTED, CANCELLED, UNKNOWN...) keeps its name in the message."""
+    code = error.code()
+    name = code.name if code is not None else "UNKNOWN"
+    details = error.details() or name
+    if name in HTTP_STATUS:
+        return ServeError(name, details)
+    return ServeError("UNAVAILABLE" if name in ("CANCELLED", "UNKNOWN") else "INTERNAL",
+                      f"{name}: {details}")
+
+
+def _specs(tensors: Any) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(t.name, t.datatype, tuple(t.shape)) for t in tensors)
+
+
+def _output(tensor: Any, raw: bytes | None) -> np.ndarray:
+    """An output array from its raw bytes (what Triton and we send) or, failing those, its
+    typed contents; refused unless the sizes agree."""
+    dtype = DATATYPES.get(tensor.datatype)
+    if dtype is None:
+        raise ServeError("INTERNAL", f"output {tensor.name}: datatype {tensor.datatype!r} "
+                         "is not one this client reads")
+    shape = tuple(tensor.shape)
+    count = int(np.prod(shape, dtype=np.int64))
+    if raw is not None:
+        if len(raw) != count * dtype.itemsize:
+            raise ServeError("INTERNAL", f"output {tensor.name}: {len(raw)} bytes for shape "
+                             f"{list(shape)} of {tensor.datatype}")
+        return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+    field = CONTENTS_FIELD.get(tensor.datatype)
+    if field is None:
+        raise ServeError("INTERNAL", f"output {tensor.name}: {tensor.datatype} came without "
+                         "raw_output_contents")
+    values = getattr(tensor.contents, field)
+    if len(values) != count:
+        raise ServeError("INTERNAL", f"output {tensor.name}: {len(values)} values for shape "
+                         f"{list(shape)}")
+    return np.array(list(values), dtype=dtype).reshape(shape)
+
+
+class GrpcClient:
+    """One channel to ``target`` ("host:port"); each call waits at most ``timeout_s``."""
+
+    def __init__(self, target: str, token: str | None = None, timeout_s: float = 30.0) -> None:
+        self.timeout_s = timeout_s
+        self._headers = (("authorization", f"Bearer {token}"),) if token else ()
+        self.channel = grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+        ])
+        self._calls = {
+            name: self.channel.unary_unary(f"/{proto.SERVICE}/{name}",
+                                           request_serializer=request.SerializeToString,
+                                           response_deserializer=response.FromString)
+            for name, (request, response) in proto.METHODS.items()
+        }
+
+    def call(self, method: str, request: Any) -> Any:
+        """One unary call; a failure comes back as ``ServeError``."""
+        try:
+            return self._calls[method](request, timeout=self.timeout_s,
+                                       metadata=self._headers)
+        except grpc.RpcError as error:
+            raise _error(error) from None
+
+    def live(self) -> bool:
+        return bool(self.call("ServerLive", proto.ServerLiveRequest()).live)
+
+    def ready(self) -> bool:
+        return bool(self.call("ServerReady", proto.ServerReadyRequest()).ready)
+
+    def metadata(self, model: str, version: str = "") -> ModelMetadata:
+        response = self.call("ModelMetadata", proto.ModelMetadataRequest(name=model,
+                                                                         version=version))
+        return ModelMetadata(response.name, tuple(response.versions), _specs(response.inputs),
+                             _specs(response.outputs), response.platform)
+
+    def infer(self, model: str, feeds: dict[str, np.ndarray], version: str = "",
+              outputs: tuple[str, ...] = (), request_id: str = "") -> dict[str, np.ndarray]:
+        """Run the model once; every output unless ``outputs`` names some."""
+        request = proto.ModelInferRequest(model_name=model, model_version=version,
+                                          id=request_id)
+        for name, array in feeds.items():
+            try:
+                datatype = datatype_of(array)
+            except ServeError:
+                raise ServeError("INVALID_ARGUMENT", f"input {name}: numpy type {array.dtype} "
+                                 "has no protocol datatype") from None
+            request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+            request.raw_input_contents.append(to_raw(array))
+        for name in outputs:
+            request.outputs.add(name=name)
+        response = self.call("ModelInfer", request)
+        raw = list(response.raw_output_contents)
+        if raw and len(raw) != len(response.outputs):
+            raise ServeError("INTERNAL", f"{len(raw)} raw_output_contents for "
+                             f"{len(response.outputs)} outputs")
+        return {tensor.name: _output(tensor, raw[index] if raw else None)
+                for index, tensor in enumerate(response.outputs)}
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> GrpcClient:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
