@@ -485,3 +485,30 @@ def test_statistics_count_the_calls(registry: ModelRegistry, repo: Path) -> None
     assert [(s["name"], s["version"]) for s in every] == [("demo", "1"), ("dyn", "1"),
                                                           ("mlp", "1")]
     assert code(lambda: registry.statistics("dyn", "7"))[0] == "NOT_FOUND"
+
+
+def test_a_version_being_built_shows_loading(repo: Path) -> None:
+    building, release = threading.Event(), threading.Event()
+
+    def factory(path: Path, **kw: Any) -> BuiltSession:
+        if path.parent.name == "2":
+            building.set()
+            release.wait(10)
+        return cpu_factory(path, **kw)
+
+    made = ModelRegistry(repo, {}, factory, probe_interval_s=60)
+    made.start()
+    try:
+        put(repo, "mlp", 2, onnx_models.mlp)
+        loader = threading.Thread(target=made.load, args=("mlp", {}))
+        loader.start()
+        assert building.wait(10)
+        assert [(e.version, e.state) for e in made.index(False)] == [
+            ("1", "READY"), ("2", "LOADING")]
+        assert made.infer(request()).version == "1"  # serves on while the load builds
+        release.set()
+        loader.join()
+        assert [(e.version, e.state) for e in made.index(False)] == [("2", "READY")]
+    finally:
+        release.set()
+        made.stop()
