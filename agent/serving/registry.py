@@ -1,0 +1,272 @@
+"""The model registry: the repository's models as the protocol serves them (core.Models).
+
+Model control is Triton's "explicit" mode: every model loads at ``start`` and later only on
+``load``/``unload``.  A load builds and probes the versions it needs beside what serves, then
+replaces the model's served set in one assignment, so a request in flight finishes on the
+version it started on and none fails because of the load; a load that fails changes nothing
+that serves.  Loads, unloads and stop run one at a time (``_load_lock``); requests, the index
+and the probe take no lock of the registry's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import agent
+from agent.serving import canary as canaries
+from agent.serving.core import (
+    IndexEntry,
+    InferRequest,
+    InferResult,
+    ModelConfigView,
+    ModelMetadata,
+)
+from agent.serving.errors import ServeError, invalid, not_found, unavailable
+from agent.serving.probe import Prober
+from agent.serving.repository import ModelEntry, scan, scan_model, valid_name
+from agent.serving.state import Served, Slot, config_view, index_rows
+from agent.serving.versions import SessionFactory, Version, build, file_sha256, version_key
+
+logger = logging.getLogger(__name__)
+
+EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "parameters",
+              "statistics"]
+
+
+class ModelRegistry:
+    def __init__(self, repository: Path, builtins: Mapping[str, Path], factory: SessionFactory,
+                 *, probe_interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Any] | None = None,
+                 canary_p99_floor_ms: float = 1.0) -> None:
+        """``clock``/``sleep`` pace a canary (tests inject their own); ``sleep`` defaults to
+        a wait that ``stop`` cuts short."""
+        bad = [name for name in builtins if not valid_name(name)]
+        if bad:
+            raise ValueError(f"built-in model names {bad} are not valid model names")
+        self.repository = repository
+        self.builtins = dict(builtins)
+        self.factory = factory
+        self._stopping = threading.Event()
+        self._clock = clock
+        self._sleep = sleep or self._stopping.wait
+        self._p99_floor_ms = canary_p99_floor_ms
+        self._slots: dict[str, Slot] = {}
+        self._load_lock = threading.Lock()
+        self._started = False
+        self._prober = Prober(probe_interval_s, self._served_versions, self._stopping)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load every model of the repository and the built-ins; one that fails is listed
+        with its reason and the others serve."""
+        with self._load_lock:
+            entries = scan(self.repository, self.builtins)
+            for name in entries:
+                self._slots.setdefault(name, Slot(name, loading=(0,)))
+            for name, entry in entries.items():
+                try:
+                    self._load(self._slots[name], entry, None)
+                except ServeError as error:
+                    logger.warning("%s", error.message)
+            self._started = True
+        self._prober.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._prober.join()
+        with self._load_lock:
+            self._started = False
+            for slot in self._slots.values():
+                slot.served, slot.reason = None, "the server stopped"
+
+    def probe_now(self) -> None:
+        """One probe round now, as the background thread runs every probe_interval_s."""
+        self._prober.run_once()
+
+    def _served_versions(self) -> Iterator[Version]:
+        for slot in list(self._slots.values()):
+            served = slot.served
+            if served is not None:
+                yield from served.versions.values()
+
+    # -- model control ---------------------------------------------------------------------
+
+    def load(self, name: str, parameters: Mapping[str, Any]) -> None:
+        limits = canaries.parse_load_parameters(parameters, self._p99_floor_ms)
+        with self._load_lock:
+            entry = scan_model(self.repository, self.builtins, name)
+            if entry is None:
+                raise not_found(f"model {name!r} is not in the repository {self.repository}")
+            slot = self._slots.setdefault(name, Slot(name))
+            self._load(slot, entry, limits)
+
+    def _load(self, slot: Slot, entry: ModelEntry, limits: canaries.CanaryLimits | None) -> None:
+        """Build what the policy wants that does not serve yet, then swap (or canary)."""
+        name = slot.name
+        if entry.error:
+            slot.failed, slot.loading = {0: entry.error}, ()
+            if slot.served is None:
+                slot.reason = entry.error
+            raise invalid(f"model {name}: {entry.error}")
+        old = slot.served
+        wanted = entry.wanted()
+        versions: dict[int, Version] = {}
+        to_build = []
+        for number, path in wanted.items():
+            current = old.versions.get(number) if old is not None else None
+            if current is not None and current.key == self._key(name, number, path, entry):
+                versions[number] = current  # unchanged: keeps its sessions and figures
+            else:
+                to_build.append(number)
+        slot.loading = tuple(to_build)
+        try:
+            for number in to_build:
+                versions[number] = build(name, number, wanted[number], entry.settings,
+                                         self.factory)
+        except ServeError as error:
+            slot.failed, slot.loading = {number: error.message}, ()
+            if old is None:
+                slot.reason = error.message
+            raise
+        new = Served(versions, max(versions), entry.settings)
+        slot.loading = ()
+        if limits is not None and old is not None and old.default != new.default and (
+                new.default in to_build):
+            self._canary(slot, old, new, limits)
+        slot.served, slot.failed, slot.reason = new, {}, ""
+        logger.info("model %s serves versions %s (built %s)", name, sorted(versions),
+                    to_build or "none")
+
+    def _key(self, name: str, number: int, path: Path, entry: ModelEntry) -> object:
+        try:
+            digest = file_sha256(path)
+        except OSError as error:
+            raise invalid(f"model {name} version {number}: cannot read {path}: "
+                          f"{error.strerror or error}") from None
+        return version_key(path, digest, entry.settings)
+
+    def _canary(self, slot: Slot, old: Served, new: Served,
+                limits: canaries.CanaryLimits) -> None:
+        """Serve ``new``'s default beside ``old`` and judge it; on failure ``old`` serves
+        again (one assignment) and FAILED_PRECONDITION names the reason."""
+        candidate = new.versions[new.default]
+        trial = Served({**old.versions, **new.versions}, new.default, new.settings)
+        candidate.canary = True
+        slot.served = trial
+        try:
+            reason = canaries.watch(self.infer, candidate, old.versions[old.default], limits,
+                                    self._clock, self._sleep)
+        finally:
+            candidate.canary = False
+        if reason is None and self._stopping.is_set():
+            reason = "the server stopped during the canary"
+        if reason is None:
+            logger.info("model %s version %d passed its canary", slot.name, candidate.number)
+            return
+        slot.served = old
+        message = (f"model {slot.name} version {candidate.number}: canary failed: {reason}; "
+                   f"version {old.default} serves again")
+        slot.failed = {candidate.number: f"canary failed: {reason}"}
+        logger.warning("%s", message)
+        raise ServeError("FAILED_PRECONDITION", message)
+
+    def unload(self, name: str, parameters: Mapping[str, Any]) -> None:
+        with self._load_lock:
+            slot = self._slot(name)
+            slot.served, slot.failed, slot.loading, slot.reason = None, {}, (), "unloaded"
+            logger.info("model %s unloaded", name)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        if not self._started or self._stopping.is_set():
+            return False
+        return all(slot.served.ready for slot in list(self._slots.values())
+                   if slot.served is not None)
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "edge-agent", "version": agent.__version__,
+                "extensions": list(EXTENSIONS)}
+
+    def _slot(self, name: str) -> Slot:
+        """The model's slot (made for one the repository holds but never loaded);
+        NOT_FOUND when neither the repository nor the built-ins hold it."""
+        slot = self._slots.get(name)
+        if slot is not None:
+            return slot
+        if scan_model(self.repository, self.builtins, name) is None:
+            raise not_found(f"unknown model {name!r}")
+        return self._slots.setdefault(name, Slot(name))
+
+    def _served(self, name: str) -> Served:
+        slot = self._slot(name)
+        served = slot.served
+        if served is None:
+            raise unavailable(f"model {name} is not loaded ({slot.reason})")
+        return served
+
+    def _version(self, name: str, version: str, served: Served) -> Version:
+        if version == "":
+            return served.versions[served.default]
+        number = int(version) if version.isascii() and version.isdigit() else -1
+        found = served.versions.get(number)
+        if found is None:
+            raise not_found(f"model {name} has no version {version!r} serving (serving: "
+                            f"{', '.join(map(str, sorted(served.versions)))})")
+        return found
+
+    def model_ready(self, name: str, version: str) -> bool:
+        served = self._slot(name).served
+        if served is None:
+            return False
+        if version == "":
+            return served.ready
+        try:
+            return not self._version(name, version, served).probe_error
+        except ServeError:
+            return False
+
+    def model_metadata(self, name: str, version: str) -> ModelMetadata:
+        served = self._served(name)
+        found = self._version(name, version, served)
+        return ModelMetadata(name, tuple(str(n) for n in sorted(served.versions)),
+                             found.inputs, found.outputs)
+
+    def model_config(self, name: str) -> ModelConfigView:
+        return config_view(name, self._served(name))
+
+    def infer(self, request: InferRequest) -> InferResult:
+        found = self._version(request.model, request.version, self._served(request.model))
+        if found.probe_error:
+            raise unavailable(f"{found.label} is not ready: probe failed: "
+                              f"{found.probe_error}")
+        return found.infer(request)
+
+    def index(self, ready_only: bool) -> list[IndexEntry]:
+        entries = scan(self.repository, self.builtins)
+        rows = []
+        for name in sorted(set(entries) | set(self._slots)):
+            rows.extend(index_rows(name, self._slots.get(name), entries.get(name)))
+        return [row for row in rows if row.state == "READY"] if ready_only else rows
+
+    def statistics(self, name: str, version: str) -> list[dict[str, Any]]:
+        if not name:
+            every = [self._slots[n].served for n in sorted(self._slots)]
+            return [v.statistics() for served in every if served is not None
+                    for _, v in sorted(served.versions.items())]
+        served = self._slot(name).served
+        if served is None:
+            return []
+        if version:
+            return [self._version(name, version, served).statistics()]
+        return [v.statistics() for _, v in sorted(served.versions.items())]

@@ -1,0 +1,198 @@
+"""One model's ``config.yaml`` in the repository: its keys, their checks and defaults.
+
+Every key is optional; an unknown key or a bad value is refused with the file and the key
+path (``repo/m/config.yaml: instances[0].device: 'tpu' is not allowed: ...``), through the
+same declarative validator as the agent's own config.  The file is read and checked here;
+what a value means for serving is the registry's business.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.validation import SettingsError, choice, integer, shown, text, validate
+
+PRECISIONS = ("fp32", "fp16", "int8")
+SERVED_PRECISIONS = ("fp32",)  # fp16/int8 need a build step (model build), not yet here
+DEVICE = re.compile(r"^(cpu|gpu:\d{1,2}|dla:\d{1,2}|npu:[0-2])$")
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+BOOL = choice(True, False)
+
+
+class ModelSettingsError(SettingsError):
+    """A config.yaml that cannot be used: ``file: key: message``."""
+
+
+@dataclass(frozen=True)
+class Instance:
+    """``count`` sessions of a version on ``device`` with ``threads`` intra-op threads
+    (None: the factory's thread plan)."""
+
+    count: int = 1
+    device: str = "cpu"
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Triton's version policy: ``latest`` n, ``specific`` versions, or ``all``."""
+
+    kind: str = "latest"  # latest | specific | all
+    latest: int = 1
+    specific: tuple[int, ...] = ()
+
+    def select(self, available: list[int]) -> list[int]:
+        """The versions this policy serves out of those on disk, ascending."""
+        ordered = sorted(available)
+        if self.kind == "all":
+            return ordered
+        if self.kind == "specific":
+            return [v for v in ordered if v in self.specific]
+        return ordered[-self.latest:]
+
+    def to_view(self) -> dict[str, Any]:
+        """The shape core.ModelConfigView carries (the front ends spell it their way)."""
+        if self.kind == "all":
+            return {"all": {}}
+        if self.kind == "specific":
+            return {"specific": list(self.specific)}
+        return {"latest": self.latest}
+
+    def __str__(self) -> str:
+        if self.kind == "all":
+            return "all"
+        if self.kind == "specific":
+            return f"{{specific: {list(self.specific)}}}"
+        return f"{{latest: {self.latest}}}"
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """What a model's config.yaml says; the defaults when it has none."""
+
+    max_batch_size: int | None = None  # None: derived from the model's inputs
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+    instances: tuple[Instance, ...] = (Instance(),)
+    dynamic_batching: Mapping[str, Any] | None = None  # checked, not acted on yet
+    providers: tuple[str, ...] | None = None  # None: the factory's (discovered) order
+    precision: str = "fp32"
+    sha256: Mapping[int, str] = field(default_factory=dict)
+
+
+def _positive_version(value: Any) -> str | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return None if ok else "a version number 1 or above"
+
+
+def _checked_apart(value: Any) -> str | None:
+    """A key whose value has checks of its own (``_policy``): a word or a mapping."""
+    return None
+
+
+SCHEMA: dict[str, Any] = {
+    "max_batch_size": integer(0, 1 << 16),
+    "version_policy": _checked_apart,
+    "instances": ("list", {"count": integer(1, 64), "threads": integer(1, 1024),
+                           "device": text(DEVICE, "cpu, gpu:N, dla:N or npu:0..2")}),
+    "dynamic_batching": {
+        "max_queue_delay_us": integer(0, 10_000_000),
+        "preferred_batch_size": ("list", integer(1, 1 << 16)),
+        "priority_levels": integer(0, 1000),
+        "default_priority_level": integer(0, 1000),
+        "queue": {"max_size": integer(0, 1 << 20), "timeout_us": integer(0, 1 << 40),
+                  "allow_timeout_override": BOOL},
+    },
+    "providers": ("list", text(re.compile(r"^[A-Za-z]+ExecutionProvider$"),
+                               "an ONNX Runtime provider name such as "
+                               "CPUExecutionProvider")),
+    "precision": choice(*PRECISIONS),
+    "sha256": ("map", _positive_version, text(HEX64, "64 lower-case hex digits")),
+}
+
+
+def read_settings(path: Path) -> ModelSettings:
+    """The settings in ``path``; defaults when the file is absent or empty.  Raises
+    ModelSettingsError naming the file (and key) for anything it cannot use."""
+    file = str(path)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ModelSettings()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ModelSettingsError(file, "", f"cannot read it: {error}") from None
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as error:
+        raise ModelSettingsError(file, "", f"not valid YAML: {error}") from None
+    return parse_settings({} if data is None else data, file)
+
+
+def parse_settings(data: Any, file: str) -> ModelSettings:
+    """Check a parsed document against SCHEMA and the rules between its keys."""
+    validate(data, SCHEMA, "", file, ModelSettingsError)
+    assert isinstance(data, dict)  # validate refuses anything else
+    batch = data.get("max_batch_size")
+    dynamic = data.get("dynamic_batching")
+    if dynamic is not None:
+        _check_batching(dynamic, batch, file)
+    precision = data.get("precision", "fp32")
+    if precision not in SERVED_PRECISIONS:
+        raise ModelSettingsError(file, "precision", f"{precision} is not served yet "
+                                 "(fp32 only for now)")
+    providers = data.get("providers")
+    if providers is not None and not providers:
+        raise ModelSettingsError(file, "providers", "an empty list: leave the key out for "
+                                 "the discovered order")
+    instances = tuple(Instance(**item) for item in data.get("instances", [{}]))
+    if not instances:
+        raise ModelSettingsError(file, "instances", "an empty list: at least one instance")
+    return ModelSettings(
+        max_batch_size=batch,
+        version_policy=_policy(data.get("version_policy", {"latest": 1}), file),
+        instances=instances,
+        dynamic_batching=dynamic,
+        providers=tuple(providers) if providers else None,
+        precision=precision,
+        sha256=dict(data.get("sha256", {})),
+    )
+
+
+def _policy(value: Any, file: str) -> VersionPolicy:
+    key = "version_policy"
+    if value == "all":
+        return VersionPolicy("all")
+    allowed = "all, {latest: N} or {specific: [versions]}"
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ModelSettingsError(file, key, f"{shown(value)} is not allowed: expected "
+                                 f"{allowed}")
+    validate(value, {"latest": integer(1, 1000), "specific": ("list", _positive_version)},
+             key, file, ModelSettingsError)
+    if "latest" in value:
+        return VersionPolicy("latest", latest=value["latest"])
+    if not value["specific"]:
+        raise ModelSettingsError(file, f"{key}.specific", "an empty list: name at least one "
+                                 "version")
+    return VersionPolicy("specific", specific=tuple(sorted(set(value["specific"]))))
+
+
+def _check_batching(dynamic: dict[str, Any], batch: int | None, file: str) -> None:
+    """The rules between dynamic_batching's keys (and max_batch_size) Triton also enforces."""
+    key = "dynamic_batching"
+    if batch == 0:
+        raise ModelSettingsError(file, key, "needs max_batch_size above 0 (0 turns batching "
+                                 "off)")
+    for index, size in enumerate(dynamic.get("preferred_batch_size", [])):
+        if batch is not None and size > batch:
+            raise ModelSettingsError(file, f"{key}.preferred_batch_size[{index}]",
+                                     f"{size} is above max_batch_size {batch}")
+    levels = dynamic.get("priority_levels", 0)
+    default = dynamic.get("default_priority_level")
+    if default is not None and not (levels == 0 == default or 1 <= default <= levels):
+        raise ModelSettingsError(file, f"{key}.default_priority_level",
+                                 f"{default} is not one of the priority_levels 1..{levels}")

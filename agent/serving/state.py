@@ -1,0 +1,107 @@
+"""What the registry holds for each model, and how the protocol's views read it.
+
+A model's served set is one immutable ``Served`` object: a request reads the reference once
+and keeps the version it found, and a load replaces the whole set in one assignment.  Every
+other field of a ``Slot`` is likewise replaced, never changed in place, so the index and the
+probe read it without a lock while a load runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from agent.serving.core import IndexEntry, InstanceGroup, ModelConfigView, TensorSpec
+from agent.serving.repository import ModelEntry
+from agent.serving.settings import Instance, ModelSettings
+from agent.serving.versions import Version
+
+
+@dataclass(frozen=True)
+class Served:
+    """The versions a model serves; ``default`` answers requests that name no version."""
+
+    versions: Mapping[int, Version]
+    default: int
+    settings: ModelSettings
+
+    @property
+    def ready(self) -> bool:
+        return all(not version.probe_error for version in self.versions.values())
+
+
+@dataclass
+class Slot:
+    name: str
+    served: Served | None = None
+    reason: str = "not loaded"  # why nothing serves (when ``served`` is None)
+    failed: Mapping[int, str] = field(default_factory=dict)  # version -> its last load's error
+    loading: tuple[int, ...] = ()
+
+
+def index_rows(name: str, slot: Slot | None, entry: ModelEntry | None) -> list[IndexEntry]:
+    """The model's rows: one per served version (READY, or UNAVAILABLE after a failed probe),
+    one per version loading or failed, else one row saying why nothing serves."""
+    if slot is None:
+        reason = entry.error if entry is not None and entry.error else "not loaded"
+        return [IndexEntry(name, "", "UNAVAILABLE", reason)]
+    rows = []
+    served = slot.served
+    versions = served.versions if served is not None else {}
+    for number in sorted(versions):
+        error = versions[number].probe_error
+        rows.append(IndexEntry(name, str(number), "UNAVAILABLE" if error else "READY",
+                               f"probe failed: {error}" if error else ""))
+    loading = slot.loading
+    for number in loading:
+        if number not in versions:
+            rows.append(IndexEntry(name, str(number) if number else "", "LOADING"))
+    for number, reason in sorted(slot.failed.items()):
+        if number not in versions and number not in loading:
+            rows.append(IndexEntry(name, str(number) if number else "", "UNAVAILABLE", reason))
+    if not rows:
+        rows.append(IndexEntry(name, "", "UNAVAILABLE", slot.reason))
+    return rows
+
+
+def _instance_group(instance: Instance) -> InstanceGroup:
+    kind, _, index = instance.device.partition(":")
+    if kind == "cpu":
+        return InstanceGroup("KIND_CPU", instance.count)
+    return InstanceGroup("KIND_GPU", instance.count, (int(index),) if kind == "gpu" else ())
+
+
+def _unbatched(specs: tuple[TensorSpec, ...], batched: bool) -> tuple[TensorSpec, ...]:
+    """Triton's config dims leave out the batch dimension when the model batches."""
+    if not batched:
+        return specs
+    return tuple(TensorSpec(s.name, s.datatype, s.shape[1:]) for s in specs)
+
+
+def config_view(name: str, served: Served) -> ModelConfigView:
+    version = served.versions[served.default]
+    settings = served.settings
+    providers = list(version.instances[0][1].providers)
+    parameters = {"providers": ",".join(providers), "precision": settings.precision}
+    if settings.providers is not None:
+        parameters["configured_providers"] = ",".join(settings.providers)
+    parameters["instances"] = "; ".join(
+        f"{i.count} x {i.device}" + (f" ({i.threads} threads)" if i.threads else "")
+        for i in settings.instances)
+    if any(i.device != "cpu" for i in settings.instances):
+        # The device is accepted and shown; sessions run on what the providers give.
+        parameters["devices"] = f"served on {', '.join(providers)}"
+    for number in sorted(served.versions):
+        parameters[f"sha256.{number}"] = served.versions[number].digest
+    if settings.dynamic_batching is not None:
+        parameters["dynamic_batching"] = "configured, not active yet"
+    batched = version.max_batch_size > 0
+    return ModelConfigView(
+        name=name,
+        max_batch_size=version.max_batch_size,
+        inputs=_unbatched(version.inputs, batched),
+        outputs=_unbatched(version.outputs, batched),
+        instance_groups=tuple(_instance_group(i) for i in settings.instances),
+        version_policy=settings.version_policy.to_view(),
+        parameters=parameters,
+    )

@@ -1,0 +1,286 @@
+"""One served version of a model: its sessions, its tensor specs, every call it runs and its
+statistics.
+
+A version is built once and never changed afterwards, apart from its counters and its last
+probe; a request holds the version it started on until it ends, so a swap in the registry
+never pulls a session from under a running call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from agent.inference.loop import all_finite
+from agent.inference.session import BuiltSession
+from agent.inference.stats import LatencyStats
+from agent.serving.core import DATATYPES, InferRequest, InferResult, Tensor, TensorSpec
+from agent.serving.errors import invalid
+from agent.serving.settings import Instance, ModelSettings
+from agent.serving.tensors import ORT_DATATYPES, check_inputs
+
+# Triton's default for ONNX models whose every input has a dynamic first dimension
+# (its ONNX autocomplete); 0 (no batch dimension) otherwise.
+AUTO_MAX_BATCH_SIZE = 4
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+
+
+class SessionFactory(Protocol):
+    """Builds one session of a model file: the server wires ``build_session`` with the
+    providers, thread plan and graph cache it chose; None means "your choice"."""
+
+    def __call__(self, path: Path, *, sha256: str | None, providers: Sequence[str] | None,
+                 threads: int | None) -> BuiltSession: ...
+
+
+def ort_message(error: Exception) -> str:
+    """onnxruntime's error as one line, without its status prefix."""
+    lines = str(error).strip().splitlines()
+    first = lines[0].strip() if lines else type(error).__name__
+    return _ORT_PREFIX.sub("", first)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _specs(args: Sequence[Any]) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(arg.name, ORT_DATATYPES.get(arg.type, arg.type),
+                            tuple(d if isinstance(d, int) and d >= 0 else -1
+                                  for d in arg.shape)) for arg in args)
+
+
+def max_batch_size(settings: ModelSettings, inputs: Sequence[TensorSpec]) -> int:
+    """The configured size, else Triton's autocomplete default; ValueError when a size above
+    0 is configured for a model whose inputs have no dynamic first dimension."""
+    batching = bool(inputs) and all(spec.shape and spec.shape[0] == -1 for spec in inputs)
+    if settings.max_batch_size is None:
+        return AUTO_MAX_BATCH_SIZE if batching else 0
+    if settings.max_batch_size > 0 and not batching:
+        fixed = next(s for s in inputs if not s.shape or s.shape[0] != -1)
+        raise ValueError(f"max_batch_size {settings.max_batch_size} needs a dynamic first "
+                         f"dimension in every input; input {fixed.name} has "
+                         f"{list(fixed.shape)}")
+    return settings.max_batch_size
+
+
+def version_key(path: Path, digest: str, settings: ModelSettings) -> object:
+    """What makes a loaded version "unchanged" for a later load: the same file and the same
+    settings its sessions were built with."""
+    return (path, digest, settings.instances, settings.providers, settings.max_batch_size)
+
+
+def synthetic(specs: Sequence[TensorSpec]) -> tuple[Tensor, ...]:
+    """Inputs shaped from the specs (dynamic dimensions 1): a probe needs a call the model
+    accepts, not meaningful data."""
+    tensors = []
+    for spec in specs:
+        dtype = DATATYPES.get(spec.datatype)
+        if dtype is None:
+            raise ValueError(f"input {spec.name}: datatype {spec.datatype} cannot be probed")
+        shape = tuple(1 if dim < 0 else dim for dim in spec.shape)
+        fill = 0.5 if dtype.kind == "f" else 0
+        tensors.append(Tensor(spec.name, np.full(shape, fill, dtype=dtype)))
+    return tuple(tensors)
+
+
+class Counters:
+    """Triton's statistics-extension counters of one version, updated under one lock."""
+
+    KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = dict.fromkeys(self.KINDS, 0)
+        self.ns = dict.fromkeys(self.KINDS, 0)
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+
+    def add(self, kind: str, ns: int) -> None:
+        self.count[kind] += 1
+        self.ns[kind] += ns
+
+    def view(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "last_inference": self.last_inference_ms,
+                "inference_count": self.inference_count,
+                "execution_count": self.execution_count,
+                "inference_stats": {kind: {"count": self.count[kind], "ns": self.ns[kind]}
+                                    for kind in self.KINDS},
+                "batch_stats": [],
+            }
+
+
+class Version:
+    """A model version that serves: built by ``build``, then read-only but for its figures."""
+
+    def __init__(self, model: str, number: int, path: Path, digest: str,
+                 instances: Sequence[tuple[Instance, BuiltSession]],
+                 settings: ModelSettings) -> None:
+        """``instances``: each session with the instance (config.yaml) it was built for."""
+        self.model, self.number, self.path, self.digest = model, number, path, digest
+        self.instances = tuple(instances)
+        self.sessions = tuple(built.session for _, built in self.instances)
+        first = self.sessions[0]
+        self.inputs = _specs(first.get_inputs())
+        self.outputs = _specs(first.get_outputs())
+        self.output_names = tuple(spec.name for spec in self.outputs)
+        self.max_batch_size = max_batch_size(settings, self.inputs)
+        self.key = version_key(path, digest, settings)
+        self.stats = LatencyStats()
+        self.counters = Counters()
+        self.probe_error = ""  # the last probe's failure; "" : it passed
+        self.canary = False  # while judged: a non-finite output counts as an error
+        self._turn = itertools.count()
+        self._record_lock = threading.Lock()
+        self._inflight: dict[int, int] = {}
+        self._calls = itertools.count()
+
+    @property
+    def label(self) -> str:
+        return f"model {self.model} version {self.number}"
+
+    def _session(self) -> Any:
+        return self.sessions[next(self._turn) % len(self.sessions)]
+
+    def probe(self) -> str:
+        """One call on synthetic inputs: "" when it ran, else why not."""
+        try:
+            feeds = {t.name: t.array for t in synthetic(self.inputs)}
+            self._session().run(list(self.output_names), feeds)
+        except Exception as error:  # any failure is the probe's answer
+            return ort_message(error)
+        return ""
+
+    def infer(self, request: InferRequest) -> InferResult:
+        """Check and run a request on this version; every call counted, ok or not."""
+        call = next(self._calls)
+        start = time.perf_counter_ns()
+        self._inflight[call] = start
+        ok = False
+        try:
+            result, ok = self._infer(request, start)
+            return result
+        except Exception:
+            with self.counters.lock:
+                self.counters.add("fail", time.perf_counter_ns() - start)
+            raise
+        finally:
+            end = time.perf_counter_ns()
+            del self._inflight[call]
+            with self._record_lock:  # LatencyStats records from one thread at a time
+                self.stats.call_started(start)
+                self.stats.record(end - start, ok)
+
+    def _infer(self, request: InferRequest, start: int) -> tuple[InferResult, bool]:
+        """The result, and whether it counts as a good call: under a canary a non-finite
+        output is an error of the version, though the client still gets what it computed."""
+        check_inputs(self.model, self.inputs, request.inputs)
+        batch = self._batch(request.inputs)
+        names = [out.name for out in request.outputs] or list(self.output_names)
+        for index, name in enumerate(names):
+            if name not in self.output_names:
+                raise invalid(f"{self.label} has no output {name!r} (its outputs: "
+                              f"{', '.join(self.output_names)})")
+            if name in names[:index]:
+                raise invalid(f"output {name} is asked for twice")
+        feeds = {tensor.name: tensor.array for tensor in request.inputs}
+        session = self._session()
+        ready = time.perf_counter_ns()
+        try:
+            arrays = session.run(names, feeds)
+        except Exception as error:  # ORT refusing the data: the request's fault
+            raise invalid(f"{self.label}: onnxruntime: {ort_message(error)}") from None
+        ran = time.perf_counter_ns()
+        outputs = tuple(Tensor(name, np.asarray(array))
+                        for name, array in zip(names, arrays, strict=True))
+        good = not self.canary or all_finite([t.array for t in outputs])
+        end = time.perf_counter_ns()
+        with self.counters.lock:
+            counters = self.counters
+            counters.add("success", end - start)
+            counters.add("compute_input", ready - start)
+            counters.add("compute_infer", ran - ready)
+            counters.add("compute_output", end - ran)
+            counters.inference_count += batch
+            counters.execution_count += 1
+            counters.last_inference_ms = time.time_ns() // 1_000_000
+        return InferResult(self.model, str(self.number), request.id, outputs), good
+
+    def _batch(self, inputs: Sequence[Tensor]) -> int:
+        """The batch size the request carries (1 without a batch dimension)."""
+        if self.max_batch_size == 0:
+            return 1
+        sizes = {t.name: int(t.array.shape[0]) for t in inputs}
+        if len(set(sizes.values())) > 1:
+            raise invalid(f"{self.label}: inputs disagree on the batch size ("
+                          + ", ".join(f"{n}: {s}" for n, s in sizes.items()) + ")")
+        batch = next(iter(sizes.values()), 1)
+        if batch > self.max_batch_size:
+            raise invalid(f"{self.label}: batch size {batch} is above its max_batch_size "
+                          f"{self.max_batch_size}")
+        return batch
+
+    def stuck(self) -> bool:
+        """Whether a call in progress has run far longer than this version's calls do."""
+        starts = list(self._inflight.values())
+        if not starts:
+            return False
+        return time.perf_counter_ns() - min(starts) > self.stats.stuck_threshold_ns()
+
+    def statistics(self) -> dict[str, Any]:
+        """Triton's model_stats entry, plus ours under ``edge_agent``."""
+        entry: dict[str, Any] = {"name": self.model, "version": str(self.number)}
+        entry.update(self.counters.view())
+        entry["edge_agent"] = {
+            "latency": self.stats.snapshot(),
+            "stuck": self.stuck(),
+            "providers": list(self.instances[0][1].providers),
+            "threads": [built.intra_op for _, built in self.instances],
+            "instances": len(self.sessions),
+            "sha256": self.digest,
+        }
+        return entry
+
+
+def build(model: str, number: int, path: Path, settings: ModelSettings,
+          factory: SessionFactory) -> Version:
+    """Build and probe one version; ServeError INVALID_ARGUMENT naming it when the file,
+    its pinned digest, a session or the probe fails."""
+    label = f"model {model} version {number}"
+    try:
+        digest = file_sha256(path)
+    except OSError as error:
+        raise invalid(f"{label}: cannot read {path}: {error.strerror or error}") from None
+    pin = settings.sha256.get(number)
+    if pin is not None and pin != digest:
+        raise invalid(f"{label}: {path} has sha256 {digest}, but config.yaml pins {pin}; "
+                      "refused")
+    built = []
+    try:
+        for instance in settings.instances:
+            for _ in range(instance.count):
+                session = factory(path, sha256=pin, providers=settings.providers,
+                                  threads=instance.threads)
+                built.append((instance, session))
+        version = Version(model, number, path, digest, built, settings)
+    except Exception as error:  # a file ORT refuses, a provider it lacks, a bad batch size
+        raise invalid(f"{label}: {error}") from None
+    reason = version.probe()
+    if reason:
+        raise invalid(f"{label}: probe failed: {reason}")
+    return version
