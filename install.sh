@@ -241,6 +241,19 @@ elif ! cmp -s "$scratch/agent.yaml" "$etc/agent.yaml"; then
     write_if_changed "$scratch/agent.yaml" "$etc/agent.yaml.dist"
 fi
 
+# The data plane's bearer token (serve.token_file): repository load/unload need it even on
+# loopback. One per device, readable by root and the edge-agent group, never replaced (a
+# client holding it keeps working). A DESTDIR build does not make one: a token baked into a
+# package would be every device's.
+if [ -z "$destdir" ] && [ ! -f "$etc/serve-token" ]; then
+    step "creating the serve token $etc/serve-token (root and group edge-agent may read it)"
+    getent group edge-agent >/dev/null || groupadd --system edge-agent
+    (umask 037 && "$python" -c 'import secrets; print(secrets.token_urlsafe(32))' \
+        > "$etc/serve-token.tmp.$$")
+    chgrp edge-agent "$etc/serve-token.tmp.$$"
+    mv "$etc/serve-token.tmp.$$" "$etc/serve-token"
+fi
+
 printf '%s\n' /etc/systemd/system/edge-agent.service > "$scratch/manifest"
 write_if_changed "$scratch/manifest" "$manifest"
 

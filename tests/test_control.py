@@ -271,8 +271,40 @@ def test_set_model_is_bounded_to_the_model_directories(tmp_path: Path, node: Ser
     shutil.copy(DEMO_MODEL_PATH, models / "next.onnx")
     swap = operator.send("orin-1", "set-model", {"model": str(models / "next.onnx"),
                                                  "guard": {"max_p99_ratio": 100}})
-    assert operator.final(swap["id"])["status"] == "succeeded"
-    assert node.inference is not None and node.inference.loop.active.name == "next.onnx"
+    final = operator.final(swap["id"], seconds=60)
+    assert final["status"] == "succeeded", final
+    assert final["result"]["model"] == "demo" and final["result"]["version"] == 2
+    assert node.inference is not None
+    assert (Path(node.config.state_dir) / "repository/demo/2/model.onnx").read_bytes() == \
+        DEMO_MODEL_PATH.read_bytes()
+    assert wait_until(lambda: {"name": "demo", "versions": ["2"]}
+                      in node.inference.served_models(), 10)  # type: ignore[union-attr]
+
+
+def test_set_model_keeps_a_version_whose_canary_passes_and_removes_one_that_fails(
+        tmp_path: Path, broker: Broker, key: Ed25519PrivateKey, operator: Operator) -> None:
+    from onnx_models import mlp, slow_model
+
+    models = tmp_path / "models"
+    models.mkdir()
+    config = node_config(tmp_path, copy_board(BOARD, tmp_path), broker, key,
+                         model_dirs=[str(models)], guard={"window_s": 0.5, "canary_s": 1.0})
+    config["inference"] = {"model": str(mlp(models / "m.onnx"))}
+    with running_node(config) as node:
+        assert node.inference is not None and node.inference.default == "m"
+        same = operator.send("orin-1", "set-model", {
+            "model": str(mlp(models / "m2.onnx")), "guard": {"max_p99_ratio": 1000}})
+        kept = operator.final(same["id"], seconds=60)
+        assert kept["status"] == "succeeded" and kept["result"]["version"] == 2, kept
+        slow = operator.send("orin-1", "set-model", {"model": str(slow_model(
+            models / "slow.onnx", factor=200)), "guard": {"max_p99_ratio": 3}})
+        failed = operator.final(slow["id"], seconds=60)
+        assert failed["status"] == "failed" and failed["code"] == "canary_failed", failed
+        assert "p99" in failed["message"]
+        repository = Path(node.config.state_dir) / "repository" / "m"
+        assert sorted(p.name for p in repository.iterdir()) == ["2"]  # version 3 removed
+        assert wait_until(lambda: {"name": "m", "versions": ["2"]}
+                          in node.inference.served_models(), 10)  # type: ignore[union-attr]
 
 
 def test_desired_state_set_while_offline_is_applied_on_connect(

@@ -333,7 +333,7 @@ def test_grpc_client(served: Served) -> None:
     with GrpcClient(served.target, timeout_s=10) as client:
         assert client.live() is True
         assert client.ready() is True
-        meta = client.metadata("demo")
+        meta = client.model_metadata("demo")
         assert (meta.name, meta.versions, meta.platform) == ("demo", ("1",), "onnxruntime_onnx")
         assert [(s.name, s.datatype, s.shape) for s in meta.inputs] == [
             ("image", "FP32", (-1, 3, 64, 64))]
@@ -351,7 +351,7 @@ def test_grpc_client(served: Served) -> None:
     with GrpcClient(served.target, token=TOKEN) as client:
         client.call("RepositoryModelUnload", proto.RepositoryModelUnloadRequest(
             model_name="demo"))
-        assert served.models.loaded is False
+        assert served.models.model_ready("demo", "") is False
         with pytest.raises(ServeError) as excinfo:
             client.infer("demo", {"image": array})
         assert excinfo.value.code == "UNAVAILABLE"

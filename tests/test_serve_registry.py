@@ -477,8 +477,8 @@ def test_statistics_count_the_calls(registry: ModelRegistry, repo: Path) -> None
     assert inference["queue"] == {"count": 0, "ns": 0}
     assert entry["batch_stats"] == []
     ours = entry["edge_agent"]
-    assert ours["latency"]["count"] == 4 and ours["latency"]["errors"] == 2
-    assert ours["latency"]["latency_ms"]["max"] > 0
+    assert ours["snapshot"]["count"] == 4 and ours["snapshot"]["errors"] == 2
+    assert ours["snapshot"]["latency_ms"]["max"] > 0
     assert ours["stuck"] is False
     assert ours["providers"] == ["CPUExecutionProvider"] and ours["threads"] == [1]
     every = registry.statistics("", "")

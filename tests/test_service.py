@@ -22,17 +22,25 @@ TOPIC = "edge/v1/lab/orin-1"
 def test_run_reports_and_the_last_will_names_the_birth_session(tmp_path: Path,
                                                                 broker: Broker) -> None:
     watcher = Subscriber(broker, [f"{TOPIC}/#"])
-    agent = start_agent(write_config(tmp_path, broker.port))
+    # a load test through the data plane, so that the default model has figures to report
+    agent = start_agent(write_config(tmp_path, broker.port, inference={"source": "synthetic"}))
     try:
-        assert wait_until(lambda: len(watcher.on("telemetry")) >= 3, 60), agent.stdout
+        assert wait_until(lambda: len(watcher.on("telemetry")) >= 3 and (
+            watcher.on("telemetry")[-1]["metrics"]["inference"].get("count", 0) > 0), 60), \
+            agent.stdout
         birth = watcher.on("birth")[0]
         assert birth["board"]["family"] == "jetson" and birth["node_id"] == "orin-1"
-        assert birth["model"]["name"] == "demo_cnn.onnx"
+        assert birth["model"]["name"] == "demo"
+        assert birth["models"] == [{"name": "demo", "versions": ["1"]}]
         assert birth["profile"] == {"name": "jetson-orin", "applied": False}
         record = watcher.on("telemetry")[-1]
         assert record["schema"] == "telemetry/1" and record["session"] == birth["session"]
         metrics = record["metrics"]
         assert metrics["inference"]["count"] > 0 and metrics["inference"]["errors"] == 0
+        served = metrics["inference"]["models"]
+        assert [(m["name"], m["version"]) for m in served] == [("demo", "1")]
+        assert served[0]["count"] == metrics["inference"]["count"]
+        assert metrics["inference"]["data_plane"]["state"] == "ready"
         assert metrics["memory"]["total_bytes"] > 0  # read from the fixture's meminfo
         assert metrics["tuning"]["profile"] == "jetson-orin"
         assert metrics["outbox"]["dropped"] == 0
@@ -88,9 +96,11 @@ def test_prometheus_and_home_assistant_discovery(tmp_path: Path, broker: Broker)
     watcher = Subscriber(broker, ["homeassistant/#", f"{TOPIC}/telemetry"])
     agent = start_agent(write_config(tmp_path, broker.port,
                                      prometheus={"listen": f"127.0.0.1:{port}"},
-                                     home_assistant={"enabled": True}))
+                                     home_assistant={"enabled": True},
+                                     inference={"source": "synthetic"}))
     try:
-        assert wait_until(lambda: len(watcher.on("telemetry")) >= 2, 60)
+        assert wait_until(lambda: len(watcher.on("telemetry")) >= 2 and (
+            watcher.on("telemetry")[-1]["metrics"]["inference"].get("count", 0) > 0), 60)
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
                                       timeout=10).read().decode()
         samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in body.splitlines()

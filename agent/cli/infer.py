@@ -55,7 +55,21 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                        help="seconds into the run for --swap-to (default: a third of it)")
     infer.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="a live status line on stderr (default: when it is a terminal)")
+    infer.add_argument("--url", metavar="URL",
+                       help="drive a running server instead (http://HOST:PORT or "
+                       "grpc://HOST:PORT); --model is then a served model's name (default demo)")
+    infer.add_argument("--concurrency", type=_positive_int, default=1, metavar="N",
+                       help="with --url: clients sending at once (default 1)")
+    infer.add_argument("--token-file", metavar="FILE",
+                       help="with --url: the bearer token, for a server beyond loopback")
     infer.set_defaults(handler=run)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: expected an integer 1 or above")
+    return value
 
 
 class _Swapper(threading.Thread):
@@ -209,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
     if args.after is not None and not 0 <= args.after < args.seconds:
         raise UsageError(f"--after {args.after} must be at least 0 and below --seconds "
                          f"{args.seconds}")
+    if args.url:
+        return _run_remote(args)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     with StopSignals() as stop:
         result, joined = run_inference(args, sys.stderr if show else None, stop.event)
@@ -221,3 +237,22 @@ def run(args: argparse.Namespace) -> int:
         # SIGTERM asks for a clean stop, and the statistics printed are a whole result.
         code = SIGINT_EXIT if stop.name == "SIGINT" else 0
         return exit_code(code, threads_stuck=not joined)
+
+
+def _run_remote(args: argparse.Namespace) -> int:
+    from agent.cli.infer_remote import print_remote, run_remote
+    from agent.inference.demo_model import DEMO_MODEL_PATH
+
+    if args.swap_to:
+        raise UsageError("--swap-to is for the local loop; a server swaps by loading a "
+                         "version (edge-agent fleet send ... set-model)")
+    model = "demo" if args.model == str(DEMO_MODEL_PATH) else args.model
+    with StopSignals() as stop:
+        result = run_remote(args, model, stop.event)
+        if stop.name is not None:
+            result["stopped_by"] = stop.name
+        if args.json:
+            print_json(result)
+        else:
+            print_remote(result)
+        return SIGINT_EXIT if stop.name == "SIGINT" else 0

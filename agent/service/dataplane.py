@@ -124,7 +124,10 @@ class Supervisor:
         # systemd hears the control plane only (NotifyAccess=main): the child must not try
         env = {k: v for k, v in os.environ.items()
                if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
-        self.process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL, env=env)
+        # its own session: a terminal's Ctrl-C reaches the control plane, which stops it;
+        # it ends with the control plane anyway (--parent-pid: PR_SET_PDEATHSIG)
+        self.process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL, env=env,
+                                        start_new_session=True)
         self.state, self.started_at = "starting", time.monotonic()
         logger.info("data plane started (pid %d)", self.process.pid)
 

@@ -175,8 +175,8 @@ class Inference:
             os.fsync(handle.fileno())
         staging.rename(target)
         try:
-            client = self.supervisor.client(timeout_s=LOAD_ALLOWANCE_S + canary["canary_s"])
-            client.load(name, {"canary": canary})
+            self.supervisor.client().load(name, {"canary": canary},
+                                          timeout_s=LOAD_ALLOWANCE_S + canary["canary_s"])
         except ServeError as error:
             shutil.rmtree(target, ignore_errors=True)
             code = "canary_failed" if error.code == "FAILED_PRECONDITION" else "model_rejected"

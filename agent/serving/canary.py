@@ -38,11 +38,12 @@ class CanaryLimits:
     canary_s: float = 5.0
     max_p99_ratio: float = 2.0
     max_error_rate: float = 0.003
+    max_p99_ms: float | None = None  # an absolute bound besides the ratio
     p99_floor_ms: float = 1.0
 
 
 _SCHEMA = {"canary_s": number(0.01, 3600), "max_p99_ratio": number(1.0, 1000),
-           "max_error_rate": number(0.0, 1.0)}
+           "max_error_rate": number(0.0, 1.0), "max_p99_ms": number(0.001, 3_600_000)}
 
 
 def parse_load_parameters(parameters: Mapping[str, Any],
@@ -87,6 +88,9 @@ def verdict(new: Window, old: Window | None, limits: CanaryLimits) -> str | None
     if new.error_rate > limits.max_error_rate:
         return (f"error rate {new.error_rate:.1%} ({new.errors} of {calls} calls) above "
                 f"{limits.max_error_rate:.1%}")
+    if limits.max_p99_ms is not None and new.count and \
+            robust_p99_ns(new) > limits.max_p99_ms * 1e6:
+        return f"p99 {_ms(robust_p99_ns(new))} ms above {limits.max_p99_ms:g} ms"
     if old is None or old.count == 0 or new.count == 0:
         return None
     p99, before = robust_p99_ns(new), robust_p99_ns(old)

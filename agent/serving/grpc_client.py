@@ -90,7 +90,7 @@ class GrpcClient:
     def ready(self) -> bool:
         return bool(self.call("ServerReady", proto.ServerReadyRequest()).ready)
 
-    def metadata(self, model: str, version: str = "") -> ModelMetadata:
+    def model_metadata(self, model: str, version: str = "") -> ModelMetadata:
         response = self.call("ModelMetadata", proto.ModelMetadataRequest(name=model,
                                                                          version=version))
         return ModelMetadata(response.name, tuple(response.versions), _specs(response.inputs),

@@ -247,7 +247,8 @@ class Version:
         entry: dict[str, Any] = {"name": self.model, "version": str(self.number)}
         entry.update(self.counters.view())
         entry["edge_agent"] = {
-            "latency": self.stats.snapshot(),
+            "snapshot": self.stats.snapshot(),
+            "window": self.stats.window().to_dict(),  # the control plane's guards compare it
             "stuck": self.stuck(),
             "providers": list(self.instances[0][1].providers),
             "threads": [built.intra_op for _, built in self.instances],

@@ -1,0 +1,99 @@
+"""``edge-agent infer --url``: drive a running data plane over HTTP or gRPC, as an
+application would, and print the same statistics as the local benchmark.
+
+``--concurrency`` clients each send one request after another (``--rate`` is split between
+them); every call is measured on the client, from request to decoded answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from agent.cli.common import UsageError
+from agent.inference.stats import LatencyStats, Window
+
+
+def _client(url: str, token: str | None, timeout_s: float) -> Any:
+    """An HTTP or gRPC client of our own, by the URL's scheme."""
+    if url.startswith("grpc://"):
+        from agent.serving.grpc_client import GrpcClient
+
+        return GrpcClient(url.removeprefix("grpc://"), token=token, timeout_s=timeout_s)
+    if url.startswith(("http://", "https://")):
+        from agent.serving.http_client import HttpClient
+
+        return HttpClient(url, token=token, timeout_s=timeout_s)
+    raise UsageError(f"--url {url}: expected http://HOST:PORT or grpc://HOST:PORT")
+
+
+def merged(windows: list[Window]) -> Window:
+    """One window of several clients' calls (their histograms added up)."""
+    first = windows[0]
+    starts = [w.first_start_ns for w in windows if w.first_start_ns is not None]
+    ends = [w.last_end_ns for w in windows if w.last_end_ns is not None]
+    return replace(first, count=sum(w.count for w in windows),
+                   errors=sum(w.errors for w in windows),
+                   deadline_misses=sum(w.deadline_misses for w in windows),
+                   sum_ns=sum(w.sum_ns for w in windows), max_ns=max(w.max_ns for w in windows),
+                   first_start_ns=min(starts, default=None), last_end_ns=max(ends, default=None),
+                   buckets=tuple(map(sum, zip(*(w.buckets for w in windows), strict=True))))
+
+
+def run_remote(args: argparse.Namespace, model: str,
+               stop: threading.Event) -> dict[str, Any]:
+    from agent.service.loaddriver import synthetic_feeds
+    from agent.serving.errors import ServeError
+
+    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    probe = _client(args.url, token, 10.0)
+    try:
+        metadata = probe.model_metadata(model)
+    except ServeError as error:
+        raise UsageError(f"--url {args.url}: {error}") from None
+    feeds = synthetic_feeds(metadata, {})
+    period_ns = int(1e9 * args.concurrency / args.rate) if args.rate else 0
+    end_ns = time.monotonic_ns() + int(args.seconds * 1e9)
+    stats = [LatencyStats() for _ in range(args.concurrency)]
+    errors: list[str] = []
+
+    def client_loop(mine: LatencyStats) -> None:
+        client = _client(args.url, token, 10.0)
+        due = time.monotonic_ns()
+        while not stop.is_set() and (start := time.monotonic_ns()) < end_ns:
+            mine.call_started(start)
+            try:
+                client.infer(model, feeds)
+                ok = True
+            except ServeError as error:
+                ok = False
+                errors.append(str(error))
+            mine.record(time.monotonic_ns() - start, ok)
+            if period_ns:
+                due += period_ns
+                if stop.wait(max(0, due - time.monotonic_ns()) / 1e9):
+                    break
+
+    threads = [threading.Thread(target=client_loop, args=(s,), daemon=True) for s in stats]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"url": args.url, "model": model, "versions": list(metadata.versions),
+            "concurrency": args.concurrency,
+            **merged([s.window() for s in stats]).snapshot(),
+            "last_error": errors[-1] if errors else None}
+
+
+def print_remote(result: dict[str, Any]) -> None:
+    latency = result["latency_ms"]
+    print(f"{result['model']} at {result['url']} ({result['concurrency']} client(s)): "
+          f"{result['count']} calls, {result['errors']} errors, "
+          f"{result['throughput_per_s']:.1f}/s, latency ms p50 {latency['p50']:.3f} "
+          f"p95 {latency['p95']:.3f} p99 {latency['p99']:.3f} max {latency['max']:.3f}")
+    if result["last_error"]:
+        print(f"last error: {result['last_error']}")
