@@ -62,7 +62,7 @@ class HttpServer:
         self.executor.shutdown(wait=True)
 
     def request(self, method: str, path: str, body: bytes | str | None = None,
-                headers: dict[str, str] | None = None) -> Reply:
+                headers: dict[str, str | bytes] | None = None) -> Reply:
         """One request on a fresh connection; a socket timeout fails the caller."""
         connection = http.client.HTTPConnection(self.host, self.port, timeout=TIMEOUT_S)
         try:

@@ -304,6 +304,20 @@ def test_body_above_the_limit_is_413(server: HttpServer) -> None:
     assert server.request("GET", "/v2/health/live").status == 200
 
 
+def test_expect_continue_and_anything_else(server: HttpServer) -> None:
+    body, headers = binary_body(image(1))
+    reply = server.request("POST", "/v2/models/demo/infer", body,
+                           {**headers, "Expect": "100-continue"})
+    assert reply.status == 200
+    big = server.request("POST", "/v2/models/demo/infer", b"x" * (LIMIT + 1),
+                         {"Expect": "100-continue"})
+    assert big.status == 413
+    for route in ("/v2/models/demo/infer", "/v2/nothing"):  # aiohttp's own handler: a 500
+        odd = server.request("POST", route, b"{}", {"Expect": b"\x80odd"})
+        assert (odd.status, odd.json()) == (417, {
+            "error": "only Expect: 100-continue is understood"})
+
+
 def test_wrong_method_is_405_json(server: HttpServer) -> None:
     reply = server.request("GET", "/v2/models/demo/infer")
     assert reply.status == 405 and "error" in reply.json()

@@ -76,6 +76,21 @@ class _Api:
         except ConnectionError:
             raise invalid("request body cut short") from None
 
+    async def expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue`` answered here rather than by aiohttp's default, which
+        runs outside the middleware and fails (500) on a header that is not UTF-8; a body
+        that is too big is refused before the client sends it."""
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            return error_response(417, "only Expect: 100-continue is understood")
+        length = request.content_length
+        if length is not None and length > self.max_request_bytes:
+            return error_response(413, f"request body of {length} bytes is above the "
+                                  f"limit of {self.max_request_bytes}")
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0
+        return None
+
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Token check, then the handler, every outcome a JSON answer (see the module)."""
@@ -165,18 +180,38 @@ def make_app(models: Models, access: Access, *, max_request_bytes: int,
     ``max_request_bytes`` are refused with 413."""
     api = _Api(models, access, max_request_bytes, executor)
     app = web.Application(client_max_size=max_request_bytes, middlewares=[api.guard])
+
+    def route(method: str, path: str, handler: Handler, name: str | None = None) -> None:
+        resource = app.router.add_resource(path, name=name)
+        resource.add_route(method, handler, expect_handler=api.expect)
+        if method == "GET":
+            resource.add_route("HEAD", handler, expect_handler=api.expect)
+        if method != "*":  # any other: 405 through our middleware, not aiohttp's fallback
+            resource.add_route("*", _wrong_method(method), expect_handler=api.expect)
+
     model, version = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
-    app.router.add_get("/v2/health/live", api.live)
-    app.router.add_get("/v2/health/ready", api.ready)
-    app.router.add_get("/v2", api.server_metadata)
-    app.router.add_get("/v2/models/stats", api.statistics)  # before {model} would take it
+    route("GET", "/v2/health/live", api.live)
+    route("GET", "/v2/health/ready", api.ready)
+    route("GET", "/v2", api.server_metadata)
+    route("GET", "/v2/models/stats", api.statistics)  # before {model} would take it
     for prefix in (model, version):
-        app.router.add_get(prefix, api.model_metadata)
-        app.router.add_get(prefix + "/ready", api.model_ready)
-        app.router.add_get(prefix + "/config", api.model_config)
-        app.router.add_get(prefix + "/stats", api.statistics)
-        app.router.add_post(prefix + "/infer", api.infer)
-    app.router.add_post("/v2/repository/index", api.index)
-    app.router.add_post("/v2/repository/models/{model}/load", api.load, name="load")
-    app.router.add_post("/v2/repository/models/{model}/unload", api.unload, name="unload")
+        route("GET", prefix, api.model_metadata)
+        route("GET", prefix + "/ready", api.model_ready)
+        route("GET", prefix + "/config", api.model_config)
+        route("GET", prefix + "/stats", api.statistics)
+        route("POST", prefix + "/infer", api.infer)
+    route("POST", "/v2/repository/index", api.index)
+    route("POST", "/v2/repository/models/{model}/load", api.load, name="load")
+    route("POST", "/v2/repository/models/{model}/unload", api.unload, name="unload")
+    route("*", "/{path:.*}", _no_route)
     return app
+
+
+def _wrong_method(allowed: str) -> Handler:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPMethodNotAllowed(request.method, [allowed])
+    return refuse
+
+
+async def _no_route(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPNotFound()
