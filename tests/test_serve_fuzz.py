@@ -7,9 +7,11 @@ a socket timeout fails the example, and the server must still answer its livenes
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import urllib.parse
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,6 +166,23 @@ def test_near_valid_inference_requests(server: HttpServer,
                                        headers: list[tuple[str, bytes]]) -> None:
     body, split = request
     check(server, *send(server, "POST", "/v2/models/demo/infer", body, split + headers))
+
+
+def compressed(algorithm: str, data: bytes, cut: int) -> bytes:
+    packed = gzip.compress(data) if algorithm == "gzip" else zlib.compress(data)
+    return packed[:cut] if cut else packed
+
+
+@FUZZ
+@given(route=routes, algorithm=st.sampled_from(["gzip", "deflate", "br", "zstd", "x"]),
+       body=st.one_of(st.binary(max_size=256), st.builds(
+           compressed, st.sampled_from(["gzip", "deflate"]),
+           st.one_of(st.binary(max_size=256), json_value.map(lambda v: json.dumps(v).encode()),
+                     st.just(b"0" * (2 << 20))), st.integers(0, 64))))
+def test_compressed_bodies(server: HttpServer, route: str, algorithm: str,
+                           body: bytes) -> None:
+    check(server, *send(server, "POST", route, body,
+                        [("Content-Encoding", algorithm.encode())]))
 
 
 @FUZZ

@@ -304,6 +304,21 @@ def test_body_above_the_limit_is_413(server: HttpServer) -> None:
     assert server.request("GET", "/v2/health/live").status == 200
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests(client: triton.InferenceServerClient, server: HttpServer,
+                             reference: ort.InferenceSession, algorithm: str) -> None:
+    x = image(1, seed=2)
+    given = triton.InferInput("image", list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    result = client.infer("demo", [given], request_compression_algorithm=algorithm)
+    np.testing.assert_allclose(result.as_numpy("probabilities"), expected(reference, x),
+                               rtol=1e-6)
+    reply = server.request("POST", "/v2/models/demo/infer", b"not compressed at all",
+                           {"Content-Encoding": algorithm})
+    assert reply.status == 400
+    assert reply.json()["error"].startswith("request body unreadable (Can not decode")
+
+
 def test_expect_continue_and_anything_else(server: HttpServer) -> None:
     body, headers = binary_body(image(1))
     reply = server.request("POST", "/v2/models/demo/infer", body,

@@ -71,8 +71,11 @@ class _Api:
         except web.HTTPRequestEntityTooLarge:
             raise ServeError("RESOURCE_EXHAUSTED", "request body is above the limit of "
                              f"{self.max_request_bytes} bytes") from None
-        except HttpProcessingError as error:
-            raise invalid(f"request body unreadable ({error.message})") from None
+        except (HttpProcessingError, web.RequestPayloadError) as error:
+            # a body cut short, or not in its Content-Encoding: the cause says which
+            cause = error.__cause__ if isinstance(error, web.RequestPayloadError) else error
+            detail = cause.message if isinstance(cause, HttpProcessingError) else str(error)
+            raise invalid(f"request body unreadable ({detail.strip()})") from None
         except ConnectionError:
             raise invalid("request body cut short") from None
 
