@@ -1,0 +1,220 @@
+"""The Open Inference Protocol (KServe v2) over HTTP, as Triton's clients speak it: health,
+metadata, config, statistics, the model-repository extension and inference with the binary
+tensor extension, in front of ``Models``.
+
+One middleware answers for every route: the bearer token first (load and unload always need
+it, everything else only on a non-loopback listener), then the handler; a ``ServeError``
+becomes ``{"error": …}`` with its status, aiohttp's own refusals (404, 405, 413) the same
+shape, and anything else is a bug: logged and answered 500, never left to hang a client.
+Decoding, inference and encoding run in ``executor`` together, so a large body or a slow
+model never stalls the loop that answers health probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from agent.serving import http_codec as codec
+from agent.serving.access import Access, bearer
+from agent.serving.core import Models
+from agent.serving.errors import ServeError, invalid
+
+log = logging.getLogger(__name__)
+
+CONTROL_ROUTES = frozenset({"load", "unload"})  # the routes that always need the token
+_T = TypeVar("_T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return web.Response(status=status, body=codec.dumps({"error": message}),
+                        content_type="application/json")
+
+
+def json_response(document: Any) -> web.Response:
+    return web.Response(body=codec.dumps(document), content_type="application/json")
+
+
+def _version(request: web.Request) -> str:
+    return request.match_info.get("version", "")
+
+
+class _Api:
+    """The handlers, over one ``Models``; each returns a response or raises ServeError."""
+
+    def __init__(self, models: Models, access: Access, max_request_bytes: int,
+                 executor: concurrent.futures.Executor) -> None:
+        self.models = models
+        self.access = access
+        self.max_request_bytes = max_request_bytes
+        self.executor = executor
+
+    async def _blocking(self, call: Callable[..., _T], *args: Any) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, call, *args)
+
+    async def _body(self, request: web.Request) -> bytes:
+        """The whole body, refused with 413 before reading when it says it is too big."""
+        length = request.content_length
+        if length is not None and length > self.max_request_bytes:
+            raise ServeError("RESOURCE_EXHAUSTED", f"request body of {length} bytes is above "
+                             f"the limit of {self.max_request_bytes}")
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise ServeError("RESOURCE_EXHAUSTED", "request body is above the limit of "
+                             f"{self.max_request_bytes} bytes") from None
+        except (HttpProcessingError, web.RequestPayloadError) as error:
+            # a body cut short, or not in its Content-Encoding: the cause says which
+            cause = error.__cause__ if isinstance(error, web.RequestPayloadError) else error
+            detail = cause.message if isinstance(cause, HttpProcessingError) else str(error)
+            raise invalid(f"request body unreadable ({detail.strip()})") from None
+        except ConnectionError:
+            raise invalid("request body cut short") from None
+
+    async def expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue`` answered here rather than by aiohttp's default, which
+        runs outside the middleware and fails (500) on a header that is not UTF-8; a body
+        that is too big is refused before the client sends it."""
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            return error_response(417, "only Expect: 100-continue is understood")
+        length = request.content_length
+        if length is not None and length > self.max_request_bytes:
+            return error_response(413, f"request body of {length} bytes is above the "
+                                  f"limit of {self.max_request_bytes}")
+        if request.version >= (1, 1):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0
+        return None
+
+    @web.middleware
+    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Token check, then the handler, every outcome a JSON answer (see the module)."""
+        try:
+            route = request.match_info.route.name
+            self.access.check(bearer(request.headers.get("Authorization")),
+                              control=route in CONTROL_ROUTES)
+            return await handler(request)
+        except ServeError as error:
+            return error_response(error.http_status, error.message)
+        except web.HTTPException as error:
+            if error.status < 400:
+                raise
+            return error_response(error.status, error.reason)
+        except Exception:
+            log.exception("HTTP %s %s failed", request.method, request.path)
+            return error_response(500, "internal error")
+
+    async def live(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200 if self.models.live() else 503)
+
+    async def ready(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200 if self.models.ready() else 503)
+
+    async def server_metadata(self, request: web.Request) -> web.StreamResponse:
+        return json_response(self.models.server_metadata())
+
+    async def model_metadata(self, request: web.Request) -> web.StreamResponse:
+        meta = self.models.model_metadata(request.match_info["model"], _version(request))
+        return json_response(codec.metadata_json(meta))
+
+    async def model_ready(self, request: web.Request) -> web.StreamResponse:
+        """200 ready, 400 known but not ready (Triton's answer; the protocol's "4xx is
+        false"), 404 for a model the repository does not hold."""
+        ready = self.models.model_ready(request.match_info["model"], _version(request))
+        return web.Response(status=200 if ready else 400)
+
+    async def model_config(self, request: web.Request) -> web.StreamResponse:
+        name, version = request.match_info["model"], _version(request)
+        if version:
+            self.models.model_ready(name, version)  # NOT_FOUND for a version it lacks
+        return json_response(codec.config_json(self.models.model_config(name)))
+
+    async def statistics(self, request: web.Request) -> web.StreamResponse:
+        stats = self.models.statistics(request.match_info.get("model", ""), _version(request))
+        return json_response({"model_stats": stats})
+
+    def _infer(self, model: str, version: str, body: bytes,
+               header: str | None) -> tuple[bytes, int | None]:
+        decoded = codec.decode_infer(model, version, body,
+                                     codec.header_length(header, len(body)))
+        return codec.encode_infer(self.models.infer(decoded.request), decoded)
+
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        payload, head = await self._blocking(
+            self._infer, request.match_info["model"], _version(request), body,
+            request.headers.get(codec.HEADER_LENGTH))
+        if head is None:
+            return web.Response(body=payload, content_type="application/json")
+        return web.Response(body=payload, content_type="application/octet-stream",
+                            headers={codec.HEADER_LENGTH: str(head)})
+
+    async def index(self, request: web.Request) -> web.StreamResponse:
+        document = codec.optional_object(await self._body(request), "the index request")
+        ready = document.get("ready", False)
+        if not isinstance(ready, bool):
+            raise invalid("ready must be true or false")
+        return json_response(codec.index_json(self.models.index(ready)))
+
+    async def _control(self, request: web.Request, call: Callable[..., None]) -> web.Response:
+        document = codec.optional_object(await self._body(request), "the request")
+        params = codec.parameters(document.get("parameters"), "parameters")
+        await self._blocking(call, request.match_info["model"], params)
+        return web.Response(status=200)
+
+    async def load(self, request: web.Request) -> web.StreamResponse:
+        return await self._control(request, self.models.load)
+
+    async def unload(self, request: web.Request) -> web.StreamResponse:
+        return await self._control(request, self.models.unload)
+
+
+def make_app(models: Models, access: Access, *, max_request_bytes: int,
+             executor: concurrent.futures.Executor) -> web.Application:
+    """The application to serve (with ``aiohttp.web.AppRunner``); bodies above
+    ``max_request_bytes`` are refused with 413."""
+    api = _Api(models, access, max_request_bytes, executor)
+    app = web.Application(client_max_size=max_request_bytes, middlewares=[api.guard])
+
+    def route(method: str, path: str, handler: Handler, name: str | None = None) -> None:
+        resource = app.router.add_resource(path, name=name)
+        resource.add_route(method, handler, expect_handler=api.expect)
+        if method == "GET":
+            resource.add_route("HEAD", handler, expect_handler=api.expect)
+        if method != "*":  # any other: 405 through our middleware, not aiohttp's fallback
+            resource.add_route("*", _wrong_method(method), expect_handler=api.expect)
+
+    model, version = "/v2/models/{model}", "/v2/models/{model}/versions/{version}"
+    route("GET", "/v2/health/live", api.live)
+    route("GET", "/v2/health/ready", api.ready)
+    route("GET", "/v2", api.server_metadata)
+    route("GET", "/v2/models/stats", api.statistics)  # before {model} would take it
+    for prefix in (model, version):
+        route("GET", prefix, api.model_metadata)
+        route("GET", prefix + "/ready", api.model_ready)
+        route("GET", prefix + "/config", api.model_config)
+        route("GET", prefix + "/stats", api.statistics)
+        route("POST", prefix + "/infer", api.infer)
+    route("POST", "/v2/repository/index", api.index)
+    route("POST", "/v2/repository/models/{model}/load", api.load, name="load")
+    route("POST", "/v2/repository/models/{model}/unload", api.unload, name="unload")
+    route("*", "/{path:.*}", _no_route)
+    return app
+
+
+def _wrong_method(allowed: str) -> Handler:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPMethodNotAllowed(request.method, [allowed])
+    return refuse
+
+
+async def _no_route(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPNotFound()

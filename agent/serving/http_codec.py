@@ -1,0 +1,274 @@
+"""The HTTP front end's bodies: an inference request in JSON with the binary tensor extension
+decoded into ``InferRequest``, and results, metadata and configs encoded back.
+
+Every field is checked for its type before it is used, and every size against the body it
+came in, so a hostile body costs at most a pass over its own bytes and ends in a 400 that
+says which field is wrong; nothing in it reaches numpy or the runtime unchecked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.serving.core import (
+    IndexEntry,
+    InferRequest,
+    InferResult,
+    ModelConfigView,
+    ModelMetadata,
+    OutputRequest,
+    TensorSpec,
+)
+from agent.serving.errors import invalid
+from agent.serving.tensors import from_raw, from_values, to_raw, to_values
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+BACKEND = "onnxruntime"
+MAX_INT_DIGITS = 40  # beyond int64/uint64: refused before Python parses it (quadratic in 3.10)
+MAX_NAME = 1024
+_DIGITS = re.compile(r"[0-9]{1,20}")
+# Input parameters that ask for what this server does not do; refused, never ignored.
+_UNSUPPORTED_INPUT = ("shared_memory_region", "shared_memory_byte_size",
+                      "shared_memory_offset")
+_UNSUPPORTED_OUTPUT = ("classification", *_UNSUPPORTED_INPUT)
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise invalid(f"JSON integer of {len(text)} digits is out of range")
+    return int(text)
+
+
+def loads(raw: bytes | memoryview, what: str) -> Any:
+    """A JSON document, or a 400 naming ``what`` and why it is not one."""
+    try:
+        text = bytes(raw).decode("utf-8")
+        return json.loads(text, parse_int=_parse_int)
+    except UnicodeDecodeError:
+        raise invalid(f"{what} is not UTF-8") from None
+    except RecursionError:
+        raise invalid(f"{what} is nested too deeply") from None
+    except ValueError as error:
+        raise invalid(f"{what} is not JSON ({error})") from None
+
+
+def dumps(document: Any) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode("utf-8")
+
+
+def header_length(value: str | None, body_length: int) -> int | None:
+    """The JSON part's length from ``Inference-Header-Content-Length`` (None: the whole
+    body), refused unless it is a plain decimal within the body."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not _DIGITS.fullmatch(text):
+        raise invalid(f"{HEADER_LENGTH} {value[:40]!r} is not a byte count")
+    length = int(text)
+    if length > body_length:
+        raise invalid(f"{HEADER_LENGTH} {length} is beyond the body's {body_length} bytes")
+    return length
+
+
+def _name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise invalid(f"{what} must be a non-empty string")
+    if len(value) > MAX_NAME:
+        raise invalid(f"{what} is longer than {MAX_NAME} characters")
+    return value
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid(f"{what} must be a JSON object")
+    return value
+
+
+def parameters(value: Any, what: str) -> dict[str, Any]:
+    """A ``$parameters`` object: each value a string, number or boolean, as the protocol
+    says (a finite number: NaN is no parameter)."""
+    found = _object(value, what)
+    for key, item in found.items():
+        if isinstance(item, float) and not math.isfinite(item):
+            raise invalid(f"{what}.{key[:64]} must be finite")
+        if not isinstance(item, str | int | float | bool):
+            raise invalid(f"{what}.{key[:64]} must be a string, number or boolean")
+    return found
+
+
+def _flag(params: Mapping[str, Any], key: str, what: str) -> bool | None:
+    value = params.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise invalid(f"{what}.{key} must be true or false")
+    return value
+
+
+@dataclass(frozen=True)
+class _InputHead:
+    name: str
+    datatype: Any
+    shape: Sequence[Any]
+    binary_size: int | None
+    data: Any
+
+
+def _input_head(index: int, item: Any) -> _InputHead:
+    where = f"inputs[{index}]"
+    if not isinstance(item, dict):
+        raise invalid(f"{where} must be a JSON object")
+    name = _name(item.get("name"), f"{where}.name")
+    shape = item.get("shape")
+    if not isinstance(shape, list):
+        raise invalid(f"input {name}: shape must be a list of integers")
+    params = parameters(item.get("parameters"), f"input {name}: parameters")
+    for key in _UNSUPPORTED_INPUT:
+        if key in params:
+            raise invalid(f"input {name}: {key} is not supported (no shared memory here)")
+    size = params.get("binary_data_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise invalid(f"input {name}: binary_data_size must be an integer 0 or above")
+    if size is not None and "data" in item:
+        raise invalid(f"input {name}: both data and binary_data_size given")
+    if size is None and "data" not in item:
+        raise invalid(f"input {name}: no data and no binary_data_size")
+    return _InputHead(name, item.get("datatype"), shape, size, item.get("data"))
+
+
+def _outputs(value: Any) -> tuple[OutputRequest, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise invalid("outputs must be a list")
+    found = []
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise invalid(f"outputs[{index}] must be a JSON object")
+        name = _name(item.get("name"), f"outputs[{index}].name")
+        params = parameters(item.get("parameters"), f"output {name}: parameters")
+        for key in _UNSUPPORTED_OUTPUT:
+            if key in params:
+                raise invalid(f"output {name}: {key} is not supported")
+        found.append(OutputRequest(name, _flag(params, "binary_data", f"output {name}")))
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class DecodedInfer:
+    """A request and whether its outputs come back binary by default."""
+
+    request: InferRequest
+    binary_default: bool
+
+
+def decode_infer(model: str, version: str, body: bytes, length: int | None) -> DecodedInfer:
+    """The request in ``body``: JSON (its first ``length`` bytes, or all of it), then each
+    binary input's bytes in input order, which must add up to exactly the rest."""
+    view = memoryview(body)
+    head_end = len(body) if length is None else length
+    document = loads(view[:head_end], "the inference request")
+    if not isinstance(document, dict):
+        raise invalid("the inference request must be a JSON object")
+    request_id = document.get("id", "")
+    if not isinstance(request_id, str):
+        raise invalid("id must be a string")
+    params = parameters(document.get("parameters"), "parameters")
+    binary_default = _flag(params, "binary_data_output", "parameters") or False
+    items = document.get("inputs")
+    if not isinstance(items, list) or not items:
+        raise invalid("inputs must be a non-empty list")
+    heads = [_input_head(index, item) for index, item in enumerate(items)]
+    outputs = _outputs(document.get("outputs"))
+    binary = view[head_end:]
+    wanted = sum(head.binary_size or 0 for head in heads)
+    if wanted != len(binary):
+        raise invalid(f"binary_data_size of the inputs add up to {wanted} bytes, but "
+                      f"{len(binary)} follow the JSON")
+    inputs, offset = [], 0
+    for head in heads:
+        if head.binary_size is None:
+            inputs.append(from_values(head.name, head.datatype, head.shape, head.data))
+        else:
+            chunk = binary[offset:offset + head.binary_size]
+            offset += head.binary_size
+            inputs.append(from_raw(head.name, head.datatype, head.shape, chunk))
+    extra = {key: value for key, value in params.items() if key != "binary_data_output"}
+    return DecodedInfer(InferRequest(model, version, tuple(inputs), outputs, request_id, extra),
+                        binary_default)
+
+
+def encode_infer(result: InferResult, decoded: DecodedInfer) -> tuple[bytes, int | None]:
+    """The response body and, when any output travels binary, the JSON part's length."""
+    asked = {out.name: out.binary for out in decoded.request.outputs}
+    document: dict[str, Any] = {"model_name": result.model, "model_version": result.version}
+    if decoded.request.id:
+        document["id"] = decoded.request.id
+    entries, chunks = [], []
+    for tensor in result.outputs:
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype,
+                                 "shape": list(tensor.array.shape)}
+        binary = asked.get(tensor.name)
+        if binary if binary is not None else decoded.binary_default:
+            raw = to_raw(tensor.array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = to_values(tensor.array)
+        entries.append(entry)
+    document["outputs"] = entries
+    head = dumps(document)
+    if not chunks:
+        return head, None
+    return b"".join([head, *chunks]), len(head)
+
+
+def metadata_json(meta: ModelMetadata) -> dict[str, Any]:
+    return {"name": meta.name, "versions": list(meta.versions), "platform": meta.platform,
+            "inputs": [spec.to_dict() for spec in meta.inputs],
+            "outputs": [spec.to_dict() for spec in meta.outputs]}
+
+
+def config_type(datatype: str) -> str:
+    """Triton's model-config name of a protocol datatype (BYTES is its TYPE_STRING)."""
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
+def _config_tensor(spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "data_type": config_type(spec.datatype),
+            "dims": list(spec.shape)}
+
+
+def config_json(view: ModelConfigView) -> dict[str, Any]:
+    """The model configuration as Triton's ``GET …/config`` spells it."""
+    return {
+        "name": view.name, "platform": view.platform, "backend": BACKEND,
+        "max_batch_size": view.max_batch_size,
+        "input": [_config_tensor(spec) for spec in view.inputs],
+        "output": [_config_tensor(spec) for spec in view.outputs],
+        "instance_group": [{"name": f"{view.name}_{index}", "kind": group.kind,
+                            "count": group.count, "gpus": list(group.gpus)}
+                           for index, group in enumerate(view.instance_groups)],
+        "version_policy": dict(view.version_policy),
+        "parameters": {key: {"string_value": value} for key, value in view.parameters.items()},
+    }
+
+
+def index_json(entries: Sequence[IndexEntry]) -> list[dict[str, str]]:
+    return [{"name": e.name, "version": e.version, "state": e.state, "reason": e.reason}
+            for e in entries]
+
+
+def optional_object(body: bytes, what: str) -> dict[str, Any]:
+    """An optional JSON object body (index, load, unload): empty is ``{}``."""
+    if not body.strip():
+        return {}
+    document = loads(body, what)
+    if not isinstance(document, dict):
+        raise invalid(f"{what} must be a JSON object")
+    return document

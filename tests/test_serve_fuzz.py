@@ -1,0 +1,202 @@
+"""Hostile bodies and headers against the HTTP data plane, over raw sockets so that nothing
+a client library would refuse to send is left out: random bytes, JSON of every shape, near-
+valid inference requests with one field wrong (huge or negative dimensions, NaN, sizes beyond
+the body, garbage Inference-Header-Content-Length).  Every answer must be a refusal (4xx, or
+503 for a model unloaded by an earlier example) or a success, never a 500 and never silence:
+a socket timeout fails the example, and the server must still answer its liveness probe."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import urllib.parse
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from http_helpers import HttpServer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from serving_helpers import DemoModels
+
+from agent.serving.access import Access
+from agent.serving.core import DATATYPES
+
+TOKEN = "fuzz-token"
+TIMEOUT_S = 10.0
+FUZZ = settings(deadline=None, max_examples=150, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
+    directory: Path = tmp_path_factory.mktemp("fuzz")
+    (directory / "token").write_text(TOKEN)
+    running = HttpServer(DemoModels(), Access((directory / "token",), everything=False),
+                         max_request_bytes=1 << 20)
+    yield running
+    running.stop()
+
+
+def send(server: HttpServer, method: str, path: str, body: bytes,
+         headers: list[tuple[str, bytes]]) -> tuple[int, bytes]:
+    """One request as raw bytes on a fresh connection; the status and body of the answer."""
+    head = [f"{method} {path} HTTP/1.1".encode(), b"Host: fuzz",
+            f"Content-Length: {len(body)}".encode(), b"Connection: close"]
+    head += [name.encode() + b": " + value for name, value in headers]
+    with socket.create_connection((server.host, server.port), timeout=TIMEOUT_S) as sock:
+        sock.sendall(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        received = b""
+        while chunk := sock.recv(65536):  # a timeout raises: the server hung
+            received += chunk
+    while received.startswith(b"HTTP/1.1 1"):  # an interim 100 Continue: the answer follows
+        received = received.partition(b"\r\n\r\n")[2]
+    status_line, _, rest = received.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1."), received[:200]
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+def check(server: HttpServer, status: int, body: bytes) -> None:
+    assert status < 500 or status == 503, (status, body[:500])
+    if status >= 400 and body.startswith(b"{"):
+        assert isinstance(json.loads(body)["error"], str)
+    assert send(server, "GET", "/v2/health/live", b"", [])[0] == 200
+
+
+def mostly(right: st.SearchStrategy[Any], wrong: st.SearchStrategy[Any]) -> Any:
+    """``right`` about seven times in eight, so a wrong field is reached past the right ones
+    (the choice in the middle of the range: Hypothesis favours the ends of one)."""
+    return st.integers(0, 7).flatmap(lambda pick: wrong if pick == 3 else right)
+
+
+header_value = st.one_of(
+    st.sampled_from([b"100-continue", b"gzip", b"deflate", b"br", b"application/json",
+                     b"Bearer " + TOKEN.encode(), b"Bearer", b"0", b"-1"]),
+    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=24).map(str.encode),
+    st.text(st.characters(min_codepoint=1, max_codepoint=255, blacklist_characters="\r\n"),
+            max_size=24).map(lambda text: text.encode("latin-1")))
+big_ints = st.sampled_from([2**40, 2**63, 2**64 + 1, -1, -(2**63), 10**30, 0])
+json_scalar = st.one_of(st.none(), st.booleans(), st.integers(), big_ints,
+                        st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20))
+json_value = st.recursive(json_scalar, lambda inner: st.one_of(
+    st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=10), inner, max_size=5)),
+    max_leaves=25)
+dims = st.lists(st.one_of(st.integers(-2, 70), big_ints), max_size=18)
+datatype = st.one_of(st.sampled_from([*DATATYPES, "BYTES", "fp32", ""]), json_value)
+size = st.one_of(st.integers(0, 4096), big_ints, json_value)
+PIXELS = 3 * 64 * 64
+
+
+@st.composite
+def infer_body(draw: st.DrawFn) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """A near-valid request: mostly right field by field (so that a wrong one is reached),
+    binary or JSON, the JSON part's length in its header right, wrong or not a number."""
+    batch = draw(st.integers(0, 2))
+    binary = draw(st.booleans())
+    entry: dict[str, Any] = {
+        "name": draw(mostly(st.just("image"), st.one_of(st.sampled_from(["x", ""]),
+                                                        json_value))),
+        "shape": draw(mostly(st.just([batch, 3, 64, 64]), st.one_of(dims, json_value))),
+        "datatype": draw(mostly(st.just("FP32"), datatype))}
+    tail = b""
+    if binary:
+        entry["parameters"] = {"binary_data_size": draw(mostly(st.just(batch * PIXELS * 4),
+                                                               size))}
+        tail = draw(mostly(st.just(b"\0" * (batch * PIXELS * 4)), st.binary(max_size=64)))
+    else:
+        entry["data"] = draw(mostly(
+            st.floats(allow_nan=True, allow_infinity=True).map(lambda v: [v] * batch * PIXELS),
+            st.one_of(st.lists(st.floats(), max_size=8), json_value)))
+    if not draw(st.integers(0, 5)):
+        entry["parameters"] = draw(json_value)
+    document: dict[str, Any] = {"inputs": draw(mostly(st.just([entry]), st.one_of(
+        st.just([entry, entry]), st.just([]), json_value)))}
+    outputs = st.lists(st.fixed_dictionaries(
+        {"name": mostly(st.just("probabilities"), json_value),
+         "parameters": mostly(st.fixed_dictionaries({"binary_data": st.booleans()}),
+                              json_value)}), max_size=2)
+    for key, strategy in (("id", mostly(st.text(max_size=8), json_value)),
+                          ("parameters", mostly(st.fixed_dictionaries(
+                              {"binary_data_output": st.booleans()}), json_value)),
+                          ("outputs", mostly(outputs, json_value))):
+        if draw(st.booleans()):
+            document[key] = draw(strategy)
+    head = json.dumps(document).encode()
+    length = draw(mostly(st.just(str(len(head)).encode()), st.one_of(
+        st.integers().map(lambda n: str(n).encode()), big_ints.map(lambda n: str(n).encode()),
+        header_value)))
+    headers = [("Inference-Header-Content-Length", length)] if binary or draw(st.booleans()) \
+        else []
+    return head + tail, headers
+
+
+extra_headers = st.lists(st.tuples(st.sampled_from(
+    ["Inference-Header-Content-Length", "Content-Type", "Authorization", "Content-Encoding",
+     "Accept-Encoding", "Accept", "Expect"]), header_value), max_size=3)
+routes = st.sampled_from(["/v2/models/demo/infer", "/v2/models/demo/versions/1/infer",
+                          "/v2/models/demo/versions/x/infer", "/v2/models/nope/infer",
+                          "/v2/repository/index", "/v2/repository/models/demo/load",
+                          "/v2/repository/models/demo/unload"])
+
+
+@FUZZ
+@given(route=routes, body=st.binary(max_size=512), headers=extra_headers)
+def test_random_bytes_and_headers(server: HttpServer, route: str, body: bytes,
+                                  headers: list[tuple[str, bytes]]) -> None:
+    check(server, *send(server, "POST", route, body, headers))
+
+
+@FUZZ
+@given(route=routes, document=json_value, token=st.booleans())
+def test_random_json_documents(server: HttpServer, route: str, document: Any,
+                               token: bool) -> None:
+    headers = [("Authorization", f"Bearer {TOKEN}".encode())] if token else []
+    check(server, *send(server, "POST", route, json.dumps(document).encode(), headers))
+
+
+@FUZZ
+@given(request=infer_body(), headers=st.lists(st.tuples(st.sampled_from(
+    ["Content-Type", "Authorization", "Content-Encoding", "Expect"]), header_value),
+    max_size=1))
+def test_near_valid_inference_requests(server: HttpServer,
+                                       request: tuple[bytes, list[tuple[str, bytes]]],
+                                       headers: list[tuple[str, bytes]]) -> None:
+    body, split = request
+    check(server, *send(server, "POST", "/v2/models/demo/infer", body, split + headers))
+
+
+def compressed(algorithm: str, data: bytes, cut: int) -> bytes:
+    packed = gzip.compress(data) if algorithm == "gzip" else zlib.compress(data)
+    return packed[:cut] if cut else packed
+
+
+@FUZZ
+@given(route=routes, algorithm=st.sampled_from(["gzip", "deflate", "br", "zstd", "x"]),
+       body=st.one_of(st.binary(max_size=256), st.builds(
+           compressed, st.sampled_from(["gzip", "deflate"]),
+           st.one_of(st.binary(max_size=256), json_value.map(lambda v: json.dumps(v).encode()),
+                     st.just(b"0" * (2 << 20))), st.integers(0, 64))))
+def test_compressed_bodies(server: HttpServer, route: str, algorithm: str,
+                           body: bytes) -> None:
+    check(server, *send(server, "POST", route, body,
+                        [("Content-Encoding", algorithm.encode())]))
+
+
+@FUZZ
+@given(segments=st.lists(st.text(max_size=12), max_size=6),
+       method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "HEAD"]),
+       headers=extra_headers)
+def test_random_paths(server: HttpServer, segments: list[str], method: str,
+                      headers: list[tuple[str, bytes]]) -> None:
+    path = "/v2/" + "/".join(urllib.parse.quote(segment, safe="") for segment in segments)
+    if method == "HEAD":  # no body comes back: only the status line to check
+        with socket.create_connection((server.host, server.port), timeout=TIMEOUT_S) as sock:
+            sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: f\r\nConnection: close\r\n\r\n"
+                         .encode())
+            status = int(sock.recv(65536).split()[1])
+        check(server, status, b"")
+    else:
+        check(server, *send(server, method, path, b"", headers))
