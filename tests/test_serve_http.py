@@ -40,6 +40,24 @@ def server(demo: DemoModels, tmp_path: Path) -> Iterator[HttpServer]:
     running.stop()
 
 
+def test_a_server_not_ready_answers_503(tmp_path: Path) -> None:
+    """A registry that has not finished its start (its models not loaded and probed)."""
+    from serving_helpers import cpu_factory
+
+    from agent.serving.registry import ModelRegistry
+
+    starting = ModelRegistry(tmp_path, {"demo": DEMO_MODEL_PATH}, cpu_factory)
+    running = HttpServer(starting, Access((token_file(tmp_path, TOKEN),), everything=False),
+                         max_request_bytes=LIMIT)
+    try:
+        assert running.request("GET", "/v2/health/ready").status == 503
+        assert running.request("GET", "/v2/health/live").status == 200
+        body, headers = binary_body(image(1))
+        assert running.request("POST", "/v2/models/demo/infer", body, headers).status == 503
+    finally:
+        running.stop()
+
+
 @pytest.fixture()
 def client(server: HttpServer) -> Iterator[triton.InferenceServerClient]:
     connection = triton.InferenceServerClient(server.url, network_timeout=10.0)
@@ -82,14 +100,18 @@ def test_model_metadata_and_config(client: triton.InferenceServerClient) -> None
     assert client.get_model_metadata("demo") == meta
     assert client.get_model_metadata("demo", "1") == meta
     assert client.is_model_ready("demo") and client.is_model_ready("demo", "1")
-    assert client.get_model_config("demo") == {
+    config = client.get_model_config("demo")
+    parameters = config.pop("parameters")
+    assert parameters["providers"] == {"string_value": "CPUExecutionProvider"}
+    assert parameters["precision"] == {"string_value": "fp32"}
+    assert len(parameters["sha256.1"]["string_value"]) == 64
+    assert config == {
         "name": "demo", "platform": "onnxruntime_onnx", "backend": "onnxruntime",
         "max_batch_size": 4,
         "input": [{"name": "image", "data_type": "TYPE_FP32", "dims": [3, 64, 64]}],
         "output": [{"name": "probabilities", "data_type": "TYPE_FP32", "dims": [10]}],
         "instance_group": [{"name": "demo_0", "kind": "KIND_CPU", "count": 1, "gpus": []}],
-        "version_policy": {"latest": 1},
-        "parameters": {"providers": {"string_value": "CPUExecutionProvider"}}}
+        "version_policy": {"latest": 1}}
     assert client.get_model_config("demo", "1")["name"] == "demo"
 
 
@@ -189,8 +211,9 @@ def test_repository_control_needs_the_token(client: triton.InferenceServerClient
     assert client.get_model_repository_index() == [
         {"name": "demo", "version": "", "state": "UNAVAILABLE", "reason": "unloaded"}]
     assert server.request("POST", "/v2/repository/index", '{"ready": true}').json() == []
-    assert not client.is_model_ready("demo") and not client.is_server_ready()
-    assert server.request("GET", "/v2/health/ready").status == 503
+    # the server stays ready: an unloaded model is not a fault (Triton's rule too)
+    assert not client.is_model_ready("demo") and client.is_server_ready()
+    assert server.request("GET", "/v2/health/ready").status == 200
     assert server.request("GET", "/v2/models/demo/ready").status == 400
     assert server.request("GET", "/v2/models/demo/versions/1/ready").status == 400
     body, headers = binary_body(image(1))

@@ -3,6 +3,7 @@ method, the errors it turns answers and lost connections into, and the one recon
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -54,7 +55,8 @@ def raised(call: object, *args: object, **kwargs: object) -> ServeError:
 def test_health_and_metadata(client: HttpClient, demo: DemoModels) -> None:
     assert client.live() and client.ready()
     assert client.server_metadata()["name"] == "edge-agent"
-    meta = ModelMetadata("demo", ("1",), demo.inputs, demo.outputs)
+    meta = demo.model_metadata("demo", "")
+    assert isinstance(meta, ModelMetadata) and meta.versions == ("1",)
     assert client.model_metadata("demo") == meta
     assert client.model_metadata("demo", "1") == meta
     assert client.model_ready("demo") and client.model_ready("demo", "1")
@@ -82,10 +84,11 @@ def test_statistics_index_load_unload(client: HttpClient, server: HttpServer) ->
     client.unload("demo")
     assert client.index() == [IndexEntry("demo", "", "UNAVAILABLE", "unloaded")]
     assert client.index(ready_only=True) == []
-    assert not client.model_ready("demo") and not client.ready()
+    # the server stays ready: an unloaded model is not a fault (Triton's rule too)
+    assert not client.model_ready("demo") and client.ready()
     error = raised(client.infer, "demo", {"image": image(1)})
     assert error.code == "UNAVAILABLE" and "not loaded" in error.message
-    client.load("demo", {"config": "{}"}, timeout_s=30.0)
+    client.load("demo", {"canary": json.dumps({"canary_s": 0.1})}, timeout_s=30.0)
     assert client.model_ready("demo")
 
 

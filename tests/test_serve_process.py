@@ -161,6 +161,8 @@ def test_kill_9_of_the_data_plane_under_load_is_an_event_and_a_restart(
         first = serving_addresses(state_dir)
         client = httpclient.InferenceServerClient(first["http"])
         assert wait_until(client.is_server_ready, 60)
+        assert wait_until(lambda: [s for s in subscriber.on("state")
+                                   if s["state"] == "online"], 60)  # the agent is up
 
         def load() -> None:
             while not done.is_set():
@@ -194,8 +196,10 @@ def test_kill_9_of_the_data_plane_under_load_is_an_event_and_a_restart(
         done.set()
         driver.join(30)
         assert agent.poll() is None  # the control plane never went down
+        assert wait_until(lambda: subscriber.on("state")[-1]["state"] == "online", 30)
         states = [s.get("state") for s in subscriber.on("state")]
-        assert "offline" not in states and "degraded" in states and states[-1] == "online"
+        assert "offline" not in states and "degraded" in states and states[-1] == "online", \
+            [(s["state"], s.get("reason")) for s in subscriber.on("state")]
         pings = [t for t, line in notes if line == "WATCHDOG=1"]
         assert any(killed_at < t < recovered for t in pings) or recovered - killed_at < 0.6
         gaps = [b - a for a, b in itertools.pairwise(pings) if a > killed_at - 2]

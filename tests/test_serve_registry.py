@@ -225,7 +225,9 @@ def test_unload_load_and_the_index(registry: ModelRegistry, repo: Path) -> None:
     assert registry.statistics("mlp", "") == []
     registry.load("mlp", {})
     assert registry.model_ready("mlp", "") and registry.model_ready("mlp", "1")
-    assert registry.model_ready("mlp", "2") is False
+    with pytest.raises(ServeError) as unserved:
+        registry.model_ready("mlp", "2")
+    assert unserved.value.code == "NOT_FOUND"
     assert registry.infer(request()).version == "1"
     put(repo, "later", 1, onnx_models.mlp)  # added after start: listed, served once loaded
     assert ("later", "", "UNAVAILABLE", "not loaded") in [

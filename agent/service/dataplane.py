@@ -65,6 +65,7 @@ class Supervisor:
         self.addresses: dict[str, str] = {}
         self.state = "stopped"  # starting | ready | not_ready | restarting | stopped
         self.reason: str | None = None
+        self.last_exit: str | None = None  # how the last process ended, for the problem
         self.restarts = 0
         self.stats: list[dict[str, Any]] = []  # the last statistics read
         self.index: list[Any] = []  # IndexEntry rows, the last read
@@ -129,6 +130,7 @@ class Supervisor:
         self.process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL, env=env,
                                         start_new_session=True)
         self.state, self.started_at = "starting", time.monotonic()
+        self.reason = None if self.last_exit is None else f"starting again ({self.last_exit})"
         logger.info("data plane started (pid %d)", self.process.pid)
 
     def stop(self, ending: Ending | None = None) -> None:
@@ -249,8 +251,9 @@ class Supervisor:
         reason = exit_reason(code)
         uptime = round(time.monotonic() - self.started_at, 1)
         self.state, self.stats, self.index = "restarting", [], []
-        self.reason = (f"the data plane exited ({', '.join(f'{k} {v}' for k, v in reason.items())})"
-                       f"; restarting in {backoff:.0f} s")
+        self.last_exit = ("the last one exited with "
+                          + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in reason.items()))
+        self.reason = f"{self.last_exit}; restarting in {backoff:.0f} s"
         logger.error("data plane (pid %d): %s", process.pid, self.reason)
         self.on_event("data_plane_exited", pid=process.pid, **reason, uptime_s=uptime,
                       restarts=self.restarts, restart_in_s=backoff)

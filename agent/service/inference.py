@@ -4,6 +4,7 @@ fleet makes to it (a new model version, a restart, a new profile's scheduling)."
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -175,7 +176,7 @@ class Inference:
             os.fsync(handle.fileno())
         staging.rename(target)
         try:
-            self.supervisor.client().load(name, {"canary": canary},
+            self.supervisor.client().load(name, {"canary": json.dumps(canary)},
                                           timeout_s=LOAD_ALLOWANCE_S + canary["canary_s"])
         except ServeError as error:
             shutil.rmtree(target, ignore_errors=True)

@@ -184,6 +184,8 @@ class Service:
         return infer_response(self.models.infer(infer_request(request)))
 
     def ModelConfig(self, request: Any) -> Any:
+        if request.version:
+            self.models.model_ready(request.name, request.version)  # NOT_FOUND if it lacks it
         return model_config(self.models.model_config(request.name))
 
     def ModelStatistics(self, request: Any) -> Any:

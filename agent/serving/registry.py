@@ -226,15 +226,13 @@ class ModelRegistry:
         return found
 
     def model_ready(self, name: str, version: str) -> bool:
+        """NOT_FOUND for an unknown model, or a version that does not serve."""
         served = self._slot(name).served
         if served is None:
             return False
         if version == "":
             return served.ready
-        try:
-            return not self._version(name, version, served).probe_error
-        except ServeError:
-            return False
+        return not self._version(name, version, served).probe_error
 
     def model_metadata(self, name: str, version: str) -> ModelMetadata:
         served = self._served(name)
