@@ -170,10 +170,10 @@ def test_the_state_directory_follows_one_rule(tmp_path: Path,
     assert resolve_state_dir(None, tree) == below
     config = tmp_path / "agent.yaml"
     config.write_text(f"root: {tree}\n")
-    assert service._config(build_parser().parse_args(
+    assert service.command_config(build_parser().parse_args(
         ["status", "--config", str(config)])).state_dir == below  # as profile and infer
     config.write_text(f"root: {tree}\nstate_dir: {tmp_path / 'mine'}\n")
-    assert service._config(build_parser().parse_args(
+    assert service.command_config(build_parser().parse_args(
         ["status", "--config", str(config)])).state_dir == str(tmp_path / "mine")
 
     # the host, without an agent installed and not root: a per-user directory
@@ -201,5 +201,5 @@ def test_the_units_rollback_finds_the_journal_run_writes(tmp_path: Path,
     monkeypatch.setattr(common.os, "access", lambda path, mode: True)  # the unit runs as root
     config = tmp_path / "agent.yaml"
     config.write_text("{}\n")
-    assert service._config(build_parser().parse_args(
+    assert service.command_config(build_parser().parse_args(
         ["run", "--config", str(config)])).state_dir == DEFAULT_STATE_DIR

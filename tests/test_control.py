@@ -370,6 +370,6 @@ def test_operator_cli_send_and_watch(tmp_path: Path, node: Service, broker: Brok
     watched = fleet("watch", "--once", "--settle", "1.5")
     header, row = watched.stdout.splitlines()[:2]
     assert header.split()[:3] == ["NODE", "STATE", "PROFILE"]
-    assert row.split()[:4] == ["orin-1", "online", "jetson-orin", "demo_cnn.onnx"]
+    assert row.split()[:4] == ["orin-1", "online", "jetson-orin", "demo"]
     refused = fleet("send", "orin-1", "rebirth", "--key", str(key_file))
     assert refused.returncode == 1 and "not_allowed" in refused.stdout

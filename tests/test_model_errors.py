@@ -56,7 +56,9 @@ def test_infer_names_a_missing_file_the_same_way(tmp_path: Path) -> None:
 
 def test_run_reports_the_same_message_as_its_problem(tmp_path: Path, broker: Broker) -> None:
     model = junk(tmp_path)
-    expected = f"inference.model {model}: {NOT_ONNX}"
+    # the data plane names the entry inference.model made (after the file: m), its version
+    # and the file
+    expected = f"data plane: model m version 1: {model}: {NOT_ONNX}"
     watcher = Subscriber(broker, ["edge/v1/lab/orin-1/state"])
     config = write_config(tmp_path, broker.port, inference={"model": str(model)})
     agent = start_agent(config)

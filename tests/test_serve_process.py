@@ -93,6 +93,25 @@ def test_serve_alone_answers_both_protocols_and_stops_on_sigterm(tmp_path: Path)
         assert names == {"demo"}
 
 
+def test_infer_url_drives_a_running_server_over_http_and_grpc(tmp_path: Path) -> None:
+    with serve_process(tmp_path) as plane:
+        for url in (f"http://{plane['http']}", f"grpc://{plane['grpc']}"):
+            result = subprocess.run(
+                [sys.executable, "-m", "agent", "infer", "--url", url, "--seconds", "1",
+                 "--concurrency", "2", "--json"], capture_output=True, text=True,
+                timeout=120, check=False)
+            assert result.returncode == 0, result.stderr
+            report = json.loads(result.stdout)
+            assert report["model"] == "demo" and report["versions"] == ["1"]
+            assert report["concurrency"] == 2 and report["errors"] == 0
+            assert report["count"] > 2 and report["latency_ms"]["p99"] > 0
+        missing = subprocess.run(
+            [sys.executable, "-m", "agent", "infer", "--url", f"http://{plane['http']}",
+             "--model", "nosuch", "--seconds", "1"], capture_output=True, text=True,
+            timeout=120, check=False)
+        assert missing.returncode == 2 and "unknown model 'nosuch'" in missing.stderr
+
+
 def test_a_version_loaded_under_load_fails_no_request(tmp_path: Path) -> None:
     with serve_process(tmp_path) as plane:
         version2 = plane["repository"] / "demo" / "2"
@@ -213,3 +232,74 @@ def test_kill_9_of_the_data_plane_under_load_is_an_event_and_a_restart(
         reader.join(5)
         listener.close()
         subscriber.close()
+
+
+def test_beyond_loopback_it_needs_tls_and_the_token_for_every_call(tmp_path: Path) -> None:
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from tests.mqtt_helpers import make_test_ca
+
+    files = make_test_ca(tmp_path / "tls")
+    tls = {"cert": str(files.server_cert), "key": str(files.server_key)}
+    with serve_process(tmp_path, http="0.0.0.0:0", grpc="0.0.0.0:0", tls=tls) as plane:
+        port = plane["http"].rpartition(":")[2]
+        context = ssl.create_default_context(cafile=str(files.ca))
+        url = f"https://127.0.0.1:{port}/v2/models/demo"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, context=context, timeout=10)
+        assert refused.value.code == 401
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+            assert json.loads(answer.read())["name"] == "demo"
+        with pytest.raises(urllib.error.URLError):  # no plain HTTP on that port
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/live", timeout=10)
+        grpc = grpcclient.InferenceServerClient(
+            f"127.0.0.1:{plane['grpc'].rpartition(':')[2]}", ssl=True,
+            root_certificates=str(files.ca))
+        with pytest.raises(Exception, match="token"):
+            grpc.is_server_live()
+        assert grpc.is_server_live(headers={"authorization": f"Bearer {TOKEN}"})
+
+
+def _affinities(pid: int, prefix: str) -> list[set[int]]:
+    """CPU sets of the process's threads whose name starts with ``prefix``."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if (task / "comm").read_text().startswith(prefix):
+            found.append(set(os.sched_getaffinity(int(task.name))))
+    return found
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to move between")
+def test_the_inference_threads_take_the_profiles_scheduling_and_a_new_one_on_sighup(
+        tmp_path: Path) -> None:
+    from agent.kernel.sched import ThreadSched
+    from agent.serving.threads import write_sched_file
+
+    cpus = sorted(os.sched_getaffinity(0))
+    sched_file = tmp_path / "sched.json"
+    write_sched_file(sched_file, ThreadSched("other", 0, cpus[:1]))
+    config = agent_config(tmp_path, 1883)
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    ready = tmp_path / "ready.json"
+    process = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--config", str(path),
+                                "--ready-file", str(ready), "--sched-file", str(sched_file)])
+    try:
+        assert wait_until(lambda: ready.exists() or process.poll() is not None, 120)
+        plane = json.loads(ready.read_text())
+        http_infer(httpclient.InferenceServerClient(plane["http"]), "demo", demo_input())
+        assert _affinities(process.pid, "infer-http") == [set(cpus[:1])]
+        assert set(os.sched_getaffinity(process.pid)) == set(cpus)  # the main thread: not
+        write_sched_file(sched_file, ThreadSched("other", 0, cpus[1:2]))
+        process.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: _affinities(process.pid, "infer-http") == [set(cpus[1:2])],
+                          10)
+        write_sched_file(sched_file, None)  # a rollback: what the threads had before
+        process.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: _affinities(process.pid, "infer-http") == [set(cpus)], 10)
+    finally:
+        process.terminate()
+        process.wait(30)

@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -49,6 +50,19 @@ def exit_reason(returncode: int) -> dict[str, Any]:
             name = f"signal {-returncode}"
         return {"signal": name}
     return {"exit_status": returncode}
+
+
+def own_child_tls(cert: str | None, key: str | None,
+                  client_ca: str | None) -> ssl.SSLContext:
+    """TLS to the data plane this process started, at the address that child wrote: its
+    certificate is not checked (it is the one the config gives it), and with ``client_ca``
+    the control plane shows the same certificate, which that CA must then have issued."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if client_ca and cert and key:
+        context.load_cert_chain(cert, key)
+    return context
 
 
 class Supervisor:
@@ -101,8 +115,11 @@ class Supervisor:
         from agent.serving.http_client import HttpClient
 
         address = self.addresses.get("http") or self.config.serve.http
-        scheme = "https" if self.config.serve.tls is not None else "http"
-        return HttpClient(f"{scheme}://{address}", token=self.token(), timeout_s=timeout_s)
+        tls = self.config.serve.tls
+        if tls is None:
+            return HttpClient(f"http://{address}", token=self.token(), timeout_s=timeout_s)
+        return HttpClient(f"https://{address}", token=self.token(), timeout_s=timeout_s,
+                          ssl_context=own_child_tls(tls.cert, tls.key, tls.client_ca))
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -231,7 +248,7 @@ class Supervisor:
             assert self.process is not None
             self._kill(self.process, f"an inference call on {stuck[0]} is stuck")
             return True
-        failed = [f"{e.name}: {e.reason}" for e in self.index
+        failed = [e.reason for e in self.index
                   if e.state != "READY" and e.reason and e.reason != "unloaded"]
         self.state = "ready" if ready else "not_ready"
         self.reason = None if ready and not failed else (

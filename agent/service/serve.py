@@ -56,6 +56,8 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
         http=http or s.http, grpc=grpc or s.grpc,
         repository=Path(s.repository or state_dir / "repository"),
         builtins=builtin_models(config),
+        pins={default_model(config): config.inference.sha256} if config.inference.sha256
+        else {},
         token_files=(Path(s.token_file), *token_files),
         max_request_bytes=s.max_request_bytes, providers=providers,
         threads=thread_plan(topology, sched.cpus if sched else None),

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 HTTP_STATUS = {
     "INVALID_ARGUMENT": 400,
-    "FAILED_PRECONDITION": 400,
     "UNAUTHENTICATED": 401,
     "PERMISSION_DENIED": 403,
     "NOT_FOUND": 404,
-    "ALREADY_EXISTS": 409,
+    # a load whose new version failed its canary (the old one serves): 409, so that an HTTP
+    # client tells it from a bad request
+    "FAILED_PRECONDITION": 409,
     "RESOURCE_EXHAUSTED": 413,  # a body above serve.max_request_mb
     "INTERNAL": 500,
     "UNAVAILABLE": 503,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,8 +34,7 @@ from agent.serving.http_codec import HEADER_LENGTH, dumps
 from agent.serving.tensors import to_raw, to_values
 
 LOAD_TIMEOUT_S = 300.0  # a load reads and compiles a model: far longer than a request
-# HTTP status -> status name: the first name of each status in errors.HTTP_STATUS (400 is
-# INVALID_ARGUMENT, not FAILED_PRECONDITION: the wire cannot tell them apart).
+# HTTP status -> status name: the one name of each status in errors.HTTP_STATUS.
 STATUS_NAMES: dict[int, str] = {}
 for _name, _status in HTTP_STATUS.items():
     STATUS_NAMES.setdefault(_status, _name)
@@ -68,7 +68,8 @@ class HttpClient:
     """The data plane at ``base_url`` (``http://host:port`` or ``https://…``, optionally with
     a path prefix); ``token`` is sent as ``Authorization: Bearer``."""
 
-    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 5.0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{base_url!r} is not an http:// or https:// URL")
@@ -80,6 +81,7 @@ class HttpClient:
         self._token = token
         self._timeout_s = timeout_s
         self._connection: http.client.HTTPConnection | None = None
+        self._ssl = ssl_context  # None: the system's CAs
 
     def close(self) -> None:
         if self._connection is not None:
@@ -94,7 +96,8 @@ class HttpClient:
 
     def _connect(self, timeout_s: float) -> http.client.HTTPConnection:
         if self._https:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s)
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout_s,
+                                               context=self._ssl)
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
 
     def request(self, method: str, path: str, body: bytes = b"",

@@ -43,7 +43,8 @@ class ModelRegistry:
                  *, probe_interval_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Any] | None = None,
-                 canary_p99_floor_ms: float = 1.0) -> None:
+                 canary_p99_floor_ms: float = 1.0,
+                 pins: Mapping[str, str] | None = None) -> None:
         """``clock``/``sleep`` pace a canary (tests inject their own); ``sleep`` defaults to
         a wait that ``stop`` cuts short."""
         bad = [name for name in builtins if not valid_name(name)]
@@ -51,6 +52,7 @@ class ModelRegistry:
             raise ValueError(f"built-in model names {bad} are not valid model names")
         self.repository = repository
         self.builtins = dict(builtins)
+        self.pins = dict(pins or {})  # a built-in's pinned sha256
         self.factory = factory
         self._stopping = threading.Event()
         self._clock = clock
@@ -67,7 +69,7 @@ class ModelRegistry:
         """Load every model of the repository and the built-ins; one that fails is listed
         with its reason and the others serve."""
         with self._load_lock:
-            entries = scan(self.repository, self.builtins)
+            entries = scan(self.repository, self.builtins, self.pins)
             for name in entries:
                 self._slots.setdefault(name, Slot(name, loading=(0,)))
             for name, entry in entries.items():
@@ -101,7 +103,7 @@ class ModelRegistry:
     def load(self, name: str, parameters: Mapping[str, Any]) -> None:
         limits = canaries.parse_load_parameters(parameters, self._p99_floor_ms)
         with self._load_lock:
-            entry = scan_model(self.repository, self.builtins, name)
+            entry = scan_model(self.repository, self.builtins, name, self.pins)
             if entry is None:
                 raise not_found(f"model {name!r} is not in the repository {self.repository}")
             slot = self._slots.setdefault(name, Slot(name))
@@ -204,7 +206,7 @@ class ModelRegistry:
         slot = self._slots.get(name)
         if slot is not None:
             return slot
-        if scan_model(self.repository, self.builtins, name) is None:
+        if scan_model(self.repository, self.builtins, name, self.pins) is None:
             raise not_found(f"unknown model {name!r}")
         return self._slots.setdefault(name, Slot(name))
 
@@ -251,7 +253,7 @@ class ModelRegistry:
         return found.infer(request)
 
     def index(self, ready_only: bool) -> list[IndexEntry]:
-        entries = scan(self.repository, self.builtins)
+        entries = scan(self.repository, self.builtins, self.pins)
         rows = []
         for name in sorted(set(entries) | set(self._slots)):
             rows.extend(index_rows(name, self._slots.get(name), entries.get(name)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agent.serving.settings import ModelSettings, ModelSettingsError, read_settings
@@ -45,8 +45,10 @@ class ModelEntry:
         return {version: self.versions[version] for version in chosen}
 
 
-def scan(repository: Path, builtins: Mapping[str, Path]) -> dict[str, ModelEntry]:
-    """Every model of the repository and the built-ins, by name."""
+def scan(repository: Path, builtins: Mapping[str, Path],
+         pins: Mapping[str, str] | None = None) -> dict[str, ModelEntry]:
+    """Every model of the repository and the built-ins, by name; ``pins``: a built-in's
+    sha256 (``inference.sha256`` pins the configured file)."""
     names = set(builtins)
     try:
         children = list(repository.iterdir()) if repository.is_dir() else []
@@ -56,13 +58,14 @@ def scan(repository: Path, builtins: Mapping[str, Path]) -> dict[str, ModelEntry
                  and _is_dir(child))
     found: dict[str, ModelEntry] = {}
     for name in sorted(names):
-        entry = scan_model(repository, builtins, name)
+        entry = scan_model(repository, builtins, name, pins)
         if entry is not None:
             found[name] = entry
     return found
 
 
-def scan_model(repository: Path, builtins: Mapping[str, Path], name: str) -> ModelEntry | None:
+def scan_model(repository: Path, builtins: Mapping[str, Path], name: str,
+               pins: Mapping[str, str] | None = None) -> ModelEntry | None:
     """One model read again; None when neither the repository nor the built-ins hold it."""
     if not valid_name(name):
         return None
@@ -83,6 +86,9 @@ def scan_model(repository: Path, builtins: Mapping[str, Path], name: str) -> Mod
         settings = read_settings(directory / CONFIG_FILE)
     except ModelSettingsError as error:
         return ModelEntry(name, versions, error=str(error))
+    if builtin is not None and (pins or {}).get(name):
+        settings = replace(settings, sha256={
+            **settings.sha256, BUILTIN_VERSION: (pins or {})[name]})
     if not problems and not versions:
         problems.append(f"{directory} holds no version directory with {MODEL_FILE} "
                         "(<model>/<version>/model.onnx)")

@@ -37,6 +37,7 @@ class ServerSettings:
     grpc: str
     repository: Path
     builtins: Mapping[str, Path]  # served in place as version 1 (the demo, inference.model)
+    pins: Mapping[str, str]  # a built-in's sha256 (inference.sha256)
     token_files: Sequence[Path]
     max_request_bytes: int
     providers: Sequence[str]
@@ -108,7 +109,8 @@ class DataPlane:
         self.threads = InferenceThreads(read_sched_file(settings.sched_file))
         self.registry = ModelRegistry(settings.repository, settings.builtins,
                                       session_factory(settings, self.threads),
-                                      probe_interval_s=settings.probe_interval_s)
+                                      probe_interval_s=settings.probe_interval_s,
+                                      pins=settings.pins)
         everything = not (is_loopback(split_address(settings.http)[0])
                           and is_loopback(split_address(settings.grpc)[0]))
         self.access = Access(list(settings.token_files), everything=everything)

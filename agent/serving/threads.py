@@ -8,6 +8,7 @@ a profile switch (a file and SIGHUP); with none, every adopted thread gets back 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -18,6 +19,18 @@ from pathlib import Path
 from agent.kernel import sched as rt
 
 logger = logging.getLogger(__name__)
+
+
+PR_SET_NAME = 15
+
+
+def name_current_thread(name: str) -> None:
+    """The calling thread's comm (15 bytes at most); a failure leaves the old name."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def read_sched_file(path: Path | None) -> rt.ThreadSched | None:
@@ -54,7 +67,10 @@ class InferenceThreads:
         self.errors: list[str] = []
 
     def adopt_current(self) -> None:
-        """For a thread pool's initializer: this worker runs models."""
+        """For a thread pool's initializer: this worker runs models.  It also takes its
+        Python name as the kernel's (``infer-http_0``), so ``top -H`` and a profile's
+        ``rt.threads`` comm patterns can tell it from the event loop."""
+        name_current_thread(threading.current_thread().name)
         self.adopt([threading.get_native_id()])
 
     def adopt(self, tids: Iterable[int]) -> None:

@@ -269,7 +269,7 @@ def build(model: str, number: int, path: Path, settings: ModelSettings,
         raise invalid(f"{label}: cannot read {path}: {error.strerror or error}") from None
     pin = settings.sha256.get(number)
     if pin is not None and pin != digest:
-        raise invalid(f"{label}: {path} has sha256 {digest}, but config.yaml pins {pin}; "
+        raise invalid(f"{label}: {path} has sha256 {digest}, but it is pinned to {pin}; "
                       "refused")
     built = []
     try:
