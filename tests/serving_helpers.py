@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import onnxruntime as ort
 
@@ -14,11 +14,13 @@ from agent.inference.session import BuiltSession, build_session
 from agent.serving.registry import ModelRegistry
 
 
-def cpu_factory(path: Path, *, sha256: str | None, providers: Any,
+def cpu_factory(path: Path, *, sha256: str | None, providers: Sequence[str] | None,
                 threads: int | None) -> BuiltSession:
-    """Sessions as the server builds them, on the CPU and without a graph cache."""
-    return build_session(path, providers=["CPUExecutionProvider"], intra_op=threads or 1,
-                         inter_op=1, cache_dir=None, expected_sha256=sha256)
+    """Sessions as the server builds them (the model's providers, else the CPU), without a
+    graph cache."""
+    return build_session(path, providers=list(providers or ["CPUExecutionProvider"]),
+                         intra_op=threads or 1, inter_op=1, cache_dir=None,
+                         expected_sha256=sha256)
 
 
 class DemoModels(ModelRegistry):

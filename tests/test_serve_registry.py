@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,22 +16,16 @@ import onnx_models
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+from serving_helpers import cpu_factory
 
 import agent
 from agent.inference.demo_model import DEMO_MODEL_PATH, finish_model
-from agent.inference.session import BuiltSession, build_session
+from agent.inference.session import BuiltSession
 from agent.serving.core import InferRequest, OutputRequest, Tensor
 from agent.serving.errors import ServeError
 from agent.serving.registry import ModelRegistry
 
 CANARY = {"canary_s": 0.5, "max_p99_ratio": 2.0, "max_error_rate": 0.01}
-
-
-def cpu_factory(path: Path, *, sha256: str | None, providers: Sequence[str] | None,
-                threads: int | None) -> BuiltSession:
-    return build_session(path, providers=list(providers or ["CPUExecutionProvider"]),
-                         intra_op=threads or 1, inter_op=1, cache_dir=None,
-                         expected_sha256=sha256)
 
 
 class Flaky:
@@ -337,13 +331,17 @@ def test_model_config_view(registry: ModelRegistry, repo: Path) -> None:
     assert status == "INVALID_ARGUMENT" and "needs a dynamic first dimension" in message
 
 
-def test_a_failing_probe_makes_the_model_unready_until_it_passes(repo: Path) -> None:
-    broken = threading.Event()
-
+def flaky_factory(broken: threading.Event) -> Callable[..., BuiltSession]:
+    """CPU sessions whose calls fail while ``broken`` is set."""
     def factory(path: Path, **kw: Any) -> BuiltSession:
         built = cpu_factory(path, **kw)
         return dataclasses.replace(built, session=Flaky(built.session, broken))
+    return factory
 
+
+def test_a_failing_probe_makes_the_model_unready_until_it_passes(repo: Path) -> None:
+    broken = threading.Event()
+    factory = flaky_factory(broken)
     made = ModelRegistry(repo, {}, factory, probe_interval_s=0.01)
     made.start()
     try:
@@ -366,11 +364,7 @@ def test_a_failing_probe_makes_the_model_unready_until_it_passes(repo: Path) -> 
 
 def test_a_version_that_fails_its_load_probe_never_serves(repo: Path) -> None:
     broken = threading.Event()
-
-    def factory(path: Path, **kw: Any) -> BuiltSession:
-        built = cpu_factory(path, **kw)
-        return dataclasses.replace(built, session=Flaky(built.session, broken))
-
+    factory = flaky_factory(broken)
     made = ModelRegistry(repo, {}, factory, probe_interval_s=60)
     made.start()
     try:

@@ -13,6 +13,7 @@ import argparse
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from agent.cli.common import (
@@ -228,15 +229,21 @@ def run(args: argparse.Namespace) -> int:
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     with StopSignals() as stop:
         result, joined = run_inference(args, sys.stderr if show else None, stop.event)
-        if stop.name is not None:
-            result["stopped_by"] = stop.name
-        if args.json:
-            print_json(result)
-        else:
-            _print_summary(result)
-        # SIGTERM asks for a clean stop, and the statistics printed are a whole result.
-        code = SIGINT_EXIT if stop.name == "SIGINT" else 0
+        code = _report(args, result, stop.name, _print_summary)
         return exit_code(code, threads_stuck=not joined)
+
+
+def _report(args: argparse.Namespace, result: dict[str, Any], stopped_by: str | None,
+            summary: Callable[[dict[str, Any]], None]) -> int:
+    """Print the statistics (``--json`` or the summary); the exit status of the run.
+    SIGTERM asks for a clean stop, and the statistics printed are a whole result: 0."""
+    if stopped_by is not None:
+        result["stopped_by"] = stopped_by
+    if args.json:
+        print_json(result)
+    else:
+        summary(result)
+    return SIGINT_EXIT if stopped_by == "SIGINT" else 0
 
 
 def _run_remote(args: argparse.Namespace) -> int:
@@ -248,11 +255,4 @@ def _run_remote(args: argparse.Namespace) -> int:
                          "version (edge-agent fleet send ... set-model)")
     model = "demo" if args.model == str(DEMO_MODEL_PATH) else args.model
     with StopSignals() as stop:
-        result = run_remote(args, model, stop.event)
-        if stop.name is not None:
-            result["stopped_by"] = stop.name
-        if args.json:
-            print_json(result)
-        else:
-            print_remote(result)
-        return SIGINT_EXIT if stop.name == "SIGINT" else 0
+        return _report(args, run_remote(args, model, stop.event), stop.name, print_remote)
