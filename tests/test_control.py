@@ -307,6 +307,21 @@ def test_set_model_keeps_a_version_whose_canary_passes_and_removes_one_that_fail
                           in node.inference.served_models(), 10)  # type: ignore[union-attr]
 
 
+def test_restart_inference_starts_a_fresh_data_plane_and_answers_once_it_is_ready(
+        tmp_path: Path, broker: Broker, key: Ed25519PrivateKey, operator: Operator) -> None:
+    config = node_config(tmp_path, copy_board(BOARD, tmp_path), broker, key)
+    with running_node(config) as node:
+        assert node.inference is not None
+        before = node.inference.supervisor.status()
+        restart = operator.send("orin-1", "restart-inference")
+        final = operator.final(restart["id"], seconds=60)
+        assert final["status"] == "succeeded", final
+        after = final["result"]["data_plane"]
+        assert after["state"] == "ready" and after["pid"] != before["pid"]
+        assert after["restarts"] == before["restarts"]  # asked for: not a fault
+        assert node.inference.supervisor.client().model_ready("demo")
+
+
 def test_desired_state_set_while_offline_is_applied_on_connect(
         tmp_path: Path, broker: Broker, key: Ed25519PrivateKey, operator: Operator) -> None:
     root = copy_board(BOARD, tmp_path)

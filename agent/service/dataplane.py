@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 POLL_S = 1.0  # readiness and statistics
 FIRST_READY_S = 300.0  # a first load may build an engine for minutes (TensorRT)
 HUNG_S = 15.0  # a ready server that stops answering this long is killed
+NOT_READY_S = 30.0  # a server whose self-probe keeps failing this long is restarted
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 30.0
 STEADY_S = 60.0  # ready this long: the backoff starts from its minimum again
 STOP_S = 10.0  # SIGTERM, then SIGKILL
@@ -114,12 +115,15 @@ class Supervisor:
         """A client of its own for the caller (a client is not thread-safe)."""
         from agent.serving.http_client import HttpClient
 
-        address = self.addresses.get("http") or self.config.serve.http
         tls = self.config.serve.tls
         if tls is None:
-            return HttpClient(f"http://{address}", token=self.token(), timeout_s=timeout_s)
-        return HttpClient(f"https://{address}", token=self.token(), timeout_s=timeout_s,
+            return HttpClient(self._base_url(), token=self.token(), timeout_s=timeout_s)
+        return HttpClient(self._base_url(), token=self.token(), timeout_s=timeout_s,
                           ssl_context=own_child_tls(tls.cert, tls.key, tls.client_ca))
+
+    def _base_url(self) -> str:
+        address = self.addresses.get("http") or self.config.serve.http
+        return f"{'https' if self.config.serve.tls is not None else 'http'}://{address}"
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -191,7 +195,7 @@ class Supervisor:
         """The supervisor's thread: nothing it meets may end it."""
         backoff = BACKOFF_MIN_S
         client: HttpClient | None = None
-        last_answer = time.monotonic()
+        last_answer = last_ready = time.monotonic()
         while not self._stop.wait(POLL_S if self.addresses else 0.1):
             try:
                 with self._lock:
@@ -208,11 +212,17 @@ class Supervisor:
                     if not self.addresses:
                         self._check_first_load(process)
                     continue
-                client = client or self.client(timeout_s=2.0)
+                if client is None or client.base_url != self._base_url():  # a new process
+                    client = self.client(timeout_s=2.0)
                 if self._poll(client):
                     last_answer = time.monotonic()
-                    if self.state == "ready" and time.monotonic() - self.started_at > STEADY_S:
-                        backoff = BACKOFF_MIN_S
+                    if self.state == "ready":
+                        last_ready = last_answer
+                        if last_answer - self.started_at > STEADY_S:
+                            backoff = BACKOFF_MIN_S
+                    elif last_answer - max(last_ready, self.started_at) > NOT_READY_S:
+                        self._kill(process, f"not ready for {NOT_READY_S:.0f} s "
+                                   f"({self.reason})")
                 elif time.monotonic() - last_answer > HUNG_S:
                     self._kill(process, f"the server did not answer for {HUNG_S:.0f} s")
             except Exception:  # the supervisor must go on; the next round tries again
