@@ -28,7 +28,8 @@ def agent_config(tmp_path: Path, port: int, root: Path | None = None,
             "mqtt": {"host": "127.0.0.1", "port": port,
                      "reconnect": {"min_s": 0.1, "max_s": 0.5}},
             "telemetry": {"interval_s": 0.2},
-            "serve": {"http": "127.0.0.1:0", "grpc": "127.0.0.1:0", "token_file": str(token)},
+            "serve": {"http": "127.0.0.1:0", "grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0",
+                      "token_file": str(token)},
             **extra}
 
 

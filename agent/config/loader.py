@@ -47,7 +47,9 @@ def _check_serve(serve: dict[str, Any], file: str) -> None:
     tls = serve["tls"]
     if tls is not None and not (tls.get("cert") and tls.get("key")):
         raise ConfigError(file, "serve.tls", "needs both cert and key")
-    for key in ("http", "grpc"):
+    for key in ("http", "grpc", "metrics"):
+        if serve[key] is None:
+            continue
         host = serve[key].rpartition(":")[0]
         if not is_loopback(host) and tls is None:
             raise ConfigError(file, f"serve.{key}", f"{serve[key]} is not a loopback "

@@ -135,10 +135,15 @@ class ServeConfig:
 
     http: str = setting(listen_address, "127.0.0.1:8000")
     grpc: str = setting(listen_address, "127.0.0.1:8001")
+    metrics: str | None = setting(optional(listen_address), "127.0.0.1:8002")  # Prometheus
     repository: str | None = setting(optional(PATH), None)  # None: <state_dir>/repository
     tls: ServeTlsConfig | None = section(ServeTlsConfig, nullable="cert and key")
     token_file: str = setting(PATH, "/etc/edge-agent/serve-token")
     max_request_mb: float = setting(number(0.001, 4096), 64)
+    # system shared memory: only objects whose name starts with it may be registered
+    shm_prefix: str = setting(text(re.compile(r"^[A-Za-z0-9_.-]{1,64}$"),
+                                   "a name prefix such as edge-agent- (letters, digits, "
+                                   "'.', '_', '-')"), "edge-agent-")
 
     @property
     def max_request_bytes(self) -> int:

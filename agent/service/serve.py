@@ -64,5 +64,6 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
         cache_dir=model_cache_dir(str(state_dir)),
         tls_cert=s.tls.cert if s.tls else None, tls_key=s.tls.key if s.tls else None,
         tls_client_ca=s.tls.client_ca if s.tls else None,
-        sched_file=sched_file, ready_file=ready_file)
+        sched_file=sched_file, ready_file=ready_file, metrics=s.metrics,
+        shm_prefix=s.shm_prefix)
     return run_server(settings)

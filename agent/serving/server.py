@@ -48,6 +48,8 @@ class ServerSettings:
     tls_client_ca: str | None = None
     sched_file: Path | None = None  # the profile's scheduling; read again on SIGHUP
     ready_file: Path | None = None
+    metrics: str | None = None  # host:port of the Prometheus endpoint
+    shm_prefix: str = "edge-agent-"  # system shared memory: the names it may open
     workers: int = 4  # requests run at once per front end
     probe_interval_s: float = 10.0
 
