@@ -1,0 +1,162 @@
+"""The data plane's figures as others read them: its Prometheus endpoint, telemetry's
+per-interval inference figures, and ``infer --url --priority-mix``.
+
+Real processes on free loopback ports where a process is the point (``edge-agent serve``,
+``edge-agent run`` against a real broker); real ``LatencyStats`` windows where a function is.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.inference.demo_model import DEMO_INPUT
+from agent.inference.stats import LatencyStats, Window
+from agent.serving.errors import ServeError
+from agent.serving.http_client import HttpClient
+from agent.serving.metrics import BUCKETS_S, ServingCollector
+from tests.test_serve_process import demo_input, serve_process
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> tuple[Samples, dict[str, str]]:
+    """Every sample by (name, sorted labels), and each family's type."""
+    samples: Samples = {}
+    types = {}
+    for family in text_string_to_metric_families(text):
+        types[family.name] = family.type
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples, types
+
+
+def scrape(address: str) -> Samples:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as answer:
+        return parse(answer.read().decode())[0]
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def buckets(samples: Samples, name: str, **labels: str) -> list[float]:
+    """A histogram's bucket counts in the order of their bounds, +Inf last."""
+    return [value(samples, f"{name}_bucket", **labels, le=le)
+            for le in [*map(repr, BUCKETS_S), "+Inf"]]
+
+
+def calls(stats: LatencyStats, latencies_ns: Iterable[int], ok: bool = True,
+          start_ns: int = 0) -> None:
+    for latency in latencies_ns:
+        stats.call_started(start_ns)
+        stats.record(latency, ok)
+
+
+# -- the Prometheus endpoint --------------------------------------------------------------------
+
+
+def test_metrics_endpoint_agrees_with_the_statistics_extension(tmp_path: Path) -> None:
+    with serve_process(tmp_path) as plane:
+        client = HttpClient(f"http://{plane['http']}")
+        for seed in range(7):
+            client.infer("demo", {DEMO_INPUT: demo_input(seed=seed)})
+        with pytest.raises(ServeError):  # reaches the version: a failure it counts
+            client.infer("demo", {"nosuch": demo_input()})
+        first = scrape(plane["metrics"])
+        [stats] = client.statistics("demo")
+        labels = {"model": "demo", "version": "1"}
+        latency = "edge_agent_request_duration_seconds"
+        assert value(first, f"{latency}_count", **labels) == 7
+        counts = buckets(first, latency, **labels)
+        assert counts == sorted(counts) and counts[-1] == 7
+        window = Window.from_dict(stats["edge_agent"]["window"])
+        bounds = [round(b * 1e9) for b in BUCKETS_S]
+        assert counts[:-1] == window.cumulative(bounds)
+        assert value(first, f"{latency}_sum", **labels) == pytest.approx(window.sum_ns / 1e9)
+        kinds = stats["inference_stats"]
+        expected = {
+            "request_success": kinds["success"]["count"],
+            "request_failure": kinds["fail"]["count"],
+            "count": stats["inference_count"],
+            "exec_count": stats["execution_count"],
+            "request_duration_us": (kinds["success"]["ns"] + kinds["fail"]["ns"]) // 1000,
+            "queue_duration_us": kinds["queue"]["ns"] // 1000,
+            **{f"{k}_duration_us": kinds[k]["ns"] // 1000
+               for k in ("compute_input", "compute_infer", "compute_output")},
+        }
+        assert expected["request_success"] == 7 and expected["request_failure"] == 1
+        for name, number in expected.items():
+            assert value(first, f"edge_agent_inference_{name}_total", **labels) == number, name
+        assert value(first, "edge_agent_model_ready", **labels) == 1
+        assert value(first, "edge_agent_queue_duration_seconds_count", **labels) == \
+            kinds["queue"]["count"]
+
+        for seed in range(5):
+            client.infer("demo", {DEMO_INPUT: demo_input(seed=seed)})
+        second = scrape(plane["metrics"])
+        assert value(second, f"{latency}_count", **labels) == 12
+        assert buckets(second, latency, **labels)[-1] == 12
+        grown = {name: value(second, f"edge_agent_inference_{name}_total", **labels)
+                 - value(first, f"edge_agent_inference_{name}_total", **labels)
+                 for name in ("request_success", "request_failure", "count", "exec_count")}
+        assert grown == {"request_success": 5, "request_failure": 0, "count": 5,
+                         "exec_count": 5}
+
+
+class _Models:
+    """The two calls the collector makes, over statistics entries the test builds."""
+
+    def __init__(self, entries: list[dict[str, Any]]) -> None:
+        self.entries = entries
+
+    def statistics(self, name: str, version: str) -> list[dict[str, Any]]:
+        return self.entries
+
+    def model_ready(self, name: str, version: str) -> bool:
+        return name != "down"
+
+
+def _entry(name: str, latency: Window, **ours: Any) -> dict[str, Any]:
+    kinds = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+    return {"name": name, "version": "3", "inference_count": latency.count,
+            "execution_count": latency.count,
+            "inference_stats": {k: {"count": 0, "ns": 0} for k in kinds},
+            "edge_agent": {"window": latency.to_dict(), **ours}}
+
+
+def test_queue_windows_instances_and_a_bad_entry() -> None:
+    latency, queue, instance = LatencyStats(), LatencyStats(), LatencyStats()
+    calls(latency, [40_000, 300_000, 2_000_000, 30_000_000_000])  # the last: above every bound
+    calls(queue, [10_000, 20_000_000])
+    calls(instance, [300_000])
+    broken = _entry("broken", latency.window())
+    del broken["edge_agent"]["window"]
+    registry = CollectorRegistry()
+    registry.register(ServingCollector(_Models([  # type: ignore[arg-type]
+        broken,
+        _entry("good", latency.window(), queue=queue.window().to_dict(),
+               instances=[{"name": "cpu-0", "window": instance.window().to_dict()}]),
+        _entry("down", latency.window(), queue=queue.window().to_dict(), instances=1)])))
+    samples, types = parse(generate_latest(registry).decode())
+    assert types["edge_agent_queue_duration_seconds"] == "histogram"
+    good = {"model": "good", "version": "3"}
+    assert buckets(samples, "edge_agent_request_duration_seconds", **good) == [
+        1, 1, 1, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 4]
+    assert value(samples, "edge_agent_request_duration_seconds_sum", **good) == \
+        pytest.approx(30.002340)
+    assert buckets(samples, "edge_agent_queue_duration_seconds", **good)[::4] == [
+        1, 1, 2, 2, 2]
+    assert value(samples, "edge_agent_instance_request_duration_seconds_count",
+                 **good, instance="cpu-0") == 1
+    assert value(samples, "edge_agent_model_ready", **good) == 1
+    assert value(samples, "edge_agent_model_ready", model="down", version="3") == 0
+    assert not [key for key in samples if ("model", "broken") in key[1]]
+    assert not [key for key in samples if ("model", "down") in key[1] and "instance" in
+                dict(key[1])]
