@@ -7,6 +7,7 @@ Real processes on free loopback ports where a process is the point (``edge-agent
 
 from __future__ import annotations
 
+import itertools
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,11 +19,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.inference.demo_model import DEMO_INPUT
 from agent.inference.stats import LatencyStats, Window
+from agent.service.intervals import Intervals
 from agent.serving.errors import ServeError
 from agent.serving.http_client import HttpClient
 from agent.serving.metrics import BUCKETS_S, ServingCollector
+from tests.agent_process import start_agent, write_config
+from tests.mqtt_helpers import Broker, Subscriber, wait_until
 from tests.test_serve_process import demo_input, serve_process
 
+TOPIC = "edge/v1/lab/orin-1"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -160,3 +165,79 @@ def test_queue_windows_instances_and_a_bad_entry() -> None:
     assert not [key for key in samples if ("model", "broken") in key[1]]
     assert not [key for key in samples if ("model", "down") in key[1] and "instance" in
                 dict(key[1])]
+
+
+# -- telemetry's intervals ----------------------------------------------------------------------
+
+
+def _statistics(*versions: tuple[str, LatencyStats]) -> list[dict[str, Any]]:
+    return [{"name": "demo", "version": number, "edge_agent": {"window":
+            stats.window().to_dict()}} for number, stats in versions]
+
+
+def test_each_sample_reports_the_calls_since_the_one_before() -> None:
+    stats = LatencyStats()
+    calls(stats, [1_000_000] * 90 + [50_000_000] * 10)
+    calls(stats, [1], ok=False)
+    intervals = Intervals()
+    first = intervals.advance(100, _statistics(("1", stats)))[("demo", "1")]
+    assert (first["count"], first["count_total"], first["errors"]) == (100, 100, 1)
+    assert first["latency_ms"]["p95"] == pytest.approx(50, rel=0.01)
+
+    calls(stats, [2_000_000] * 40)
+    second = intervals.advance(100, _statistics(("1", stats)))[("demo", "1")]
+    assert (second["count"], second["errors"]) == (40, 0)
+    assert (second["count_total"], second["errors_total"]) == (140, 1)
+    latency = second["latency_ms"]
+    assert latency["p50"] == latency["p99"] == pytest.approx(2, rel=0.01)
+    assert latency["mean"] == 2 and latency["max"] == pytest.approx(2, rel=0.02)
+
+    idle = intervals.advance(100, _statistics(("1", stats)))[("demo", "1")]
+    assert idle["count"] == 0 and idle["throughput_per_s"] == 0
+    assert set(idle["latency_ms"].values()) == {0}
+    assert idle["count_total"] == 140
+
+
+def test_a_new_process_a_reset_or_a_rebuilt_version_starts_a_new_run() -> None:
+    stats, other = LatencyStats(), LatencyStats()
+    calls(stats, [1_000_000] * 5)
+    intervals = Intervals()
+    intervals.advance(100, _statistics(("1", stats), ("2", other)))
+    calls(other, [3_000_000] * 2)
+    again = intervals.advance(101, _statistics(("1", stats), ("2", other)))  # a restart
+    assert again[("demo", "1")]["count"] == 5 and again[("demo", "2")]["count"] == 2
+
+    rebuilt = LatencyStats()  # version 2 loaded again: generation 0 again, another first call
+    calls(rebuilt, [1_000_000] * 3, start_ns=7)
+    figures = intervals.advance(101, _statistics(("1", stats), ("2", rebuilt)))
+    assert figures[("demo", "1")]["count"] == 0
+    assert figures[("demo", "2")]["count"] == 3 == figures[("demo", "2")]["count_total"]
+
+    stats.reset()
+    calls(stats, [1_000_000] * 4)
+    assert intervals.advance(101, _statistics(("1", stats)))[("demo", "1")]["count"] == 4
+
+
+def test_telemetry_of_a_running_agent_is_per_interval(tmp_path: Path, broker: Broker) -> None:
+    watcher = Subscriber(broker, [f"{TOPIC}/telemetry"])
+    agent = start_agent(write_config(tmp_path, broker.port,
+                                     inference={"source": "synthetic", "rate_hz": 50}))
+    try:
+        def counted() -> list[dict[str, Any]]:
+            return [r["metrics"]["inference"] for r in watcher.on("telemetry")
+                    if r["metrics"]["inference"].get("count_total", 0) > 0]
+
+        assert wait_until(lambda: len(counted()) >= 6, 90), agent.stdout
+        records = counted()
+        for earlier, later in itertools.pairwise(records):
+            assert later["count"] == later["count_total"] - earlier["count_total"]
+            assert later["models"][0]["count"] == later["count"]
+        assert sum(r["count"] for r in records[1:]) == \
+            records[-1]["count_total"] - records[0]["count_total"]
+        assert records[-1]["count"] < records[-1]["count_total"]
+        assert all(r["errors"] == 0 and r["latency_ms"]["p99"] > 0 for r in records[1:]
+                   if r["count"])
+    finally:
+        agent.kill()
+        agent.wait(30)
+        watcher.close()
