@@ -8,8 +8,11 @@ Real processes on free loopback ports where a process is the point (``edge-agent
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +244,47 @@ def test_telemetry_of_a_running_agent_is_per_interval(tmp_path: Path, broker: Br
         agent.kill()
         agent.wait(30)
         watcher.close()
+
+
+# -- infer --url --priority-mix -----------------------------------------------------------------
+
+
+def _priority_run(url: str, mix: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", "agent", "infer", "--url", url, "--seconds", "1",
+         "--concurrency", "2", "--priority-mix", mix, "--json"], capture_output=True,
+        text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def test_infer_url_sends_the_priority_mix_and_reports_each(tmp_path: Path) -> None:
+    with serve_process(tmp_path) as plane:
+        for url in (f"http://{plane['http']}", f"grpc://{plane['grpc']}"):
+            report = _priority_run(url, "1:0.2,2:0.8")
+            by = report["by_priority"]
+            assert set(by) == {"1", "2"} and report["errors"] == 0
+            assert by["1"]["count"] + by["2"]["count"] == report["count"] > 10
+            assert abs(by["1"]["count"] - 0.2 * report["count"]) <= 1
+            assert all(f["latency_ms"]["p99"] > 0 and f["throughput_per_s"] > 0
+                       for f in by.values())
+
+
+def _priorities(values: Mapping[int, float], n: int) -> list[int]:
+    from agent.cli.infer_remote import PriorityMix
+
+    mix = PriorityMix(dict(values))
+    return [mix.next() for _ in range(n)]
+
+
+def test_the_priority_mix_is_deterministic_and_proportional() -> None:
+    assert _priorities({1: 0.2, 2: 0.8}, 10) == [2, 2, 1, 2, 2, 2, 2, 1, 2, 2]
+    sent = _priorities({0: 1, 5: 2, 9: 1}, 400)
+    assert [sent.count(p) for p in (0, 5, 9)] == [100, 200, 100]
+    bad = subprocess.run([sys.executable, "-m", "agent", "infer", "--url", "http://127.0.0.1:1",
+                          "--priority-mix", "1:x"], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert bad.returncode == 2 and "expected PRIORITY:FRACTION" in bad.stderr
+    local = subprocess.run([sys.executable, "-m", "agent", "infer", "--priority-mix", "1:1"],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert local.returncode == 2 and "--priority-mix needs --url" in local.stderr
