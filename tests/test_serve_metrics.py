@@ -240,6 +240,9 @@ def test_telemetry_of_a_running_agent_is_per_interval(tmp_path: Path, broker: Br
         assert records[-1]["count"] < records[-1]["count_total"]
         assert all(r["errors"] == 0 and r["latency_ms"]["p99"] > 0 for r in records[1:]
                    if r["count"])
+        served = scrape(records[-1]["data_plane"]["metrics"])  # the supervised process's
+        assert value(served, "edge_agent_request_duration_seconds_count", model="demo",
+                     version="1") >= records[-1]["count_total"]
     finally:
         agent.kill()
         agent.wait(30)
