@@ -130,6 +130,8 @@ class _Families:
 
     def all(self) -> Iterator[Metric]:
         yield self.latency
+        # one type per name: the entries come from one build, so all carry a queue window
+        # or none does; should some not, they are left out of the histogram
         yield self.queue if self.queue_windows else self.queue_summary
         yield from (f for f in (self.instance_latency, self.instance_queue) if f.samples)
         yield from self.counters
