@@ -63,6 +63,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                        help="with --url: clients sending at once (default 1)")
     infer.add_argument("--token-file", metavar="FILE",
                        help="with --url: the bearer token, for a server beyond loopback")
+    infer.add_argument("--priority-mix", metavar="P:F,...",
+                       help="with --url: the fraction F of requests sent with priority P "
+                       "(e.g. 1:0.2,2:0.8), figures printed per priority")
     infer.set_defaults(handler=run)
 
 
@@ -224,6 +227,8 @@ def run(args: argparse.Namespace) -> int:
     if args.after is not None and not 0 <= args.after < args.seconds:
         raise UsageError(f"--after {args.after} must be at least 0 and below --seconds "
                          f"{args.seconds}")
+    if args.priority_mix and not args.url:
+        raise UsageError("--priority-mix needs --url (a server's scheduler reads it)")
     if args.url:
         return _run_remote(args)
     show = args.progress if args.progress is not None else sys.stderr.isatty()

@@ -44,11 +44,48 @@ def merged(windows: list[Window]) -> Window:
                    buckets=tuple(map(sum, zip(*(w.buckets for w in windows), strict=True))))
 
 
+def priority_mix(text: str) -> dict[int, float]:
+    """``--priority-mix 1:0.2,2:0.8`` as {priority: fraction}; the fractions are shares, so
+    they need not add up to 1."""
+    mix: dict[int, float] = {}
+    for item in text.split(","):
+        priority, _, share = item.partition(":")
+        try:
+            mix[int(priority)] = float(share)
+        except ValueError:
+            raise UsageError(f"--priority-mix {text}: expected PRIORITY:FRACTION,... "
+                             "(e.g. 1:0.2,2:0.8)") from None
+    if any(p < 0 for p in mix) or any(not f > 0 for f in mix.values()):
+        raise UsageError(f"--priority-mix {text}: priorities are 0 or above, fractions "
+                         "above 0")
+    return mix
+
+
+class PriorityMix:
+    """Hands out priorities in proportion, deterministically and shared by every client:
+    each request takes the priority furthest behind its share, so after n requests each
+    priority's count is within one of n x its fraction."""
+
+    def __init__(self, mix: dict[int, float]) -> None:
+        total = sum(mix.values())
+        self.shares = {priority: share / total for priority, share in mix.items()}
+        self.sent = dict.fromkeys(mix, 0)
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            due = sum(self.sent.values()) + 1
+            priority = max(self.shares, key=lambda p: self.shares[p] * due - self.sent[p])
+            self.sent[priority] += 1
+            return priority
+
+
 def run_remote(args: argparse.Namespace, model: str,
                stop: threading.Event) -> dict[str, Any]:
     from agent.service.loaddriver import synthetic_feeds
     from agent.serving.errors import ServeError
 
+    mix = PriorityMix(priority_mix(args.priority_mix)) if args.priority_mix else None
     token = Path(args.token_file).read_text().strip() if args.token_file else None
     probe = _client(args.url, token, 10.0)
     try:
@@ -58,21 +95,25 @@ def run_remote(args: argparse.Namespace, model: str,
     feeds = synthetic_feeds(metadata, {})
     period_ns = int(1e9 * args.concurrency / args.rate) if args.rate else 0
     end_ns = time.monotonic_ns() + int(args.seconds * 1e9)
-    stats = [LatencyStats() for _ in range(args.concurrency)]
+    # per client, per priority sent (None: no priority parameter): LatencyStats has one writer
+    stats: list[dict[int | None, LatencyStats]] = [{} for _ in range(args.concurrency)]
     errors: list[str] = []
 
-    def client_loop(mine: LatencyStats) -> None:
+    def client_loop(mine: dict[int | None, LatencyStats]) -> None:
         client = _client(args.url, token, 10.0)
         due = time.monotonic_ns()
         while not stop.is_set() and (start := time.monotonic_ns()) < end_ns:
-            mine.call_started(start)
+            priority = mix.next() if mix is not None else None
+            recorder = mine.setdefault(priority, LatencyStats())
+            recorder.call_started(start)
             try:
-                client.infer(model, feeds)
+                client.infer(model, feeds, parameters=None if priority is None
+                             else {"priority": priority})
                 ok = True
             except ServeError as error:
                 ok = False
                 errors.append(str(error))
-            mine.record(time.monotonic_ns() - start, ok)
+            recorder.record(time.monotonic_ns() - start, ok)
             if period_ns:
                 due += period_ns
                 if stop.wait(max(0, due - time.monotonic_ns()) / 1e9):
@@ -83,10 +124,18 @@ def run_remote(args: argparse.Namespace, model: str,
         thread.start()
     for thread in threads:
         thread.join()
-    return {"url": args.url, "model": model, "versions": list(metadata.versions),
-            "concurrency": args.concurrency,
-            **merged([s.window() for s in stats]).snapshot(),
-            "last_error": errors[-1] if errors else None}
+    windows: dict[int | None, list[Window]] = {}
+    for mine in stats:
+        for priority, recorder in mine.items():
+            windows.setdefault(priority, []).append(recorder.window())
+    every = [w for found in windows.values() for w in found] or [LatencyStats().window()]
+    result = {"url": args.url, "model": model, "versions": list(metadata.versions),
+              "concurrency": args.concurrency, **merged(every).snapshot(),
+              "last_error": errors[-1] if errors else None}
+    if mix is not None:
+        result["by_priority"] = {str(p): merged(windows[p]).snapshot() if p in windows
+                                 else LatencyStats().snapshot() for p in sorted(mix.shares)}
+    return result
 
 
 def print_remote(result: dict[str, Any]) -> None:
@@ -95,5 +144,10 @@ def print_remote(result: dict[str, Any]) -> None:
           f"{result['count']} calls, {result['errors']} errors, "
           f"{result['throughput_per_s']:.1f}/s, latency ms p50 {latency['p50']:.3f} "
           f"p95 {latency['p95']:.3f} p99 {latency['p99']:.3f} max {latency['max']:.3f}")
+    for priority, figures in result.get("by_priority", {}).items():
+        latency = figures["latency_ms"]
+        print(f"  priority {priority}: {figures['count']} calls, {figures['errors']} errors, "
+              f"{figures['throughput_per_s']:.1f}/s, latency ms p50 {latency['p50']:.3f} "
+              f"p95 {latency['p95']:.3f} p99 {latency['p99']:.3f}")
     if result["last_error"]:
         print(f"last error: {result['last_error']}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import sub
@@ -47,6 +48,14 @@ def _bucket_bounds(index: int) -> tuple[int, int]:
         return index, 1
     shift = (index >> _SUB_BITS) - 1
     return (index - (shift << _SUB_BITS)) << shift, 1 << shift
+
+
+def _bucket_index(value_ns: int) -> int:
+    """The bucket a latency lands in (``record`` inlines the same arithmetic)."""
+    if value_ns >= HISTOGRAM_LIMIT_NS:
+        return BUCKET_COUNT - 1
+    shift = _SHIFT_FOR_BIT_LENGTH[value_ns.bit_length()]
+    return (shift << _SUB_BITS) + (value_ns >> shift)
 
 
 def _percentiles_ns(buckets: tuple[int, ...], qs: tuple[float, ...], max_ns: int) -> list[int]:
@@ -102,6 +111,19 @@ class Window:
     def percentile_ns(self, q: float) -> int:
         """The q-th percentile (0 < q <= 100) of the successful calls' latency."""
         return _percentiles_ns(self.buckets, (q,), self.max_ns)[0]
+
+    def cumulative(self, bounds_ns: Sequence[int]) -> list[int]:
+        """How many successful calls took at most each bound (ascending, below
+        ``HISTOGRAM_LIMIT_NS``): Prometheus's cumulative buckets.  A fine bucket that straddles
+        a bound counts above it, so no figure claims a call faster than it was."""
+        running = list(accumulate(self.buckets))
+        counts = []
+        for bound in bounds_ns:
+            index = _bucket_index(bound)
+            low, width = _bucket_bounds(index)
+            whole = index + 1 if low + width - 1 == bound else index
+            counts.append(running[whole - 1] if whole else 0)
+        return counts
 
     def since(self, earlier: Window) -> Window:
         """The calls recorded after ``earlier`` up to this window.

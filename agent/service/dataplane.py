@@ -235,7 +235,9 @@ class Supervisor:
         except (OSError, ValueError):
             return
         if data.get("pid") == (self.process.pid if self.process else None):
-            self.addresses = {"http": str(data["http"]), "grpc": str(data["grpc"])}
+            self.addresses = {"http": str(data["http"]), "grpc": str(data["grpc"]),
+                              **({"metrics": str(data["metrics"])} if "metrics" in data
+                                 else {})}
 
     def _check_first_load(self, process: subprocess.Popen[bytes]) -> None:
         if time.monotonic() - self.started_at > self.wait_ready_s:

@@ -16,6 +16,7 @@ from agent.config import Config
 from agent.discovery.model import Topology
 from agent.kernel.sched import ThreadSched
 from agent.service.dataplane import Supervisor
+from agent.service.intervals import Intervals, key
 from agent.service.serve import builtin_models, default_model
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class Inference:
         self.providers: list[str] = []
         self.unused: list[Any] = []  # UnusedAccelerator: discovered, not reached by providers
         self.driver: LoadDriver | None = None
+        self.intervals = Intervals()  # what the last telemetry sample reported
 
     @property
     def enabled(self) -> bool:
@@ -99,28 +101,28 @@ class Inference:
 
     # -- figures -----------------------------------------------------------------------------
 
-    def _served(self, name: str) -> dict[str, Any] | None:
-        """The newest served version's statistics entry of a model."""
-        entries = [s for s in self.supervisor.stats if s.get("name") == name]
-        return max(entries, key=lambda s: int(s.get("version") or 0), default=None)
-
     def metrics(self) -> dict[str, Any] | None:
         """``metrics.inference``: the default model as before, every model and version under
-        ``models``, and the data plane's own state."""
+        ``models``, and the data plane's own state.  Counts and latencies are the interval's
+        since the previous sample (``count_total``/``errors_total``: since start), so this is
+        to be called once per telemetry sample."""
         if not self.enabled:
             return None
         plane = self.supervisor.status()
-        entry = self._served(self.default)
+        stats = self.supervisor.stats  # one read: the supervisor replaces the list
+        figures = self.intervals.advance(plane["pid"], stats)
         models = [{"name": s["name"], "version": s["version"],
-                   **(s.get("edge_agent") or {}).get("snapshot", {})}
-                  for s in self.supervisor.stats]
+                   **figures.get(key(s), {})} for s in stats]
+        entry = max((s for s in stats if s.get("name") == self.default),
+                    key=lambda s: int(s.get("version") or 0), default=None)
         if entry is None:
             return {"model": self.default, "error": "; ".join(self.problems()) or
                     "not served", "models": models, "data_plane": plane}
         ours = entry.get("edge_agent") or {}
         return {"model": self.default, "version": entry["version"],
                 "providers": ours.get("providers", self.providers),
-                "stuck": bool(ours.get("stuck")), **ours.get("snapshot", {}),
+                "stuck": bool(ours.get("stuck")),
+                **figures.get(key(entry), {}),
                 "models": models, "data_plane": plane}
 
     def window(self) -> tuple[int, Window] | None:

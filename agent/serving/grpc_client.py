@@ -5,6 +5,7 @@ agent measures itself without tritonclient installed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -59,6 +60,24 @@ def _output(tensor: Any, raw: bytes | None) -> np.ndarray:
     return np.array(list(values), dtype=dtype).reshape(shape)
 
 
+def set_parameter(parameter: Any, key: str, value: Any) -> None:
+    """One InferParameter from a Python value, typed as tritonclient types it: ``priority``
+    as uint64, others by their type."""
+    if key == "priority":
+        parameter.uint64_param = int(value)
+    elif isinstance(value, bool):
+        parameter.bool_param = value
+    elif isinstance(value, int):
+        parameter.int64_param = value
+    elif isinstance(value, float):
+        parameter.double_param = value
+    elif isinstance(value, str):
+        parameter.string_param = value
+    else:
+        raise ServeError("INVALID_ARGUMENT", f"parameter {key}: {type(value).__name__} is "
+                         "not a bool, number or string")
+
+
 class GrpcClient:
     """One channel to ``target`` ("host:port"); each call waits at most ``timeout_s``."""
 
@@ -97,10 +116,13 @@ class GrpcClient:
                              _specs(response.outputs), response.platform)
 
     def infer(self, model: str, feeds: dict[str, np.ndarray], version: str = "",
-              outputs: tuple[str, ...] = (), request_id: str = "") -> dict[str, np.ndarray]:
+              outputs: tuple[str, ...] = (), request_id: str = "",
+              parameters: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
         """Run the model once; every output unless ``outputs`` names some."""
         request = proto.ModelInferRequest(model_name=model, model_version=version,
                                           id=request_id)
+        for key, value in (parameters or {}).items():
+            set_parameter(request.parameters[key], key, value)
         for name, array in feeds.items():
             try:
                 datatype = datatype_of(array)

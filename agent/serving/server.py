@@ -19,12 +19,15 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.inference.session import BuiltSession, build_session
 from agent.serving.access import Access, is_loopback
 from agent.serving.registry import ModelRegistry
 from agent.serving.threads import InferenceThreads, read_sched_file
+
+if TYPE_CHECKING:
+    from agent.serving.metrics import MetricsServer
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +125,7 @@ class DataPlane:
                                             initializer=self.threads.adopt_current)
         self.grpc_server: Any = None
         self.runner: Any = None
+        self.metrics: MetricsServer | None = None
         self.addresses: dict[str, str] = {}
 
     def resched(self) -> None:
@@ -156,6 +160,11 @@ class DataPlane:
                            reuse_address=True)
         await site.start()
         self.addresses["http"] = f"{host}:{self.runner.addresses[0][1]}"  # port 0: the bound one
+        if settings.metrics is not None:
+            from agent.serving.metrics import MetricsServer
+
+            self.metrics = MetricsServer(*split_address(settings.metrics), self.registry)
+            self.addresses["metrics"] = self.metrics.address
         if settings.ready_file is not None:
             write_ready(settings.ready_file, self.addresses)
         logger.info("serving %s (HTTP %s, gRPC %s)",
@@ -163,6 +172,8 @@ class DataPlane:
                     self.addresses["http"], self.addresses["grpc"])
 
     async def stop(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.grpc_server is not None:
             self.grpc_server.stop(2.0).wait(3.0)
         if self.runner is not None:

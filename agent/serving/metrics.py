@@ -1,0 +1,171 @@
+"""The data plane's Prometheus endpoint (``serve.metrics``, as Triton's :8002).
+
+Nothing here sits on the hot path: a scrape reads the statistics extension's entries (the
+same ones ``/v2/models/stats`` answers) and turns each version's fixed-memory latency
+histogram into Prometheus buckets then, so serving pays nothing more per call.  Its own
+``CollectorRegistry``, no global state: two data planes in one process (the tests) do not
+share metrics.
+
+Per version (labels ``model``, ``version``): latency and queue-time histograms in seconds,
+Triton's counters under ``edge_agent_inference_*`` and ``edge_agent_model_ready``.  Queue time
+is a histogram when the entry carries a queue window (``edge_agent.queue``), else a summary
+(count and sum) of the extension's ``inference_stats.queue``.  Where ``edge_agent.instances``
+is a list of ``{name, window?, queue?}`` the histograms are also given per ``instance``.  An
+entry that cannot be read is logged and left out; the rest of the scrape goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+
+from agent.inference.stats import Window
+from agent.serving.core import Models
+
+logger = logging.getLogger(__name__)
+
+# Prometheus bucket bounds (s): 50 us to 10 s, about three per decade.
+BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+             0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_BOUNDS_NS = tuple(round(b * 1e9) for b in BUCKETS_S)
+_LABELS = ["model", "version"]
+# (metric name without _total, help, how to read it from a statistics entry)
+_COUNTERS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], int]], ...] = (
+    ("edge_agent_inference_request_success", "Successful inference requests",
+     lambda s: s["inference_stats"]["success"]["count"]),
+    ("edge_agent_inference_request_failure", "Failed inference requests",
+     lambda s: s["inference_stats"]["fail"]["count"]),
+    ("edge_agent_inference_count", "Inferences performed (a batch of n counts n)",
+     lambda s: s["inference_count"]),
+    ("edge_agent_inference_exec_count", "Model executions (a batch counts once)",
+     lambda s: s["execution_count"]),
+    ("edge_agent_inference_request_duration_us", "Request duration, successes and failures",
+     lambda s: (s["inference_stats"]["success"]["ns"] + s["inference_stats"]["fail"]["ns"])
+     // 1000),
+    ("edge_agent_inference_queue_duration_us", "Time requests waited in a queue",
+     lambda s: s["inference_stats"]["queue"]["ns"] // 1000),
+    ("edge_agent_inference_compute_input_duration_us", "Time spent preparing inputs",
+     lambda s: s["inference_stats"]["compute_input"]["ns"] // 1000),
+    ("edge_agent_inference_compute_infer_duration_us", "Time spent running the model",
+     lambda s: s["inference_stats"]["compute_infer"]["ns"] // 1000),
+    ("edge_agent_inference_compute_output_duration_us", "Time spent producing outputs",
+     lambda s: s["inference_stats"]["compute_output"]["ns"] // 1000),
+)
+
+
+def histogram_buckets(window: Window) -> list[tuple[str, float]]:
+    """Cumulative Prometheus buckets of a window's successful calls, ``+Inf`` last."""
+    counts = window.cumulative(_BOUNDS_NS)
+    return [*((repr(b), float(n)) for b, n in zip(BUCKETS_S, counts, strict=True)),
+            ("+Inf", float(window.count))]
+
+
+def _window(figures: Mapping[str, Any], key: str) -> Window | None:
+    return Window.from_dict(figures[key]) if key in figures else None
+
+
+class _Families:
+    """The families of one scrape, filled entry by entry."""
+
+    def __init__(self) -> None:
+        instance = [*_LABELS, "instance"]
+        self.latency = HistogramMetricFamily(
+            "edge_agent_request_duration_seconds",
+            "Latency of successful inference requests", labels=_LABELS)
+        self.queue = HistogramMetricFamily(
+            "edge_agent_queue_duration_seconds", "Time requests waited before running",
+            labels=_LABELS)
+        self.queue_summary = SummaryMetricFamily(
+            "edge_agent_queue_duration_seconds", "Time requests waited before running",
+            labels=_LABELS)
+        self.instance_latency = HistogramMetricFamily(
+            "edge_agent_instance_request_duration_seconds",
+            "Latency of successful inference requests per model instance", labels=instance)
+        self.instance_queue = HistogramMetricFamily(
+            "edge_agent_instance_queue_duration_seconds",
+            "Time requests waited before running per model instance", labels=instance)
+        self.counters = [CounterMetricFamily(name, text, labels=_LABELS)
+                         for name, text, _ in _COUNTERS]
+        self.ready = GaugeMetricFamily("edge_agent_model_ready",
+                                       "1 while the version serves and its probe passes",
+                                       labels=_LABELS)
+        self.queue_windows = False
+
+    def add(self, entry: Mapping[str, Any], ready: bool) -> None:
+        """One version's figures; every read happens before the first family is touched, so
+        a bad entry adds nothing rather than half of itself."""
+        labels = [str(entry["name"]), str(entry["version"])]
+        ours = entry["edge_agent"]
+        latency = Window.from_dict(ours["window"])
+        queue = _window(ours, "queue")
+        queued = entry["inference_stats"]["queue"]
+        counts = [float(read(entry)) for _, _, read in _COUNTERS]
+        listed = ours.get("instances")  # a count until the instances report figures
+        instances = [(str(i["name"]), _window(i, "window"), _window(i, "queue"))
+                     for i in (listed if isinstance(listed, list) else ())]
+        self.latency.add_metric(labels, histogram_buckets(latency), latency.sum_ns / 1e9)
+        if queue is not None:
+            self.queue_windows = True
+            self.queue.add_metric(labels, histogram_buckets(queue), queue.sum_ns / 1e9)
+        self.queue_summary.add_metric(labels, int(queued["count"]), queued["ns"] / 1e9)
+        for counter, count in zip(self.counters, counts, strict=True):
+            counter.add_metric(labels, count)
+        self.ready.add_metric(labels, float(ready))
+        for name, window, waited in instances:
+            for family, found in ((self.instance_latency, window),
+                                  (self.instance_queue, waited)):
+                if found is not None:
+                    family.add_metric([*labels, name], histogram_buckets(found),
+                                      found.sum_ns / 1e9)
+
+    def all(self) -> Iterator[Metric]:
+        yield self.latency
+        # one type per name: the entries come from one build, so all carry a queue window
+        # or none does; should some not, they are left out of the histogram
+        yield self.queue if self.queue_windows else self.queue_summary
+        yield from (f for f in (self.instance_latency, self.instance_queue) if f.samples)
+        yield from self.counters
+        yield self.ready
+
+
+class ServingCollector:
+    """A prometheus_client collector over a registry's statistics, read at each scrape."""
+
+    def __init__(self, models: Models) -> None:
+        self.models = models
+
+    def collect(self) -> Iterator[Metric]:
+        families = _Families()
+        for entry in self.models.statistics("", ""):
+            try:
+                ready = self.models.model_ready(str(entry["name"]), str(entry["version"]))
+                families.add(entry, ready)
+            except Exception as error:  # one odd entry (or a version unloaded meanwhile)
+                logger.warning("metrics: %s version %s left out: %s: %s", entry.get("name"),
+                               entry.get("version"), type(error).__name__, error)
+        yield from families.all()
+
+
+class MetricsServer:
+    """``/metrics`` on host:port (port 0: a free one, then ``address`` says which)."""
+
+    def __init__(self, host: str, port: int, models: Models) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(ServingCollector(models))
+        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        bound = self._server.server_address[1]
+        self.address = f"{host}:{bound}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
