@@ -430,6 +430,12 @@ WIRE = {
     "RepositoryModelLoadRequest": {"repositoryName": "r", "modelName": "demo", "parameters": {
         "config": {"stringParam": "{}"}, "file:1/model.onnx": {"bytesParam": "AAE="},
         "flag": {"boolParam": True}, "n": {"int64Param": "7"}}},
+    "SystemSharedMemoryStatusResponse": {"regions": {"r": {
+        "name": "r", "key": "/edge-agent-r", "offset": "4096",
+        "byteSize": "18446744073709551615"}}},
+    "SystemSharedMemoryRegisterRequest": {"name": "r", "key": "/edge-agent-r", "offset": "8",
+                                          "byteSize": "64"},
+    "SystemSharedMemoryUnregisterRequest": {"name": "r"},
     "ModelStatisticsResponse": {"modelStats": [{
         "name": "demo", "version": "1", "lastInference": "9", "inferenceCount": "3",
         "executionCount": "2", "inferenceStats": {"success": {"count": "3", "ns": "100"},

@@ -60,7 +60,9 @@ class Region:
                 "byte_size": self.byte_size}
 
     @contextmanager
-    def _descriptor(self) -> Iterator[int]:
+    def held(self) -> Iterator[int]:
+        """The descriptor, kept open until the block ends even if the region is unregistered
+        meanwhile; INVALID_ARGUMENT once it has been."""
         with self._lock:
             if self._retired:
                 raise invalid(f"shared memory region {self.name!r} was unregistered while the "
@@ -85,7 +87,7 @@ class Region:
 
     def read(self, start: int, size: int) -> bytes:
         """``size`` bytes from ``start`` within the region (bounds checked by the caller)."""
-        with self._descriptor() as fd:
+        with self.held() as fd:
             try:
                 data = os.pread(fd, size, self.offset + start)
             except OSError as error:
@@ -96,7 +98,7 @@ class Region:
         return data
 
     def write(self, start: int, data: bytes) -> None:
-        with self._descriptor() as fd:
+        with self.held() as fd:
             try:
                 written = os.pwrite(fd, data, self.offset + start)
             except OSError as error:
