@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agent.serving.core import (
@@ -179,7 +179,7 @@ class DecodedInfer:
 
     request: InferRequest
     binary_default: bool
-    targets: Mapping[str, Window] = field(default_factory=dict)
+    targets: Mapping[str, Window]
 
 
 def decode_infer(model: str, version: str, body: bytes, length: int | None, *,
