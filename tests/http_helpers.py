@@ -17,6 +17,7 @@ from aiohttp import web
 from agent.serving.access import Access
 from agent.serving.core import Models
 from agent.serving.http_api import make_app
+from agent.serving.shm import SharedMemoryRegions
 
 TIMEOUT_S = 10.0
 
@@ -34,14 +35,15 @@ class Reply:
 class HttpServer:
     """``make_app`` over ``models`` on 127.0.0.1 at a free port, until ``stop``."""
 
-    def __init__(self, models: Models, access: Access, max_request_bytes: int = 1 << 20) -> None:
+    def __init__(self, models: Models, access: Access, max_request_bytes: int = 1 << 20,
+                 regions: SharedMemoryRegions | None = None) -> None:
         self.models = models
         self.executor = concurrent.futures.ThreadPoolExecutor(2)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         app = make_app(models, access, max_request_bytes=max_request_bytes,
-                       executor=self.executor)
+                       executor=self.executor, regions=regions)
         self.runner = web.AppRunner(app)
         self._call(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)

@@ -25,10 +25,12 @@ from agent.serving.core import InferRequest, InferResult
 from agent.serving.errors import ServeError
 from agent.serving.grpc_api import build_grpc_server, infer_request
 from agent.serving.grpc_client import GrpcClient
+from agent.serving.shm import SharedMemoryRegions
 
 TOKEN = "s3cret-token"
 MAX_REQUEST = 1 << 20
 AUTH = {"authorization": f"Bearer {TOKEN}"}
+NO_REGIONS = SharedMemoryRegions("edge-agent-", max_bytes=0)  # nothing registers in it
 
 
 class RecordingModels(DemoModels):
@@ -428,6 +430,12 @@ WIRE = {
     "RepositoryModelLoadRequest": {"repositoryName": "r", "modelName": "demo", "parameters": {
         "config": {"stringParam": "{}"}, "file:1/model.onnx": {"bytesParam": "AAE="},
         "flag": {"boolParam": True}, "n": {"int64Param": "7"}}},
+    "SystemSharedMemoryStatusResponse": {"regions": {"r": {
+        "name": "r", "key": "/edge-agent-r", "offset": "4096",
+        "byteSize": "18446744073709551615"}}},
+    "SystemSharedMemoryRegisterRequest": {"name": "r", "key": "/edge-agent-r", "offset": "8",
+                                          "byteSize": "64"},
+    "SystemSharedMemoryUnregisterRequest": {"name": "r"},
     "ModelStatisticsResponse": {"modelStats": [{
         "name": "demo", "version": "1", "lastInference": "9", "inferenceCount": "3",
         "executionCount": "2", "inferenceStats": {"success": {"count": "3", "ns": "100"},
@@ -461,7 +469,7 @@ def test_typed_contents_decode_to_their_datatype(datatype: str, field: str,
     request = proto.ModelInferRequest(model_name="m")
     tensor = request.inputs.add(name="x", datatype=datatype, shape=[2, 2])
     getattr(tensor.contents, field).extend(values)
-    (decoded,) = infer_request(request).inputs
+    (decoded,) = infer_request(request, regions=NO_REGIONS).inputs
     assert decoded.datatype == datatype
     assert decoded.array.shape == (2, 2)
     assert decoded.array.reshape(-1).tolist() == values
@@ -471,7 +479,7 @@ def test_typed_value_out_of_range_is_invalid_argument() -> None:
     request = proto.ModelInferRequest(model_name="m")
     request.inputs.add(name="x", datatype="INT8", shape=[1]).contents.int_contents.append(300)
     with pytest.raises(ServeError) as excinfo:
-        infer_request(request)
+        infer_request(request, regions=NO_REGIONS)
     assert excinfo.value.code == "INVALID_ARGUMENT"
     assert "input x" in excinfo.value.message
 

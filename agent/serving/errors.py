@@ -9,6 +9,9 @@ from __future__ import annotations
 
 HTTP_STATUS = {
     "INVALID_ARGUMENT": 400,
+    # a shared memory region name registered twice: 400, as Triton answers it (after
+    # INVALID_ARGUMENT, so that an HTTP client reads a 400 as that)
+    "ALREADY_EXISTS": 400,
     "UNAUTHENTICATED": 401,
     "PERMISSION_DENIED": 403,
     "NOT_FOUND": 404,

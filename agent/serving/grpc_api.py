@@ -29,6 +29,8 @@ from agent.serving.core import (
     TensorSpec,
 )
 from agent.serving.errors import ServeError, invalid
+from agent.serving.shm import DEFAULT_PREFIX, SharedMemoryRegions, bounded_regions
+from agent.serving.shm_tensors import Window, read_input, region_ref, resolve, write_output
 from agent.serving.tensors import from_raw, from_values, to_raw
 
 logger = logging.getLogger(__name__)
@@ -41,7 +43,9 @@ CONTENTS_FIELD = {
     "FP32": "fp32_contents", "FP64": "fp64_contents",
 }
 CONTENTS_FIELDS = tuple(sorted({*CONTENTS_FIELD.values(), "bytes_contents"}))
-CONTROL = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})  # token even on loopback
+# the calls that need the token even on loopback
+CONTROL = frozenset({"RepositoryModelLoad", "RepositoryModelUnload",
+                     "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister"})
 
 
 def parameter_values(parameters: Mapping[str, Any]) -> dict[str, Any]:
@@ -70,41 +74,77 @@ def _typed_input(tensor: Any) -> Tensor:
     return from_values(tensor.name, tensor.datatype, list(tensor.shape), values)
 
 
-def infer_request(message: Any) -> InferRequest:
-    """A ``ModelInferRequest`` decoded and size-checked: inputs either all raw, one
-    ``raw_input_contents`` entry each in order, or all typed."""
+def infer_request(message: Any, *, regions: SharedMemoryRegions) -> InferRequest:
+    """A ``ModelInferRequest`` decoded and size-checked: inputs in shared memory copied out
+    of ``regions``, the others either all raw, one ``raw_input_contents`` entry each in
+    their order (tritonclient sends none for an input in shared memory), or all typed."""
+    refs = [region_ref(parameter_values(t.parameters), f"input {t.name}")
+            for t in message.inputs]
+    in_shm = [t.name for t, ref in zip(message.inputs, refs, strict=True)
+              if ref is not None and t.HasField("contents")]
+    if in_shm:
+        raise invalid(f"inputs {', '.join(in_shm)} are in shared memory and carry contents: "
+                      "use one or the other")
+    by_value = [t for t, ref in zip(message.inputs, refs, strict=True) if ref is None]
     raw = message.raw_input_contents
-    typed = [t.name for t in message.inputs if t.HasField("contents")]
+    typed = [t.name for t in by_value if t.HasField("contents")]
     if raw and typed:
         raise invalid(f"inputs {', '.join(typed)} carry typed contents while the request "
                       "carries raw_input_contents: use one or the other")
-    if raw and len(raw) != len(message.inputs):
-        raise invalid(f"{len(raw)} raw_input_contents for {len(message.inputs)} inputs: "
-                      "one each, in the inputs' order")
-    if raw:
-        inputs = tuple(from_raw(t.name, t.datatype, list(t.shape), data)
-                       for t, data in zip(message.inputs, raw, strict=True))
-    else:
-        inputs = tuple(_typed_input(t) for t in message.inputs)
+    if raw and len(raw) != len(by_value):
+        raise invalid(f"{len(raw)} raw_input_contents for {len(by_value)} inputs not in "
+                      "shared memory: one each, in the inputs' order")
+    contents = iter(raw)
+    inputs = []
+    for tensor, ref in zip(message.inputs, refs, strict=True):
+        if ref is not None:
+            window = resolve(regions, ref, f"input {tensor.name}")
+            inputs.append(read_input(window, tensor.name, tensor.datatype, list(tensor.shape)))
+        elif raw:
+            inputs.append(from_raw(tensor.name, tensor.datatype, list(tensor.shape),
+                                   next(contents)))
+        else:
+            inputs.append(_typed_input(tensor))
     outputs = []
     for output in message.outputs:
         if "classification" in output.parameters:
             raise invalid(f"output {output.name}: the classification extension is not "
                           "supported")
         outputs.append(OutputRequest(output.name))
-    return InferRequest(message.model_name, message.model_version, inputs, tuple(outputs),
-                        message.id, parameter_values(message.parameters))
+    return InferRequest(message.model_name, message.model_version, tuple(inputs),
+                        tuple(outputs), message.id, parameter_values(message.parameters))
 
 
-def infer_response(result: InferResult) -> Any:
+def output_targets(message: Any, regions: SharedMemoryRegions) -> dict[str, Window]:
+    """The regions the request's outputs in shared memory go to, resolved before it runs."""
+    targets = {}
+    for output in message.outputs:
+        ref = region_ref(parameter_values(output.parameters), f"output {output.name}")
+        if ref is not None:
+            targets[output.name] = resolve(regions, ref, f"output {output.name}")
+    return targets
+
+
+def infer_response(result: InferResult, targets: Mapping[str, Window]) -> Any:
     """The response as Triton's server writes it: each output's bytes in
-    ``raw_output_contents``, in the order of ``outputs`` (what tritonclient reads)."""
+    ``raw_output_contents``, in the order of ``outputs`` (what tritonclient reads); an
+    output in shared memory is written there, named in its parameters, and keeps its place
+    with an empty entry."""
     response = proto.ModelInferResponse(model_name=result.model, model_version=result.version,
                                         id=result.id)
     for tensor in result.outputs:
-        response.outputs.add(name=tensor.name, datatype=tensor.datatype,
-                             shape=list(tensor.array.shape))
-        response.raw_output_contents.append(to_raw(tensor.array))
+        entry = response.outputs.add(name=tensor.name, datatype=tensor.datatype,
+                                     shape=list(tensor.array.shape))
+        target = targets.get(tensor.name)
+        if target is None:
+            response.raw_output_contents.append(to_raw(tensor.array))
+            continue
+        for key, value in write_output(target, tensor).items():
+            if isinstance(value, str):
+                entry.parameters[key].string_param = value
+            else:
+                entry.parameters[key].int64_param = value
+        response.raw_output_contents.append(b"")
     return response
 
 
@@ -154,8 +194,9 @@ class Service:
     """One method per call, named as the protocol names it, each a message in and a message
     out; raises ``ServeError``."""
 
-    def __init__(self, models: Models) -> None:
+    def __init__(self, models: Models, regions: SharedMemoryRegions) -> None:
         self.models = models
+        self.regions = regions
 
     def ServerLive(self, request: Any) -> Any:
         return proto.ServerLiveResponse(live=self.models.live())
@@ -181,7 +222,9 @@ class Service:
         return response
 
     def ModelInfer(self, request: Any) -> Any:
-        return infer_response(self.models.infer(infer_request(request)))
+        targets = output_targets(request, self.regions)
+        decoded = infer_request(request, regions=self.regions)
+        return infer_response(self.models.infer(decoded), targets)
 
     def ModelConfig(self, request: Any) -> Any:
         if request.version:
@@ -212,6 +255,20 @@ class Service:
         self.models.unload(request.model_name, parameter_values(request.parameters))
         return proto.RepositoryModelUnloadResponse()
 
+    def SystemSharedMemoryStatus(self, request: Any) -> Any:
+        response = proto.SystemSharedMemoryStatusResponse()
+        for status in self.regions.status(request.name):
+            response.regions[status["name"]].CopyFrom(proto.RegionStatus(**status))
+        return response
+
+    def SystemSharedMemoryRegister(self, request: Any) -> Any:
+        self.regions.register(request.name, request.key, request.offset, request.byte_size)
+        return proto.SystemSharedMemoryRegisterResponse()
+
+    def SystemSharedMemoryUnregister(self, request: Any) -> Any:
+        self.regions.unregister(request.name)
+        return proto.SystemSharedMemoryUnregisterResponse()
+
 
 def _authorization(context: Any) -> str | None:
     for key, value in context.invocation_metadata() or ():
@@ -240,10 +297,13 @@ def guarded(name: str, call: Callable[[Any], Any], access: Access
 
 
 def build_grpc_server(models: Models, access: Access, *, max_request_bytes: int,
-                      executor: concurrent.futures.ThreadPoolExecutor) -> grpc.Server:
+                      executor: concurrent.futures.ThreadPoolExecutor,
+                      regions: SharedMemoryRegions | None = None) -> grpc.Server:
     """The server, not yet bound nor started: the caller adds the port
-    (``add_insecure_port`` or a secure one) and starts it."""
-    service = Service(models)
+    (``add_insecure_port`` or a secure one) and starts it.  Without ``regions`` (the data
+    plane shares one with HTTP) it keeps its own under the default prefix."""
+    service = Service(models, regions if regions is not None
+                      else bounded_regions(DEFAULT_PREFIX, max_request_bytes))
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             guarded(name, getattr(service, name), access),

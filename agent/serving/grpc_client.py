@@ -16,6 +16,7 @@ from agent.serving import proto
 from agent.serving.core import DATATYPES, ModelMetadata, TensorSpec, datatype_of
 from agent.serving.errors import HTTP_STATUS, ServeError
 from agent.serving.grpc_api import CONTENTS_FIELD
+from agent.serving.shm_tensors import REGION, RegionInput, RegionRef
 from agent.serving.tensors import to_raw
 
 
@@ -29,6 +30,15 @@ def _error(error: grpc.RpcError) -> ServeError:
         return ServeError(name, details)
     return ServeError("UNAVAILABLE" if name in ("CANCELLED", "UNKNOWN") else "INTERNAL",
                       f"{name}: {details}")
+
+
+def _set_parameters(target: Any, values: Mapping[str, Any]) -> None:
+    """InferParameters as tritonclient writes them: strings and int64s."""
+    for key, value in values.items():
+        if isinstance(value, str):
+            target[key].string_param = value
+        else:
+            target[key].int64_param = value
 
 
 def _specs(tensors: Any) -> tuple[TensorSpec, ...]:
@@ -115,15 +125,23 @@ class GrpcClient:
         return ModelMetadata(response.name, tuple(response.versions), _specs(response.inputs),
                              _specs(response.outputs), response.platform)
 
-    def infer(self, model: str, feeds: dict[str, np.ndarray], version: str = "",
-              outputs: tuple[str, ...] = (), request_id: str = "",
+    def infer(self, model: str, feeds: Mapping[str, np.ndarray | RegionInput],
+              version: str = "", outputs: tuple[str, ...] = (), request_id: str = "",
+              regions: Mapping[str, RegionRef] | None = None,
               parameters: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
-        """Run the model once; every output unless ``outputs`` names some."""
+        """Run the model once; every output unless ``outputs`` or ``regions`` name some.  A
+        feed may lie in a registered shared memory region (no raw entry then); the outputs
+        in ``regions`` are written there and left out of the answer."""
         request = proto.ModelInferRequest(model_name=model, model_version=version,
                                           id=request_id)
         for key, value in (parameters or {}).items():
             set_parameter(request.parameters[key], key, value)
         for name, array in feeds.items():
+            if isinstance(array, RegionInput):
+                tensor = request.inputs.add(name=name, datatype=array.datatype,
+                                            shape=list(array.shape))
+                _set_parameters(tensor.parameters, array.ref.parameters())
+                continue
             try:
                 datatype = datatype_of(array)
             except ServeError:
@@ -131,15 +149,37 @@ class GrpcClient:
                                  "has no protocol datatype") from None
             request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
             request.raw_input_contents.append(to_raw(array))
+        targets = dict(regions or {})
         for name in outputs:
-            request.outputs.add(name=name)
+            if name not in targets:
+                request.outputs.add(name=name)
+        for name, ref in targets.items():
+            _set_parameters(request.outputs.add(name=name).parameters, ref.parameters())
         response = self.call("ModelInfer", request)
         raw = list(response.raw_output_contents)
         if raw and len(raw) != len(response.outputs):
             raise ServeError("INTERNAL", f"{len(raw)} raw_output_contents for "
                              f"{len(response.outputs)} outputs")
         return {tensor.name: _output(tensor, raw[index] if raw else None)
-                for index, tensor in enumerate(response.outputs)}
+                for index, tensor in enumerate(response.outputs)
+                if REGION not in tensor.parameters}
+
+    def register_shm(self, name: str, key: str, byte_size: int, offset: int = 0) -> None:
+        """Register ``byte_size`` bytes from ``offset`` of the POSIX shared memory object
+        ``key`` as region ``name`` (needs the token)."""
+        self.call("SystemSharedMemoryRegister", proto.SystemSharedMemoryRegisterRequest(
+            name=name, key=key, offset=offset, byte_size=byte_size))
+
+    def unregister_shm(self, name: str = "") -> None:
+        """One region, or every region for "" (needs the token)."""
+        self.call("SystemSharedMemoryUnregister",
+                  proto.SystemSharedMemoryUnregisterRequest(name=name))
+
+    def shm_status(self, name: str = "") -> list[dict[str, Any]]:
+        response = self.call("SystemSharedMemoryStatus",
+                             proto.SystemSharedMemoryStatusRequest(name=name))
+        return [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+                for r in response.regions.values()]
 
     def close(self) -> None:
         self.channel.close()

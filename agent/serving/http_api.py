@@ -1,9 +1,10 @@
 """The Open Inference Protocol (KServe v2) over HTTP, as Triton's clients speak it: health,
-metadata, config, statistics, the model-repository extension and inference with the binary
-tensor extension, in front of ``Models``.
+metadata, config, statistics, the model-repository and system-shared-memory extensions and
+inference with the binary tensor extension, in front of ``Models``.
 
-One middleware answers for every route: the bearer token first (load and unload always need
-it, everything else only on a non-loopback listener), then the handler; a ``ServeError``
+One middleware answers for every route: the bearer token first (load and unload and
+registering or unregistering shared memory always need it, everything else only on a
+non-loopback listener), then the handler; a ``ServeError``
 becomes ``{"error": …}`` with its status, aiohttp's own refusals (404, 405, 413) the same
 shape, and anything else is a bug: logged and answered 500, never left to hang a client.
 Decoding, inference and encoding run in ``executor`` together, so a large body or a slow
@@ -25,10 +26,13 @@ from agent.serving import http_codec as codec
 from agent.serving.access import Access, bearer
 from agent.serving.core import Models
 from agent.serving.errors import ServeError, invalid
+from agent.serving.shm import DEFAULT_PREFIX, SharedMemoryRegions, bounded_regions
 
 log = logging.getLogger(__name__)
 
-CONTROL_ROUTES = frozenset({"load", "unload"})  # the routes that always need the token
+# the routes that always need the token
+CONTROL_ROUTES = frozenset({"load", "unload", "shm_register", "shm_unregister",
+                            "shm_unregister_one"})
 _T = TypeVar("_T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -50,8 +54,9 @@ class _Api:
     """The handlers, over one ``Models``; each returns a response or raises ServeError."""
 
     def __init__(self, models: Models, access: Access, max_request_bytes: int,
-                 executor: concurrent.futures.Executor) -> None:
+                 executor: concurrent.futures.Executor, regions: SharedMemoryRegions) -> None:
         self.models = models
+        self.regions = regions
         self.access = access
         self.max_request_bytes = max_request_bytes
         self.executor = executor
@@ -144,7 +149,8 @@ class _Api:
     def _infer(self, model: str, version: str, body: bytes,
                header: str | None) -> tuple[bytes, int | None]:
         decoded = codec.decode_infer(model, version, body,
-                                     codec.header_length(header, len(body)))
+                                     codec.header_length(header, len(body)),
+                                     regions=self.regions)
         return codec.encode_infer(self.models.infer(decoded.request), decoded)
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
@@ -176,13 +182,43 @@ class _Api:
     async def unload(self, request: web.Request) -> web.StreamResponse:
         return await self._control(request, self.models.unload)
 
+    async def shm_status(self, request: web.Request) -> web.StreamResponse:
+        return json_response(self.regions.status(request.match_info.get("region", "")))
+
+    async def shm_register(self, request: web.Request) -> web.StreamResponse:
+        document = codec.loads(await self._body(request), "the register request")
+        if not isinstance(document, dict):
+            raise invalid("the register request must be a JSON object")
+        key, offset, size = (document.get("key"), document.get("offset", 0),
+                             document.get("byte_size"))
+        if not isinstance(key, str):
+            raise invalid("key must be a string")
+        for what, value in (("offset", offset), ("byte_size", size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise invalid(f"{what} must be an integer")
+        await self._blocking(self.regions.register, request.match_info["region"], key,
+                             offset, size)
+        return web.Response(status=200)
+
+    async def shm_unregister(self, request: web.Request) -> web.StreamResponse:
+        self.regions.unregister(request.match_info.get("region", ""))
+        return web.Response(status=200)
+
 
 def make_app(models: Models, access: Access, *, max_request_bytes: int,
-             executor: concurrent.futures.Executor) -> web.Application:
+             executor: concurrent.futures.Executor,
+             regions: SharedMemoryRegions | None = None) -> web.Application:
     """The application to serve (with ``aiohttp.web.AppRunner``); bodies above
-    ``max_request_bytes`` are refused with 413."""
-    api = _Api(models, access, max_request_bytes, executor)
+    ``max_request_bytes`` are refused with 413.  Without ``regions`` (the data plane shares
+    one with gRPC) the app keeps its own, under the default prefix, closed at cleanup."""
+    api = _Api(models, access, max_request_bytes, executor,
+               regions if regions is not None
+               else bounded_regions(DEFAULT_PREFIX, max_request_bytes))
     app = web.Application(client_max_size=max_request_bytes, middlewares=[api.guard])
+    if regions is None:
+        async def close_regions(app: web.Application) -> None:
+            api.regions.close()
+        app.on_cleanup.append(close_regions)
 
     def route(method: str, path: str, handler: Handler, name: str | None = None) -> None:
         resource = app.router.add_resource(path, name=name)
@@ -206,6 +242,12 @@ def make_app(models: Models, access: Access, *, max_request_bytes: int,
     route("POST", "/v2/repository/index", api.index)
     route("POST", "/v2/repository/models/{model}/load", api.load, name="load")
     route("POST", "/v2/repository/models/{model}/unload", api.unload, name="unload")
+    shm, region = "/v2/systemsharedmemory", "/v2/systemsharedmemory/region/{region}"
+    route("GET", shm + "/status", api.shm_status)
+    route("GET", region + "/status", api.shm_status)
+    route("POST", region + "/register", api.shm_register, name="shm_register")
+    route("POST", shm + "/unregister", api.shm_unregister, name="shm_unregister")
+    route("POST", region + "/unregister", api.shm_unregister, name="shm_unregister_one")
     route("*", "/{path:.*}", _no_route)
     return app
 

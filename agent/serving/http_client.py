@@ -31,6 +31,7 @@ from agent.serving.core import (
 )
 from agent.serving.errors import HTTP_STATUS, ServeError
 from agent.serving.http_codec import HEADER_LENGTH, dumps
+from agent.serving.shm_tensors import REGION, RegionInput, RegionRef
 from agent.serving.tensors import to_raw, to_values
 
 LOAD_TIMEOUT_S = 300.0  # a load reads and compiles a model: far longer than a request
@@ -204,14 +205,20 @@ class HttpClient:
             return False
         raise self._raise(status, data)
 
-    def infer(self, model: str, feeds: Mapping[str, np.ndarray], version: str = "",
-              outputs: Sequence[str] | None = None, binary: bool = True,
-              parameters: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+    def infer(self, model: str, feeds: Mapping[str, np.ndarray | RegionInput],
+              version: str = "", outputs: Sequence[str] | None = None, binary: bool = True,
+              parameters: Mapping[str, Any] | None = None,
+              regions: Mapping[str, RegionRef] | None = None) -> dict[str, np.ndarray]:
         """The outputs (all, or those named) by name; ``binary``: tensors travel as the
         binary extension's raw bytes both ways, else as JSON lists.  Binary outputs are
-        read-only views of the response."""
+        read-only views of the response.  A feed may lie in a registered shared memory
+        region; the outputs in ``regions`` are written there and left out of the answer."""
         inputs, chunks = [], []
         for name, value in feeds.items():
+            if isinstance(value, RegionInput):
+                inputs.append({"name": name, "shape": list(value.shape),
+                               "datatype": value.datatype, "parameters": value.ref.parameters()})
+                continue
             array = np.asarray(value)
             entry: dict[str, Any] = {"name": name, "shape": list(array.shape),
                                      "datatype": datatype_of(array)}
@@ -224,10 +231,14 @@ class HttpClient:
             inputs.append(entry)
         params = dict(parameters or {})
         document: dict[str, Any] = {"inputs": inputs}
-        if outputs:
-            document["outputs"] = [{"name": name, "parameters": {"binary_data": binary}}
-                                   for name in outputs]
-        else:
+        targets = dict(regions or {})
+        wanted = [{"name": name, "parameters": {"binary_data": binary}}
+                  for name in outputs or () if name not in targets]
+        wanted += [{"name": name, "parameters": ref.parameters()}
+                   for name, ref in targets.items()]
+        if wanted:
+            document["outputs"] = wanted
+        if not outputs:
             params["binary_data_output"] = binary
         document["parameters"] = params
         head = dumps(document)
@@ -267,10 +278,28 @@ class HttpClient:
         self._json("POST", f"/v2/repository/models/{_quote(model)}/unload",
                    {"parameters": {}}, timeout_s)
 
+    def register_shm(self, name: str, key: str, byte_size: int, offset: int = 0) -> None:
+        """Register ``byte_size`` bytes from ``offset`` of the POSIX shared memory object
+        ``key`` as region ``name`` (needs the token)."""
+        self._json("POST", f"/v2/systemsharedmemory/region/{_quote(name)}/register",
+                   {"key": key, "offset": offset, "byte_size": byte_size})
+
+    def unregister_shm(self, name: str = "") -> None:
+        """One region, or every region for "" (needs the token)."""
+        region = f"/region/{_quote(name)}" if name else ""
+        self._json("POST", f"/v2/systemsharedmemory{region}/unregister")
+
+    def shm_status(self, name: str = "") -> list[dict[str, Any]]:
+        region = f"/region/{_quote(name)}" if name else ""
+        document = self._json("GET", f"/v2/systemsharedmemory{region}/status")
+        if not isinstance(document, list):
+            raise _malformed("shared memory status", document)
+        return document
+
 
 def decode_outputs(body: bytes, header_length: str | None) -> dict[str, np.ndarray]:
     """An inference response's outputs: the JSON part, then each binary output's
-    ``binary_data_size`` bytes in order."""
+    ``binary_data_size`` bytes in order; those written to shared memory are left out."""
     try:
         end = len(body) if header_length is None else int(header_length)
         if not 0 <= end <= len(body):
@@ -281,7 +310,10 @@ def decode_outputs(body: bytes, header_length: str | None) -> dict[str, np.ndarr
         for output in document["outputs"]:
             dtype = DATATYPES[output["datatype"]]
             shape = tuple(int(x) for x in output["shape"])
-            size = (output.get("parameters") or {}).get("binary_data_size")
+            params = output.get("parameters") or {}
+            if REGION in params:
+                continue
+            size = params.get("binary_data_size")
             if size is None:
                 array = np.array(output["data"], dtype=dtype)
             else:

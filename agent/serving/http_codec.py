@@ -25,6 +25,15 @@ from agent.serving.core import (
     TensorSpec,
 )
 from agent.serving.errors import invalid
+from agent.serving.shm import SharedMemoryRegions
+from agent.serving.shm_tensors import (
+    RegionRef,
+    Window,
+    read_input,
+    region_ref,
+    resolve,
+    write_output,
+)
 from agent.serving.tensors import from_raw, from_values, to_raw, to_values
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -32,10 +41,6 @@ BACKEND = "onnxruntime"
 MAX_INT_DIGITS = 40  # beyond int64/uint64: refused before Python parses it (quadratic in 3.10)
 MAX_NAME = 1024
 _DIGITS = re.compile(r"[0-9]{1,20}")
-# Input parameters that ask for what this server does not do; refused, never ignored.
-_UNSUPPORTED_INPUT = ("shared_memory_region", "shared_memory_byte_size",
-                      "shared_memory_offset")
-_UNSUPPORTED_OUTPUT = ("classification", *_UNSUPPORTED_INPUT)
 
 
 def _parse_int(text: str) -> int:
@@ -117,6 +122,7 @@ class _InputHead:
     shape: Sequence[Any]
     binary_size: int | None
     data: Any
+    ref: RegionRef | None  # the input lies in shared memory
 
 
 def _input_head(index: int, item: Any) -> _InputHead:
@@ -128,48 +134,59 @@ def _input_head(index: int, item: Any) -> _InputHead:
     if not isinstance(shape, list):
         raise invalid(f"input {name}: shape must be a list of integers")
     params = parameters(item.get("parameters"), f"input {name}: parameters")
-    for key in _UNSUPPORTED_INPUT:
-        if key in params:
-            raise invalid(f"input {name}: {key} is not supported (no shared memory here)")
+    ref = region_ref(params, f"input {name}")
     size = params.get("binary_data_size")
+    if ref is not None:
+        if size is not None or "data" in item:
+            raise invalid(f"input {name}: in shared memory, so neither data nor "
+                          "binary_data_size")
+        return _InputHead(name, item.get("datatype"), shape, None, None, ref)
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
         raise invalid(f"input {name}: binary_data_size must be an integer 0 or above")
     if size is not None and "data" in item:
         raise invalid(f"input {name}: both data and binary_data_size given")
     if size is None and "data" not in item:
         raise invalid(f"input {name}: no data and no binary_data_size")
-    return _InputHead(name, item.get("datatype"), shape, size, item.get("data"))
+    return _InputHead(name, item.get("datatype"), shape, size, item.get("data"), None)
 
 
-def _outputs(value: Any) -> tuple[OutputRequest, ...]:
+def _outputs(value: Any, regions: SharedMemoryRegions
+             ) -> tuple[tuple[OutputRequest, ...], dict[str, Window]]:
+    """The requested outputs, and the regions those in shared memory go to."""
     if value is None:
-        return ()
+        return (), {}
     if not isinstance(value, list):
         raise invalid("outputs must be a list")
-    found = []
+    found, targets = [], {}
     for index, item in enumerate(value):
         if not isinstance(item, dict):
             raise invalid(f"outputs[{index}] must be a JSON object")
         name = _name(item.get("name"), f"outputs[{index}].name")
         params = parameters(item.get("parameters"), f"output {name}: parameters")
-        for key in _UNSUPPORTED_OUTPUT:
-            if key in params:
-                raise invalid(f"output {name}: {key} is not supported")
+        if "classification" in params:
+            raise invalid(f"output {name}: classification is not supported")
+        ref = region_ref(params, f"output {name}")
+        if ref is not None:
+            targets[name] = resolve(regions, ref, f"output {name}")
         found.append(OutputRequest(name, _flag(params, "binary_data", f"output {name}")))
-    return tuple(found)
+    return tuple(found), targets
 
 
 @dataclass(frozen=True)
 class DecodedInfer:
-    """A request and whether its outputs come back binary by default."""
+    """A request, whether its outputs come back binary by default, and the regions its
+    outputs in shared memory go to."""
 
     request: InferRequest
     binary_default: bool
+    targets: Mapping[str, Window]
 
 
-def decode_infer(model: str, version: str, body: bytes, length: int | None) -> DecodedInfer:
+def decode_infer(model: str, version: str, body: bytes, length: int | None, *,
+                 regions: SharedMemoryRegions) -> DecodedInfer:
     """The request in ``body``: JSON (its first ``length`` bytes, or all of it), then each
-    binary input's bytes in input order, which must add up to exactly the rest."""
+    binary input's bytes in input order, which must add up to exactly the rest; inputs in
+    shared memory are copied out of ``regions``."""
     view = memoryview(body)
     head_end = len(body) if length is None else length
     document = loads(view[:head_end], "the inference request")
@@ -184,7 +201,7 @@ def decode_infer(model: str, version: str, body: bytes, length: int | None) -> D
     if not isinstance(items, list) or not items:
         raise invalid("inputs must be a non-empty list")
     heads = [_input_head(index, item) for index, item in enumerate(items)]
-    outputs = _outputs(document.get("outputs"))
+    outputs, targets = _outputs(document.get("outputs"), regions)
     binary = view[head_end:]
     wanted = sum(head.binary_size or 0 for head in heads)
     if wanted != len(binary):
@@ -192,7 +209,10 @@ def decode_infer(model: str, version: str, body: bytes, length: int | None) -> D
                       f"{len(binary)} follow the JSON")
     inputs, offset = [], 0
     for head in heads:
-        if head.binary_size is None:
+        if head.ref is not None:
+            window = resolve(regions, head.ref, f"input {head.name}")
+            inputs.append(read_input(window, head.name, head.datatype, head.shape))
+        elif head.binary_size is None:
             inputs.append(from_values(head.name, head.datatype, head.shape, head.data))
         else:
             chunk = binary[offset:offset + head.binary_size]
@@ -200,11 +220,12 @@ def decode_infer(model: str, version: str, body: bytes, length: int | None) -> D
             inputs.append(from_raw(head.name, head.datatype, head.shape, chunk))
     extra = {key: value for key, value in params.items() if key != "binary_data_output"}
     return DecodedInfer(InferRequest(model, version, tuple(inputs), outputs, request_id, extra),
-                        binary_default)
+                        binary_default, targets)
 
 
 def encode_infer(result: InferResult, decoded: DecodedInfer) -> tuple[bytes, int | None]:
-    """The response body and, when any output travels binary, the JSON part's length."""
+    """The response body and, when any output travels binary, the JSON part's length; an
+    output in shared memory is written there and only named in the response."""
     asked = {out.name: out.binary for out in decoded.request.outputs}
     document: dict[str, Any] = {"model_name": result.model, "model_version": result.version}
     if decoded.request.id:
@@ -214,7 +235,10 @@ def encode_infer(result: InferResult, decoded: DecodedInfer) -> tuple[bytes, int
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype,
                                  "shape": list(tensor.array.shape)}
         binary = asked.get(tensor.name)
-        if binary if binary is not None else decoded.binary_default:
+        target = decoded.targets.get(tensor.name)
+        if target is not None:
+            entry["parameters"] = write_output(target, tensor)
+        elif binary if binary is not None else decoded.binary_default:
             raw = to_raw(tensor.array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)

@@ -122,6 +122,16 @@ MESSAGES: dict[str, tuple[str, ...]] = {
     "RepositoryModelUnloadRequest": ("string repository_name = 1", "string model_name = 2",
                                      "map<string, ModelRepositoryParameter> parameters = 3"),
     "RepositoryModelUnloadResponse": (),
+    "SystemSharedMemoryStatusRequest": ("string name = 1",),
+    "SystemSharedMemoryStatusResponse": ("map<string, RegionStatus> regions = 1",),
+    "SystemSharedMemoryStatusResponse.RegionStatus": ("string name = 1", "string key = 2",
+                                                      "uint64 offset = 3",
+                                                      "uint64 byte_size = 4"),
+    "SystemSharedMemoryRegisterRequest": ("string name = 1", "string key = 2",
+                                          "uint64 offset = 3", "uint64 byte_size = 4"),
+    "SystemSharedMemoryRegisterResponse": (),
+    "SystemSharedMemoryUnregisterRequest": ("string name = 1",),
+    "SystemSharedMemoryUnregisterResponse": (),
 }
 # Values in number order from 0, as Triton numbers them.
 ENUMS: dict[str, tuple[str, ...]] = {
@@ -258,11 +268,19 @@ RepositoryModelLoadRequest = message_class("RepositoryModelLoadRequest")
 RepositoryModelLoadResponse = message_class("RepositoryModelLoadResponse")
 RepositoryModelUnloadRequest = message_class("RepositoryModelUnloadRequest")
 RepositoryModelUnloadResponse = message_class("RepositoryModelUnloadResponse")
+SystemSharedMemoryStatusRequest = message_class("SystemSharedMemoryStatusRequest")
+SystemSharedMemoryStatusResponse = message_class("SystemSharedMemoryStatusResponse")
+RegionStatus = message_class("SystemSharedMemoryStatusResponse.RegionStatus")
+SystemSharedMemoryRegisterRequest = message_class("SystemSharedMemoryRegisterRequest")
+SystemSharedMemoryRegisterResponse = message_class("SystemSharedMemoryRegisterResponse")
+SystemSharedMemoryUnregisterRequest = message_class("SystemSharedMemoryUnregisterRequest")
+SystemSharedMemoryUnregisterResponse = message_class("SystemSharedMemoryUnregisterResponse")
 
 # method name -> (request class, response class), the service's unary calls
 METHODS: dict[str, tuple[Any, Any]] = {
     name: (message_class(f"{name}Request"), message_class(f"{name}Response"))
     for name in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
                  "ModelInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex",
-                 "RepositoryModelLoad", "RepositoryModelUnload")
+                 "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryStatus",
+                 "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister")
 }

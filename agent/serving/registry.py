@@ -35,7 +35,7 @@ from agent.serving.versions import SessionFactory, Version, build, file_sha256, 
 logger = logging.getLogger(__name__)
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "parameters",
-              "statistics"]
+              "statistics", "system_shared_memory"]
 
 
 class ModelRegistry:

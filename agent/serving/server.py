@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from agent.inference.session import BuiltSession, build_session
 from agent.serving.access import Access, is_loopback
 from agent.serving.registry import ModelRegistry
+from agent.serving.shm import bounded_regions
 from agent.serving.threads import InferenceThreads, read_sched_file
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ class DataPlane:
         everything = not (is_loopback(split_address(settings.http)[0])
                           and is_loopback(split_address(settings.grpc)[0]))
         self.access = Access(list(settings.token_files), everything=everything)
+        self.regions = bounded_regions(settings.shm_prefix, settings.max_request_bytes)
         self.http_pool = ThreadPoolExecutor(settings.workers, "infer-http",
                                             initializer=self.threads.adopt_current)
         self.grpc_pool = ThreadPoolExecutor(settings.workers, "infer-grpc",
@@ -142,7 +144,7 @@ class DataPlane:
         await asyncio.get_running_loop().run_in_executor(None, self.registry.start)
         self.grpc_server = build_grpc_server(
             self.registry, self.access, max_request_bytes=settings.max_request_bytes,
-            executor=self.grpc_pool)
+            executor=self.grpc_pool, regions=self.regions)
         host, port = split_address(settings.grpc)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         bound = (self.grpc_server.add_secure_port(target, _grpc_credentials(settings))
@@ -152,7 +154,7 @@ class DataPlane:
         self.grpc_server.start()
         self.addresses["grpc"] = f"{host}:{bound}"
         app = make_app(self.registry, self.access, max_request_bytes=settings.max_request_bytes,
-                       executor=self.http_pool)
+                       executor=self.http_pool, regions=self.regions)
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self.runner.setup()
         host, port = split_address(settings.http)
@@ -179,6 +181,7 @@ class DataPlane:
         if self.runner is not None:
             await self.runner.cleanup()
         self.registry.stop()
+        self.regions.close()
         self.http_pool.shutdown(wait=False, cancel_futures=True)
         self.grpc_pool.shutdown(wait=False, cancel_futures=True)
 

@@ -53,6 +53,12 @@ def _dtype(name: str, datatype: Any) -> np.dtype[Any]:
     return dtype
 
 
+def raw_size(name: str, datatype: Any, shape: Sequence[Any]) -> int:
+    """The bytes a tensor of this datatype and shape takes raw (checked as ``from_raw``
+    checks them), known before any byte is read."""
+    return element_count(name, shape) * _dtype(name, datatype).itemsize
+
+
 def from_raw(name: str, datatype: Any, shape: Sequence[Any], raw: bytes | memoryview) -> Tensor:
     """A tensor from its raw little-endian bytes (binary extension, ``raw_input_contents``),
     refused unless the byte count is exactly what the shape and datatype need."""
