@@ -145,6 +145,12 @@ HTTP_AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GRPC_AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
+def auth(client: Any) -> dict[str, str]:
+    """The token header for ``client``'s protocol: an inference that references a region
+    needs it, as registering one does."""
+    return GRPC_AUTH if isinstance(client, grpc_triton.InferenceServerClient) else HTTP_AUTH
+
+
 def status_of(error: InferenceServerException) -> str:
     """The status name, whichever front end answered (HTTP's status read as ours)."""
     status = str(error.status())
@@ -176,7 +182,7 @@ def test_http_round_trip_in_shared_memory(plane: Plane) -> None:
     output = http_triton.InferRequestedOutput("probabilities")
     output.set_shared_memory("out", SCORES_BYTES)
 
-    result = plane.http_client.infer("demo", [tensor], outputs=[output])
+    result = plane.http_client.infer("demo", [tensor], outputs=[output], headers=HTTP_AUTH)
 
     answer = result.get_output("probabilities")
     assert answer["parameters"] == {"shared_memory_region": "out",
@@ -198,7 +204,7 @@ def test_grpc_round_trip_with_offsets_in_one_region(plane: Plane) -> None:
     output = grpc_triton.InferRequestedOutput("probabilities")
     output.set_shared_memory("both", 128)
 
-    result = plane.grpc_client.infer("demo", [tensor], outputs=[output])
+    result = plane.grpc_client.infer("demo", [tensor], outputs=[output], headers=GRPC_AUTH)
 
     response = result.get_response()
     (answer,) = response.outputs
@@ -231,6 +237,23 @@ def test_raw_contents_count_only_the_inputs_not_in_shared_memory(plane: Plane) -
 
 
 # --- the endpoints: token, status, unregister ----------------------------------------------
+
+
+def test_an_inference_that_references_a_region_needs_the_token(plane: Plane) -> None:
+    """A registered region is another process's memory: a local user without the token
+    must not have the root server read it into a model or write outputs over it."""
+    handle, key = plane.region(IMAGE_BYTES)
+    shm.set_shared_memory_region(handle, [image(seed=3)])
+    grpc_register(plane, "theirs", key, IMAGE_BYTES)
+    for front, client in (("grpc", plane.grpc_client), ("http", plane.http_client)):
+        with pytest.raises(InferenceServerException) as excinfo:
+            client.infer("demo", [_shm_input(front, "theirs", IMAGE_BYTES)])
+        assert status_of(excinfo.value) in ("UNAUTHENTICATED", "401"), front
+        assert "bearer token" in excinfo.value.message()
+        answer = client.infer("demo", [_shm_input(front, "theirs", IMAGE_BYTES)],
+                              headers=auth(client))
+        np.testing.assert_allclose(answer.as_numpy("probabilities"),
+                                   expected(plane.models, image(seed=3)), rtol=1e-6)
 
 
 def test_register_and_unregister_need_the_token(plane: Plane) -> None:
@@ -410,7 +433,7 @@ def test_bad_references_are_invalid_naming_the_problem(plane: Plane, front: str)
             outputs = [module.InferRequestedOutput("probabilities")]
             outputs[0].set_shared_memory(*target)
         with pytest.raises(InferenceServerException) as excinfo:
-            client.infer("demo", [tensor], outputs=outputs)
+            client.infer("demo", [tensor], outputs=outputs, headers=auth(client))
         assert status_of(excinfo.value) == "INVALID_ARGUMENT", words
         assert words in excinfo.value.message()
 
@@ -479,7 +502,7 @@ def test_unregister_while_a_request_runs_fails_it_cleanly(demo: DemoModels,
     assert len(_descriptors_of(path)) == clients_own + 1
 
     with pytest.raises(InferenceServerException) as excinfo:
-        plane.grpc_client.infer("demo", [tensor], outputs=[output])
+        plane.grpc_client.infer("demo", [tensor], outputs=[output], headers=GRPC_AUTH)
 
     assert status_of(excinfo.value) == "INVALID_ARGUMENT"
     assert "'busy' was unregistered while the request ran" in excinfo.value.message()
@@ -511,7 +534,8 @@ def test_an_object_shrunk_after_registering_is_refused_not_a_crash(plane: Plane)
     os.truncate(path, 16)
     for front, client in (("grpc", plane.grpc_client), ("http", plane.http_client)):
         with pytest.raises(InferenceServerException) as excinfo:
-            client.infer("demo", [_shm_input(front, "shrink", IMAGE_BYTES)])
+            client.infer("demo", [_shm_input(front, "shrink", IMAGE_BYTES)],
+                         headers=auth(client))
         assert "shrank below the region" in excinfo.value.message()
     assert plane.http_client.is_server_live()
 

@@ -29,7 +29,13 @@ from agent.serving.core import (
     TensorSpec,
 )
 from agent.serving.errors import ServeError, invalid
-from agent.serving.shm import DEFAULT_PREFIX, SharedMemoryRegions, bounded_regions
+from agent.serving.shm import (
+    DEFAULT_PREFIX,
+    CallerRegions,
+    RegionLookup,
+    SharedMemoryRegions,
+    bounded_regions,
+)
 from agent.serving.shm_tensors import Window, read_input, region_ref, resolve, write_output
 from agent.serving.tensors import from_raw, from_values, to_raw
 
@@ -74,7 +80,7 @@ def _typed_input(tensor: Any) -> Tensor:
     return from_values(tensor.name, tensor.datatype, list(tensor.shape), values)
 
 
-def infer_request(message: Any, *, regions: SharedMemoryRegions) -> InferRequest:
+def infer_request(message: Any, *, regions: RegionLookup) -> InferRequest:
     """A ``ModelInferRequest`` decoded and size-checked: inputs in shared memory copied out
     of ``regions``, the others either all raw, one ``raw_input_contents`` entry each in
     their order (tritonclient sends none for an input in shared memory), or all typed."""
@@ -115,7 +121,7 @@ def infer_request(message: Any, *, regions: SharedMemoryRegions) -> InferRequest
                         tuple(outputs), message.id, parameter_values(message.parameters))
 
 
-def output_targets(message: Any, regions: SharedMemoryRegions) -> dict[str, Window]:
+def output_targets(message: Any, regions: RegionLookup) -> dict[str, Window]:
     """The regions the request's outputs in shared memory go to, resolved before it runs."""
     targets = {}
     for output in message.outputs:
@@ -194,9 +200,10 @@ class Service:
     """One method per call, named as the protocol names it, each a message in and a message
     out; raises ``ServeError``."""
 
-    def __init__(self, models: Models, regions: SharedMemoryRegions) -> None:
+    def __init__(self, models: Models, regions: SharedMemoryRegions, access: Access) -> None:
         self.models = models
         self.regions = regions
+        self.access = access
 
     def ServerLive(self, request: Any) -> Any:
         return proto.ServerLiveResponse(live=self.models.live())
@@ -221,9 +228,11 @@ class Service:
         _tensor_metadata(response.outputs, meta.outputs)
         return response
 
-    def ModelInfer(self, request: Any) -> Any:
-        targets = output_targets(request, self.regions)
-        decoded = infer_request(request, regions=self.regions)
+    def ModelInfer(self, request: Any, token: str | None = None) -> Any:
+        """A region in the request needs the token (see shm.CallerRegions)."""
+        regions = CallerRegions(self.regions, lambda: self.access.check(token, control=True))
+        targets = output_targets(request, regions)
+        decoded = infer_request(request, regions=regions)
         return infer_response(self.models.infer(decoded), targets)
 
     def ModelConfig(self, request: Any) -> Any:
@@ -277,15 +286,16 @@ def _authorization(context: Any) -> str | None:
     return None
 
 
-def guarded(name: str, call: Callable[[Any], Any], access: Access
+def guarded(name: str, call: Callable[..., Any], access: Access
             ) -> Callable[[Any, Any], Any]:
     """``call`` behind the token check, with every failure turned into a status."""
     control = name in CONTROL
 
     def handle(request: Any, context: Any) -> Any:
         try:
-            access.check(bearer(_authorization(context)), control=control)
-            return call(request)
+            token = bearer(_authorization(context))
+            access.check(token, control=control)
+            return call(request, token) if name == "ModelInfer" else call(request)
         except ServeError as error:
             context.abort(grpc.StatusCode[error.code], error.message)
         except Exception:
@@ -303,7 +313,7 @@ def build_grpc_server(models: Models, access: Access, *, max_request_bytes: int,
     (``add_insecure_port`` or a secure one) and starts it.  Without ``regions`` (the data
     plane shares one with HTTP) it keeps its own under the default prefix."""
     service = Service(models, regions if regions is not None
-                      else bounded_regions(DEFAULT_PREFIX, max_request_bytes))
+                      else bounded_regions(DEFAULT_PREFIX, max_request_bytes), access)
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             guarded(name, getattr(service, name), access),

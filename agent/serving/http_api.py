@@ -26,7 +26,12 @@ from agent.serving import http_codec as codec
 from agent.serving.access import Access, bearer
 from agent.serving.core import Models
 from agent.serving.errors import ServeError, invalid
-from agent.serving.shm import DEFAULT_PREFIX, SharedMemoryRegions, bounded_regions
+from agent.serving.shm import (
+    DEFAULT_PREFIX,
+    CallerRegions,
+    SharedMemoryRegions,
+    bounded_regions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -146,18 +151,19 @@ class _Api:
         stats = self.models.statistics(request.match_info.get("model", ""), _version(request))
         return json_response({"model_stats": stats})
 
-    def _infer(self, model: str, version: str, body: bytes,
-               header: str | None) -> tuple[bytes, int | None]:
+    def _infer(self, model: str, version: str, body: bytes, header: str | None,
+               authorization: str | None) -> tuple[bytes, int | None]:
+        regions = CallerRegions(self.regions, lambda: self.access.check(
+            bearer(authorization), control=True))
         decoded = codec.decode_infer(model, version, body,
-                                     codec.header_length(header, len(body)),
-                                     regions=self.regions)
+                                     codec.header_length(header, len(body)), regions=regions)
         return codec.encode_infer(self.models.infer(decoded.request), decoded)
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         payload, head = await self._blocking(
             self._infer, request.match_info["model"], _version(request), body,
-            request.headers.get(codec.HEADER_LENGTH))
+            request.headers.get(codec.HEADER_LENGTH), request.headers.get("Authorization"))
         if head is None:
             return web.Response(body=payload, content_type="application/json")
         return web.Response(body=payload, content_type="application/octet-stream",

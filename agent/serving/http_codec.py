@@ -25,7 +25,7 @@ from agent.serving.core import (
     TensorSpec,
 )
 from agent.serving.errors import invalid
-from agent.serving.shm import SharedMemoryRegions
+from agent.serving.shm import RegionLookup
 from agent.serving.shm_tensors import (
     RegionRef,
     Window,
@@ -150,7 +150,7 @@ def _input_head(index: int, item: Any) -> _InputHead:
     return _InputHead(name, item.get("datatype"), shape, size, item.get("data"), None)
 
 
-def _outputs(value: Any, regions: SharedMemoryRegions
+def _outputs(value: Any, regions: RegionLookup
              ) -> tuple[tuple[OutputRequest, ...], dict[str, Window]]:
     """The requested outputs, and the regions those in shared memory go to."""
     if value is None:
@@ -183,7 +183,7 @@ class DecodedInfer:
 
 
 def decode_infer(model: str, version: str, body: bytes, length: int | None, *,
-                 regions: SharedMemoryRegions) -> DecodedInfer:
+                 regions: RegionLookup) -> DecodedInfer:
     """The request in ``body``: JSON (its first ``length`` bytes, or all of it), then each
     binary input's bytes in input order, which must add up to exactly the rest; inputs in
     shared memory are copied out of ``regions``."""

@@ -21,10 +21,10 @@ import errno
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent.serving.errors import ServeError, invalid, not_found
 
@@ -237,3 +237,22 @@ class SharedMemoryRegions:
 def bounded_regions(prefix: str, max_request_bytes: int) -> SharedMemoryRegions:
     """The regions of a data plane whose bodies may be ``max_request_bytes`` long."""
     return SharedMemoryRegions(prefix, max_bytes=max_request_bytes * BYTES_PER_REQUEST_BYTE)
+
+
+class RegionLookup(Protocol):
+    """What a request's decoding needs of the regions: one by name."""
+
+    def get(self, name: str) -> Region: ...
+
+
+class CallerRegions:
+    """The regions as one request may use them: only with the token.  A region is another
+    process's memory; the data plane runs as root, so a request may read or write one only
+    when it could have registered it (``check`` raises UNAUTHENTICATED otherwise)."""
+
+    def __init__(self, regions: SharedMemoryRegions, check: Callable[[], None]) -> None:
+        self.regions, self.check = regions, check
+
+    def get(self, name: str) -> Region:
+        self.check()
+        return self.regions.get(name)

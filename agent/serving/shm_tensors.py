@@ -13,7 +13,7 @@ from typing import Any
 
 from agent.serving.core import Tensor
 from agent.serving.errors import invalid
-from agent.serving.shm import Region, SharedMemoryRegions
+from agent.serving.shm import Region, RegionLookup
 from agent.serving.tensors import from_raw, raw_size, to_raw
 
 REGION = "shared_memory_region"
@@ -75,7 +75,7 @@ class Window:
     byte_size: int
 
 
-def resolve(regions: SharedMemoryRegions, ref: RegionRef, what: str) -> Window:
+def resolve(regions: RegionLookup, ref: RegionRef, what: str) -> Window:
     region = regions.get(ref.region)
     if ref.offset + ref.byte_size > region.byte_size:
         raise invalid(f"{what}: offset {ref.offset} + byte size {ref.byte_size} is beyond "
