@@ -317,7 +317,7 @@ def test_model_config_view(registry: ModelRegistry, repo: Path) -> None:
         {"name": "y", "datatype": "FP32", "shape": [10]}]
     assert [(g.kind, g.count, g.gpus) for g in view.instance_groups] == [
         ("KIND_CPU", 2, ()), ("KIND_GPU", 1, (1,))]
-    assert view.parameters["dynamic_batching"] == "configured, not active yet"
+    assert view.parameters["dynamic_batching"] == "active"
     assert view.parameters["providers"] == "CPUExecutionProvider"
     assert view.parameters["devices"] == "served on CPUExecutionProvider"
     assert view.parameters["precision"] == "fp32"
