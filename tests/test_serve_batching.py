@@ -20,17 +20,20 @@ from typing import Any
 
 import numpy as np
 import onnx_models
+import onnxruntime as ort
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from http_helpers import HttpServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from serving_helpers import cpu_factory
 from test_serve_registry import direct, put, until
 from tritonclient.utils import InferenceServerException
 
 from agent.inference.session import BuiltSession
 from agent.serving.access import Access
-from agent.serving.batching import cut
+from agent.serving.batching import cut, signature
 from agent.serving.core import InferRequest, InferResult, Tensor
 from agent.serving.errors import ServeError
 from agent.serving.grpc_api import build_grpc_server
@@ -108,6 +111,8 @@ MODELS = {
     "cnn": (onnx_models.conv_net, "max_batch_size: 8\n"
             "dynamic_batching: {preferred_batch_size: [2, 6]}\n"),
     "twice": (onnx_models.dynamic_batch_mlp, "instances: [{count: 2}]\n"),
+    "busy": (onnx_models.dynamic_batch_mlp, "max_batch_size: 8\ninstances: [{count: 2}]\n"
+             "dynamic_batching: {preferred_batch_size: [4, 8], max_queue_delay_us: 2000}\n"),
 }
 
 
@@ -341,13 +346,55 @@ def test_cut_and_the_queue_keep_order_and_shapes(registry: ModelRegistry) -> Non
     policy = SchedulePolicy(max_batch=8)
     queue = PendingQueue(policy, "model m version 1")
     wide, narrow = x(1)[0], Tensor("x", np.zeros((1, 32), np.float32))
-    from agent.serving.batching import signature
     items = [Pending((t,), ("y",), 1, 1, signature((t,))) for t in (wide, wide, narrow, wide)]
     for item in items:
         queue.put(item)
     assert queue.take() == items[:2]  # the other shape stops the batch: never overtaken
     assert queue.take() == items[2:3]
     assert queue.take() == items[3:]
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.integers(1, 8), min_size=1, max_size=30),
+       preferred=st.lists(st.integers(1, 8), max_size=3), max_batch=st.integers(1, 8))
+def test_a_draining_queue_runs_everything_once_in_order_within_bounds(
+        rows: list[int], preferred: list[int], max_batch: int) -> None:
+    policy = SchedulePolicy(max_batch=max_batch, delay_ns=10**12,
+                            preferred=tuple(sorted({p for p in preferred if p <= max_batch})))
+    queue = PendingQueue(policy, "model m version 1")
+    items = [Pending(x(1, min(r, max_batch)), ("y",), min(r, max_batch), 1,
+                     signature(x(1, 1))) for r in rows]
+    for item in items:
+        queue.put(item)
+    queue.close()  # draining: nothing waits for the delay
+    runs = []
+    while (run := queue.take()) is not None:
+        runs.append(run)
+    assert [item for run in runs for item in run] == items
+    assert all(sum(item.rows for item in run) <= max_batch for run in runs)
+
+
+def test_sixteen_clients_on_two_instances_get_their_own_rows(registry: ModelRegistry,
+                                                              repo: Path) -> None:
+    alone = ort.InferenceSession(str(repo / "busy" / "1" / "model.onnx"),
+                                 providers=["CPUExecutionProvider"])
+
+    def client(seed: int) -> list[str]:
+        wrong = []
+        for n in range(10):
+            mark, rows = 1 + seed * 10 + n, 1 + (seed + n) % 3
+            got = registry.infer(req("busy", x(mark, rows))).outputs[0].array
+            if not np.array_equal(got, alone.run(None, {"x": x(mark, rows)[0].array})[0]):
+                wrong.append(f"{mark}")
+        return wrong
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        assert [w for w in pool.map(client, range(16)) if w] == []
+    entry = stats(registry, "busy")
+    assert entry["inference_stats"]["success"]["count"] == 160
+    assert entry["execution_count"] < 160  # requests did share runs
+    assert max(b["batch_size"] for b in entry["batch_stats"]) > 1
+    assert all(i["executions"] > 0 for i in entry["edge_agent"]["instances"])
 
 
 # --- instances, failures, swaps ------------------------------------------------------------
