@@ -338,7 +338,7 @@ def test_the_demo_cnn_batched_equals_its_unbatched_runs(registry: ModelRegistry,
     assert stats(registry, "cnn")["execution_count"] == 3
 
 
-def test_cut_and_the_queue_keep_order_and_shapes(registry: ModelRegistry) -> None:
+def test_cut_and_the_queue_keep_order_and_shapes() -> None:
     assert cut([1, 1, 2], [4], can_grow=True, waited=False) == 3  # the largest preferred
     assert cut([1, 1], [4], can_grow=True, waited=False) == 0  # wait for more
     assert cut([1, 2, 1], [3, 8], can_grow=False, waited=False) == 2  # full: the preferred
