@@ -147,7 +147,7 @@ def test_model_config(served: Served) -> None:
 def test_infer_raw_matches_onnxruntime(served: Served) -> None:
     array = image(batch=3, seed=1)
     result = served.triton.infer("demo", [triton_input(array)], request_id="req-7",
-                                 priority=2, timeout=5000,
+                                 priority=1, timeout=5000,
                                  parameters={"mode": "fast", "level": 3, "flag": True,
                                              "ratio": 0.5})
     np.testing.assert_allclose(result.as_numpy("probabilities"),
@@ -157,7 +157,7 @@ def test_infer_raw_matches_onnxruntime(served: Served) -> None:
     assert response.outputs[0].datatype == "FP32"
     assert list(response.outputs[0].shape) == [3, 10]
     assert dict(served.models.requests[-1].parameters) == {
-        "priority": 2, "timeout": 5000, "mode": "fast", "level": 3, "flag": True,
+        "priority": 1, "timeout": 5000, "mode": "fast", "level": 3, "flag": True,
         "ratio": 0.5}
 
 

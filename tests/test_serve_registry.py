@@ -299,7 +299,7 @@ def test_an_unchanged_version_is_kept_by_a_load(registry: ModelRegistry, repo: P
     stats = registry.statistics("mlp", "1")[0]
     assert stats["execution_count"] == 0
     assert stats["edge_agent"]["threads"] == [2, 2]
-    assert stats["edge_agent"]["instances"] == 2
+    assert [i["index"] for i in stats["edge_agent"]["instances"]] == [0, 1]
 
 
 def test_model_config_view(registry: ModelRegistry, repo: Path) -> None:
@@ -317,7 +317,7 @@ def test_model_config_view(registry: ModelRegistry, repo: Path) -> None:
         {"name": "y", "datatype": "FP32", "shape": [10]}]
     assert [(g.kind, g.count, g.gpus) for g in view.instance_groups] == [
         ("KIND_CPU", 2, ()), ("KIND_GPU", 1, (1,))]
-    assert view.parameters["dynamic_batching"] == "configured, not active yet"
+    assert view.parameters["dynamic_batching"] == "active"
     assert view.parameters["providers"] == "CPUExecutionProvider"
     assert view.parameters["devices"] == "served on CPUExecutionProvider"
     assert view.parameters["precision"] == "fp32"
@@ -470,8 +470,9 @@ def test_statistics_count_the_calls(registry: ModelRegistry, repo: Path) -> None
     for kind in ("compute_input", "compute_infer", "compute_output"):
         assert inference[kind]["count"] == 4 and inference[kind]["ns"] > 0
     assert inference["success"]["ns"] >= inference["compute_infer"]["ns"]
-    assert inference["queue"] == {"count": 0, "ns": 0}
-    assert entry["batch_stats"] == []
+    assert inference["queue"]["count"] == 4 and inference["queue"]["ns"] > 0
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in entry["batch_stats"]] == [
+        (1, 2), (3, 1), (4, 1)]  # no dynamic_batching: each request ran alone
     ours = entry["edge_agent"]
     assert ours["snapshot"]["count"] == 4 and ours["snapshot"]["errors"] == 2
     assert ours["snapshot"]["latency_ms"]["max"] > 0

@@ -27,6 +27,7 @@ from agent.serving.core import (
     ModelMetadata,
 )
 from agent.serving.errors import ServeError, invalid, not_found, unavailable
+from agent.serving.pending import Retired
 from agent.serving.probe import Prober
 from agent.serving.repository import ModelEntry, scan, scan_model, valid_name
 from agent.serving.state import Served, Slot, config_view, index_rows
@@ -44,9 +45,13 @@ class ModelRegistry:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Any] | None = None,
                  canary_p99_floor_ms: float = 1.0,
-                 pins: Mapping[str, str] | None = None) -> None:
+                 pins: Mapping[str, str] | None = None,
+                 intra_op_threads: int | None = None,
+                 worker_start: Callable[[], None] | None = None) -> None:
         """``clock``/``sleep`` pace a canary (tests inject their own); ``sleep`` defaults to
-        a wait that ``stop`` cuts short."""
+        a wait that ``stop`` cuts short.  ``intra_op_threads`` is shared out among a
+        version's instances (versions.build); ``worker_start`` runs on every worker thread
+        as it starts."""
         bad = [name for name in builtins if not valid_name(name)]
         if bad:
             raise ValueError(f"built-in model names {bad} are not valid model names")
@@ -54,6 +59,8 @@ class ModelRegistry:
         self.builtins = dict(builtins)
         self.pins = dict(pins or {})  # a built-in's pinned sha256
         self.factory = factory
+        self._intra_op_threads = intra_op_threads
+        self._worker_start = worker_start
         self._stopping = threading.Event()
         self._clock = clock
         self._sleep = sleep or self._stopping.wait
@@ -86,7 +93,11 @@ class ModelRegistry:
         with self._load_lock:
             self._started = False
             for slot in self._slots.values():
-                slot.served, slot.reason = None, "the server stopped"
+                served = slot.served
+                self._replace(slot, None)
+                slot.reason = "the server stopped"
+                for version in served.versions.values() if served is not None else ():
+                    version.scheduler.join(5.0)
 
     def probe_now(self) -> None:
         """One probe round now, as the background thread runs every probe_interval_s."""
@@ -131,8 +142,11 @@ class ModelRegistry:
         try:
             for number in to_build:
                 versions[number] = build(name, number, wanted[number], entry.settings,
-                                         self.factory)
+                                         self.factory, intra_op_threads=self._intra_op_threads,
+                                         worker_start=self._worker_start)
         except ServeError as error:
+            for built in to_build[:to_build.index(number)]:
+                versions[built].close()
             slot.failed, slot.loading = {number: error.message}, ()
             if old is None:
                 slot.reason = error.message
@@ -142,9 +156,22 @@ class ModelRegistry:
         if limits is not None and old is not None and old.default != new.default and (
                 new.default in to_build):
             self._canary(slot, old, new, limits)
-        slot.served, slot.failed, slot.reason = new, {}, ""
+        self._replace(slot, new, old)
+        slot.failed, slot.reason = {}, ""
         logger.info("model %s serves versions %s (built %s)", name, sorted(versions),
                     to_build or "none")
+
+    @staticmethod
+    def _replace(slot: Slot, served: Served | None, *also: Served | None) -> None:
+        """Serve ``served`` in one assignment and close every version that no longer serves
+        (of what served before, and of ``also``): its queued requests still finish."""
+        keep = {id(v) for v in served.versions.values()} if served is not None else set()
+        dropped = [slot.served, *also]
+        slot.served = served
+        for before in dropped:
+            for version in before.versions.values() if before is not None else ():
+                if id(version) not in keep:
+                    version.close()
 
     def _key(self, name: str, number: int, path: Path, entry: ModelEntry) -> object:
         try:
@@ -172,7 +199,7 @@ class ModelRegistry:
         if reason is None:
             logger.info("model %s version %d passed its canary", slot.name, candidate.number)
             return
-        slot.served = old
+        self._replace(slot, old)
         message = (f"model {slot.name} version {candidate.number}: canary failed: {reason}; "
                    f"version {old.default} serves again")
         slot.failed = {candidate.number: f"canary failed: {reason}"}
@@ -182,7 +209,8 @@ class ModelRegistry:
     def unload(self, name: str, parameters: Mapping[str, Any]) -> None:
         with self._load_lock:
             slot = self._slot(name)
-            slot.served, slot.failed, slot.loading, slot.reason = None, {}, (), "unloaded"
+            self._replace(slot, None)
+            slot.failed, slot.loading, slot.reason = {}, (), "unloaded"
             logger.info("model %s unloaded", name)
 
     # -- requests --------------------------------------------------------------------------
@@ -246,11 +274,18 @@ class ModelRegistry:
         return config_view(name, self._served(name))
 
     def infer(self, request: InferRequest) -> InferResult:
-        found = self._version(request.model, request.version, self._served(request.model))
-        if found.probe_error:
-            raise unavailable(f"{found.label} is not ready: probe failed: "
-                              f"{found.probe_error}")
-        return found.infer(request)
+        """On the version that serves the request; one dropped between the look-up and the
+        submit (a swap) hands the request to its successor, so a swap fails no request."""
+        while True:
+            found = self._version(request.model, request.version,
+                                  self._served(request.model))
+            if found.probe_error:
+                raise unavailable(f"{found.label} is not ready: probe failed: "
+                                  f"{found.probe_error}")
+            try:
+                return found.infer(request)
+            except Retired:
+                continue  # the look-up now finds what serves, or says why nothing does
 
     def index(self, ready_only: bool) -> list[IndexEntry]:
         entries = scan(self.repository, self.builtins, self.pins)

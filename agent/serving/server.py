@@ -54,7 +54,9 @@ class ServerSettings:
     ready_file: Path | None = None
     metrics: str | None = None  # host:port of the Prometheus endpoint
     shm_prefix: str = "edge-agent-"  # system shared memory: the names it may open
-    workers: int = 4  # requests run at once per front end
+    # requests a front end holds at once: they wait on the models' queues, which bound and
+    # order them, so this is well above what runs at once
+    workers: int = 64
     probe_interval_s: float = 10.0
 
 
@@ -116,7 +118,9 @@ class DataPlane:
         self.registry = ModelRegistry(settings.repository, settings.builtins,
                                       session_factory(settings, self.threads),
                                       probe_interval_s=settings.probe_interval_s,
-                                      pins=settings.pins)
+                                      pins=settings.pins,
+                                      intra_op_threads=settings.threads[0],
+                                      worker_start=self.threads.adopt_current)
         everything = not (is_loopback(split_address(settings.http)[0])
                           and is_loopback(split_address(settings.grpc)[0]))
         self.access = Access(list(settings.token_files), everything=everything)

@@ -94,7 +94,8 @@ def config_view(name: str, served: Served) -> ModelConfigView:
     for number in sorted(served.versions):
         parameters[f"sha256.{number}"] = served.versions[number].digest
     if settings.dynamic_batching is not None:
-        parameters["dynamic_batching"] = "configured, not active yet"
+        parameters["dynamic_batching"] = ("active" if version.policy.batching else
+                                          "queue only (max_batch_size 0)")
     batched = version.max_batch_size > 0
     return ModelConfigView(
         name=name,

@@ -10,6 +10,7 @@ claiming more elements than the body holds is refused, never allocated.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -27,7 +28,15 @@ ORT_DATATYPES = {
     "tensor(string)": "BYTES",
 }
 MAX_RANK = 16
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
 MAX_ELEMENTS = 1 << 31  # far beyond any body serve.max_request_mb lets in
+
+
+def ort_message(error: Exception) -> str:
+    """onnxruntime's error as one line, without its status prefix."""
+    lines = str(error).strip().splitlines()
+    first = lines[0].strip() if lines else type(error).__name__
+    return _ORT_PREFIX.sub("", first)
 
 
 def element_count(name: str, shape: Sequence[Any]) -> int:

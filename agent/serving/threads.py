@@ -1,9 +1,10 @@
 """The data plane's inference threads, and the profile's scheduling for them.
 
 The profile's ``rt.inference`` policy, priority and CPUs apply to the threads that run
-models: the front ends' worker threads and ONNX Runtime's intra-op workers, not the event
-loop or the gRPC poller.  The supervisor hands the scheduling over at spawn and again after
-a profile switch (a file and SIGHUP); with none, every adopted thread gets back what it had.
+models: each version's scheduler workers and ONNX Runtime's intra-op workers, and the front
+ends' worker threads that hand requests to them, not the event loop or the gRPC poller.
+The supervisor hands the scheduling over at spawn and again after a profile switch (a file
+and SIGHUP); with none, every adopted thread gets back what it had.
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
-"""One served version of a model: its sessions, its tensor specs, every call it runs and its
-statistics.
+"""One served version of a model: its sessions, its tensor specs, the scheduler its calls
+queue on, and its statistics.
 
 A version is built once and never changed afterwards, apart from its counters and its last
-probe; a request holds the version it started on until it ends, so a swap in the registry
-never pulls a session from under a running call.
+probe; a request holds the version it started on until it ends, and a version the registry
+drops is closed (its queue drained, its workers gone), so a swap never pulls a session from
+under a queued or running call.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,15 +22,19 @@ import numpy as np
 from agent.inference.loop import all_finite
 from agent.inference.session import BuiltSession
 from agent.inference.stats import LatencyStats
+from agent.serving.batching import signature
 from agent.serving.core import DATATYPES, InferRequest, InferResult, Tensor, TensorSpec
+from agent.serving.counters import Counters
 from agent.serving.errors import invalid
+from agent.serving.pending import Pending, Retired
+from agent.serving.policy import SchedulePolicy
+from agent.serving.scheduler import Scheduler
 from agent.serving.settings import Instance, ModelSettings
-from agent.serving.tensors import ORT_DATATYPES, check_inputs
+from agent.serving.tensors import ORT_DATATYPES, check_inputs, ort_message
 
 # Triton's default for ONNX models whose every input has a dynamic first dimension
 # (its ONNX autocomplete); 0 (no batch dimension) otherwise.
 AUTO_MAX_BATCH_SIZE = 4
-_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
 
 
 class SessionFactory(Protocol):
@@ -39,13 +43,6 @@ class SessionFactory(Protocol):
 
     def __call__(self, path: Path, *, sha256: str | None, providers: Sequence[str] | None,
                  threads: int | None) -> BuiltSession: ...
-
-
-def ort_message(error: Exception) -> str:
-    """onnxruntime's error as one line, without its status prefix."""
-    lines = str(error).strip().splitlines()
-    first = lines[0].strip() if lines else type(error).__name__
-    return _ORT_PREFIX.sub("", first)
 
 
 def file_sha256(path: Path) -> str:
@@ -96,41 +93,18 @@ def synthetic(specs: Sequence[TensorSpec]) -> tuple[Tensor, ...]:
     return tuple(tensors)
 
 
-class Counters:
-    """Triton's statistics-extension counters of one version, updated under one lock."""
-
-    KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.count = dict.fromkeys(self.KINDS, 0)
-        self.ns = dict.fromkeys(self.KINDS, 0)
-        self.inference_count = 0
-        self.execution_count = 0
-        self.last_inference_ms = 0
-
-    def add(self, kind: str, ns: int) -> None:
-        self.count[kind] += 1
-        self.ns[kind] += ns
-
-    def view(self) -> dict[str, Any]:
-        with self.lock:
-            return {
-                "last_inference": self.last_inference_ms,
-                "inference_count": self.inference_count,
-                "execution_count": self.execution_count,
-                "inference_stats": {kind: {"count": self.count[kind], "ns": self.ns[kind]}
-                                    for kind in self.KINDS},
-                "batch_stats": [],
-            }
-
-
 class Version:
-    """A model version that serves: built by ``build``, then read-only but for its figures."""
+    """A model version that serves: built by ``build``, then read-only but for its figures.
+
+    Requests go through its scheduler (one queue, a worker per session); the background
+    probe goes around it, straight to a session, so a full queue never reads as a broken
+    version.
+    """
 
     def __init__(self, model: str, number: int, path: Path, digest: str,
                  instances: Sequence[tuple[Instance, BuiltSession]],
-                 settings: ModelSettings) -> None:
+                 settings: ModelSettings,
+                 worker_start: Callable[[], None] | None = None) -> None:
         """``instances``: each session with the instance (config.yaml) it was built for."""
         self.model, self.number, self.path, self.digest = model, number, path, digest
         self.instances = tuple(instances)
@@ -140,86 +114,72 @@ class Version:
         self.outputs = _specs(first.get_outputs())
         self.output_names = tuple(spec.name for spec in self.outputs)
         self.max_batch_size = max_batch_size(settings, self.inputs)
+        self.policy = SchedulePolicy.of(settings, self.max_batch_size)
         self.key = version_key(path, digest, settings)
         self.stats = LatencyStats()
-        self.counters = Counters()
+        self.counters = Counters(len(self.sessions))
         self.probe_error = ""  # the last probe's failure; "" : it passed
         self.canary = False  # while judged: a non-finite output counts as an error
         self._turn = itertools.count()
         self._record_lock = threading.Lock()
-        self._inflight: dict[int, int] = {}
-        self._calls = itertools.count()
+        self.scheduler = Scheduler(self.label, f"infer-{model}", self.sessions,
+                                   self.output_names, self.policy, self.counters,
+                                   worker_start, self._probe)
 
     @property
     def label(self) -> str:
         return f"model {self.model} version {self.number}"
 
-    def _session(self) -> Any:
-        return self.sessions[next(self._turn) % len(self.sessions)]
-
     def probe(self) -> str:
         """One call on synthetic inputs: "" when it ran, else why not."""
+        return self._probe(self.sessions[next(self._turn) % len(self.sessions)])
+
+    def _probe(self, session: Any) -> str:
         try:
             feeds = {t.name: t.array for t in synthetic(self.inputs)}
-            self._session().run(list(self.output_names), feeds)
+            session.run(list(self.output_names), feeds)
         except Exception as error:  # any failure is the probe's answer
             return ort_message(error)
         return ""
 
     def infer(self, request: InferRequest) -> InferResult:
-        """Check and run a request on this version; every call counted, ok or not."""
-        call = next(self._calls)
+        """Check a request, queue it and wait for its run; every call counted, ok or not."""
         start = time.perf_counter_ns()
-        self._inflight[call] = start
-        ok = False
         try:
-            result, ok = self._infer(request, start)
-            return result
+            item = self._pending(request)
+            arrays = self.scheduler.submit(item)
+        except Retired:
+            raise  # not this version's call: the registry sends it on
         except Exception:
-            with self.counters.lock:
-                self.counters.add("fail", time.perf_counter_ns() - start)
+            self._record(start, ok=False, failed=True)
             raise
-        finally:
-            end = time.perf_counter_ns()
-            del self._inflight[call]
-            with self._record_lock:  # LatencyStats records from one thread at a time
-                self.stats.call_started(start)
-                self.stats.record(end - start, ok)
+        outputs = tuple(Tensor(name, arrays[name]) for name in item.outputs)
+        # under a canary a non-finite output is an error of the version, though the client
+        # still gets what it computed
+        self._record(start, ok=not self.canary or all_finite([t.array for t in outputs]))
+        return InferResult(self.model, str(self.number), request.id, outputs)
 
-    def _infer(self, request: InferRequest, start: int) -> tuple[InferResult, bool]:
-        """The result, and whether it counts as a good call: under a canary a non-finite
-        output is an error of the version, though the client still gets what it computed."""
+    def _record(self, start: int, ok: bool, failed: bool = False) -> None:
+        end = time.perf_counter_ns()
+        if failed:
+            self.counters.failed(end - start)
+        with self._record_lock:  # LatencyStats records from one thread at a time
+            self.stats.call_started(start)
+            self.stats.record(end - start, ok)
+
+    def _pending(self, request: InferRequest) -> Pending:
+        """The request checked against the model and the queue's policy, ready to queue."""
         check_inputs(self.model, self.inputs, request.inputs)
-        batch = self._batch(request.inputs)
-        names = [out.name for out in request.outputs] or list(self.output_names)
+        rows = self._batch(request.inputs)
+        names = tuple(out.name for out in request.outputs) or self.output_names
         for index, name in enumerate(names):
             if name not in self.output_names:
                 raise invalid(f"{self.label} has no output {name!r} (its outputs: "
                               f"{', '.join(self.output_names)})")
             if name in names[:index]:
                 raise invalid(f"output {name} is asked for twice")
-        feeds = {tensor.name: tensor.array for tensor in request.inputs}
-        session = self._session()
-        ready = time.perf_counter_ns()
-        try:
-            arrays = session.run(names, feeds)
-        except Exception as error:  # ORT refusing the data: the request's fault
-            raise invalid(f"{self.label}: onnxruntime: {ort_message(error)}") from None
-        ran = time.perf_counter_ns()
-        outputs = tuple(Tensor(name, np.asarray(array))
-                        for name, array in zip(names, arrays, strict=True))
-        good = not self.canary or all_finite([t.array for t in outputs])
-        end = time.perf_counter_ns()
-        with self.counters.lock:
-            counters = self.counters
-            counters.add("success", end - start)
-            counters.add("compute_input", ready - start)
-            counters.add("compute_infer", ran - ready)
-            counters.add("compute_output", end - ran)
-            counters.inference_count += batch
-            counters.execution_count += 1
-            counters.last_inference_ms = time.time_ns() // 1_000_000
-        return InferResult(self.model, str(self.number), request.id, outputs), good
+        return Pending(request.inputs, names, rows, self.policy.level(request.parameters),
+                       signature(request.inputs), self.policy.timeout(request.parameters))
 
     def _batch(self, inputs: Sequence[Tensor]) -> int:
         """The batch size the request carries (1 without a batch dimension)."""
@@ -235,33 +195,46 @@ class Version:
                           f"{self.max_batch_size}")
         return batch
 
+    def close(self) -> None:
+        """Stop taking requests; the queued ones are still served, then the workers exit."""
+        self.scheduler.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.scheduler.queue.closed
+
     def stuck(self) -> bool:
-        """Whether a call in progress has run far longer than this version's calls do."""
-        starts = list(self._inflight.values())
-        if not starts:
-            return False
-        return time.perf_counter_ns() - min(starts) > self.stats.stuck_threshold_ns()
+        """Whether a run in progress has taken far longer than this version's calls do."""
+        return self.scheduler.longest_run_ns() > self.stats.stuck_threshold_ns()
 
     def statistics(self) -> dict[str, Any]:
         """Triton's model_stats entry, plus ours under ``edge_agent``."""
         entry: dict[str, Any] = {"name": self.model, "version": str(self.number)}
         entry.update(self.counters.view())
+        queue = self.scheduler.queue
         entry["edge_agent"] = {
             "snapshot": self.stats.snapshot(),
             "window": self.stats.window().to_dict(),  # the control plane's guards compare it
             "stuck": self.stuck(),
             "providers": list(self.instances[0][1].providers),
             "threads": [built.intra_op for _, built in self.instances],
-            "instances": len(self.sessions),
+            "instances": self.counters.instances(),
+            "queue": {"depth": queue.depth, "max_size": self.policy.max_queue,
+                      "full": queue.refused, "expired": queue.expired,
+                      "wait_ms": self.counters.queue_snapshot()["latency_ms"]},
             "sha256": self.digest,
         }
         return entry
 
 
 def build(model: str, number: int, path: Path, settings: ModelSettings,
-          factory: SessionFactory) -> Version:
+          factory: SessionFactory, *, intra_op_threads: int | None = None,
+          worker_start: Callable[[], None] | None = None) -> Version:
     """Build and probe one version; ServeError INVALID_ARGUMENT naming it when the file,
-    its pinned digest, a session or the probe fails."""
+    its pinned digest, a session or the probe fails.  ``intra_op_threads``: the threads the
+    server may give one version, shared out among the sessions of instances that name no
+    ``threads`` of their own, so N instances do not oversubscribe the CPUs (None: the
+    factory's choice)."""
     label = f"model {model} version {number}"
     try:
         digest = file_sha256(path)
@@ -271,17 +244,20 @@ def build(model: str, number: int, path: Path, settings: ModelSettings,
     if pin is not None and pin != digest:
         raise invalid(f"{label}: {path} has sha256 {digest}, but it is pinned to {pin}; "
                       "refused")
+    sessions = sum(instance.count for instance in settings.instances)
+    share = None if intra_op_threads is None else max(1, intra_op_threads // sessions)
     built = []
     try:
         for instance in settings.instances:
             for _ in range(instance.count):
                 session = factory(path, sha256=pin, providers=settings.providers,
-                                  threads=instance.threads)
+                                  threads=instance.threads or share)
                 built.append((instance, session))
-        version = Version(model, number, path, digest, built, settings)
+        version = Version(model, number, path, digest, built, settings, worker_start)
     except Exception as error:  # a file ORT refuses, a provider it lacks, a bad batch size
         raise invalid(f"{label}: {error}") from None
     reason = version.probe()
     if reason:
+        version.close()
         raise invalid(f"{label}: probe failed: {reason}")
     return version

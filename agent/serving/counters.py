@@ -1,0 +1,109 @@
+"""One version's figures in the shape of Triton's statistics extension, plus the queue wait
+and per-instance figures this server adds.
+
+As Triton counts them: ``success``/``fail`` and ``queue`` per request; a run's
+``compute_*`` durations are added to each request it served (so their counts are requests)
+and once to ``batch_stats`` under the run's batch size (counts there are runs);
+``inference_count`` is the batch rows of successful requests, ``execution_count`` the runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.inference.stats import LatencyStats
+
+COMPUTE = ("compute_input", "compute_infer", "compute_output")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One execution: its instance, its requests' batch rows and submit times, and the
+    perf_counter_ns marks of its phases (start, inputs ready, model ran, outputs split)."""
+
+    instance: int
+    rows: Sequence[int]
+    enqueued_ns: Sequence[int]
+    start: int
+    ready: int
+    ran: int
+    end: int
+
+    def compute(self) -> tuple[int, int, int]:
+        return self.ready - self.start, self.ran - self.ready, self.end - self.ran
+
+
+class Counters:
+    KINDS = ("success", "fail", "queue", *COMPUTE)
+
+    def __init__(self, instances: int) -> None:
+        self.lock = threading.Lock()
+        self.count = dict.fromkeys(self.KINDS, 0)
+        self.ns = dict.fromkeys(self.KINDS, 0)
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        self.batches: dict[int, list[int]] = {}  # batch size -> [runs, input, infer, output ns]
+        self.executions = [0] * instances
+        self.busy_ns = [0] * instances
+        self.queue_wait = LatencyStats()
+
+    def _add(self, kind: str, ns: int, times: int = 1) -> None:
+        self.count[kind] += times
+        self.ns[kind] += ns * times
+
+    def failed(self, ns: int) -> None:
+        with self.lock:
+            self._add("fail", ns)
+
+    def executed(self, run: Run) -> None:
+        """A run that answered each of its requests."""
+        compute = run.compute()
+        size = sum(run.rows)
+        with self.lock:
+            for enqueued in run.enqueued_ns:
+                self._add("success", run.end - enqueued)
+                self._add("queue", run.start - enqueued)
+                self.queue_wait.call_started(enqueued)
+                self.queue_wait.record(run.start - enqueued)
+            for kind, ns in zip(COMPUTE, compute, strict=True):
+                self._add(kind, ns, len(run.rows))
+            batch = self.batches.setdefault(size, [0, 0, 0, 0])
+            batch[0] += 1
+            for index, ns in enumerate(compute, 1):
+                batch[index] += ns
+            self.inference_count += size
+            self.execution_count += 1
+            self.executions[run.instance] += 1
+            self.busy_ns[run.instance] += run.end - run.start
+            self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def view(self) -> dict[str, Any]:
+        """Triton's model_stats fields."""
+        with self.lock:
+            return {
+                "last_inference": self.last_inference_ms,
+                "inference_count": self.inference_count,
+                "execution_count": self.execution_count,
+                "inference_stats": {kind: {"count": self.count[kind], "ns": self.ns[kind]}
+                                    for kind in self.KINDS},
+                "batch_stats": [
+                    {"batch_size": size,
+                     **{kind: {"count": runs[0], "ns": runs[index]}
+                        for index, kind in enumerate(COMPUTE, 1)}}
+                    for size, runs in sorted(self.batches.items())],
+            }
+
+    def instances(self) -> list[dict[str, int]]:
+        with self.lock:
+            return [{"index": index, "executions": runs, "busy_ns": busy}
+                    for index, (runs, busy) in enumerate(zip(self.executions, self.busy_ns,
+                                                             strict=True))]
+
+    def queue_snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return self.queue_wait.snapshot()
