@@ -149,9 +149,11 @@ def test_queue_windows_instances_and_a_bad_entry() -> None:
     registry = CollectorRegistry()
     registry.register(ServingCollector(_Models([  # type: ignore[arg-type]
         broken,
-        _entry("good", latency.window(), queue=queue.window().to_dict(),
-               instances=[{"name": "cpu-0", "window": instance.window().to_dict()}]),
-        _entry("down", latency.window(), queue=queue.window().to_dict(), instances=1)])))
+        _entry("good", latency.window(), queue={"window": queue.window().to_dict()},
+               instances=[{"index": 0, "window": instance.window().to_dict(),
+                           "queue": queue.window().to_dict()}]),
+        _entry("down", latency.window(), queue={"window": queue.window().to_dict()},
+               instances=[])])))
     samples, types = parse(generate_latest(registry).decode())
     assert types["edge_agent_queue_duration_seconds"] == "histogram"
     good = {"model": "good", "version": "3"}
@@ -162,12 +164,14 @@ def test_queue_windows_instances_and_a_bad_entry() -> None:
     assert buckets(samples, "edge_agent_queue_duration_seconds", **good)[::4] == [
         1, 1, 2, 2, 2]
     assert value(samples, "edge_agent_instance_request_duration_seconds_count",
-                 **good, instance="cpu-0") == 1
+                 **good, model_instance="0") == 1
+    assert value(samples, "edge_agent_instance_queue_duration_seconds_count",
+                 **good, model_instance="0") == 2
     assert value(samples, "edge_agent_model_ready", **good) == 1
     assert value(samples, "edge_agent_model_ready", model="down", version="3") == 0
     assert not [key for key in samples if ("model", "broken") in key[1]]
-    assert not [key for key in samples if ("model", "down") in key[1] and "instance" in
-                dict(key[1])]
+    assert not [key for key in samples if ("model", "down") in key[1] and "model_instance"
+                in dict(key[1])]
 
 
 # -- telemetry's intervals ----------------------------------------------------------------------
@@ -262,6 +266,9 @@ def _priority_run(url: str, mix: str) -> dict[str, Any]:
 
 
 def test_infer_url_sends_the_priority_mix_and_reports_each(tmp_path: Path) -> None:
+    demo = tmp_path / "state" / "repository" / "demo"  # the demo entry with two levels
+    demo.mkdir(parents=True)
+    (demo / "config.yaml").write_text("dynamic_batching: {priority_levels: 2}\n")
     with serve_process(tmp_path) as plane:
         for url in (f"http://{plane['http']}", f"grpc://{plane['grpc']}"):
             report = _priority_run(url, "1:0.2,2:0.8")

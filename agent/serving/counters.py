@@ -51,6 +51,10 @@ class Counters:
         self.executions = [0] * instances
         self.busy_ns = [0] * instances
         self.queue_wait = LatencyStats()
+        # per instance, each request's latency (submit to answer) and queue wait: the data
+        # plane's Prometheus histograms per model, version and instance
+        self.instance_latency = [LatencyStats() for _ in range(instances)]
+        self.instance_wait = [LatencyStats() for _ in range(instances)]
 
     def _add(self, kind: str, ns: int, times: int = 1) -> None:
         self.count[kind] += times
@@ -68,8 +72,11 @@ class Counters:
             for enqueued in run.enqueued_ns:
                 self._add("success", run.end - enqueued)
                 self._add("queue", run.start - enqueued)
-                self.queue_wait.call_started(enqueued)
-                self.queue_wait.record(run.start - enqueued)
+                for stats, ns in ((self.queue_wait, run.start - enqueued),
+                                  (self.instance_wait[run.instance], run.start - enqueued),
+                                  (self.instance_latency[run.instance], run.end - enqueued)):
+                    stats.call_started(enqueued)
+                    stats.record(ns)
             for kind, ns in zip(COMPUTE, compute, strict=True):
                 self._add(kind, ns, len(run.rows))
             batch = self.batches.setdefault(size, [0, 0, 0, 0])
@@ -98,11 +105,20 @@ class Counters:
                     for size, runs in sorted(self.batches.items())],
             }
 
-    def instances(self) -> list[dict[str, int]]:
+    def instances(self) -> list[dict[str, Any]]:
+        """Each instance's runs and busy time, and its requests' latency and queue-wait
+        windows (``Window.to_dict``)."""
         with self.lock:
-            return [{"index": index, "executions": runs, "busy_ns": busy}
-                    for index, (runs, busy) in enumerate(zip(self.executions, self.busy_ns,
-                                                             strict=True))]
+            return [{"index": index, "executions": self.executions[index],
+                     "busy_ns": self.busy_ns[index],
+                     "window": self.instance_latency[index].window().to_dict(),
+                     "queue": self.instance_wait[index].window().to_dict()}
+                    for index in range(len(self.executions))]
+
+    def queue_window(self) -> dict[str, Any]:
+        """Every request's queue wait (``Window.to_dict``)."""
+        with self.lock:
+            return self.queue_wait.window().to_dict()
 
     def queue_snapshot(self) -> dict[str, Any]:
         with self.lock:

@@ -6,12 +6,11 @@ histogram into Prometheus buckets then, so serving pays nothing more per call.  
 ``CollectorRegistry``, no global state: two data planes in one process (the tests) do not
 share metrics.
 
-Per version (labels ``model``, ``version``): latency and queue-time histograms in seconds,
-Triton's counters under ``edge_agent_inference_*`` and ``edge_agent_model_ready``.  Queue time
-is a histogram when the entry carries a queue window (``edge_agent.queue``), else a summary
-(count and sum) of the extension's ``inference_stats.queue``.  Where ``edge_agent.instances``
-is a list of ``{name, window?, queue?}`` the histograms are also given per ``instance``.  An
-entry that cannot be read is logged and left out; the rest of the scrape goes on.
+Per version (labels ``model``, ``version``): latency and queue-time histograms in seconds
+(from ``edge_agent.window`` and ``edge_agent.queue.window``), Triton's counters under
+``edge_agent_inference_*`` and ``edge_agent_model_ready``; per instance (``model_instance``:
+Prometheus keeps ``instance`` for the scraped target) the same two histograms.  An entry that
+cannot be read is logged and left out; the rest of the scrape goes on.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
-    SummaryMetricFamily,
 )
 
 from agent.inference.stats import Window
@@ -70,22 +68,15 @@ def histogram_buckets(window: Window) -> list[tuple[str, float]]:
             ("+Inf", float(window.count))]
 
 
-def _window(figures: Mapping[str, Any], key: str) -> Window | None:
-    return Window.from_dict(figures[key]) if key in figures else None
-
-
 class _Families:
     """The families of one scrape, filled entry by entry."""
 
     def __init__(self) -> None:
-        instance = [*_LABELS, "instance"]
+        instance = [*_LABELS, "model_instance"]
         self.latency = HistogramMetricFamily(
             "edge_agent_request_duration_seconds",
             "Latency of successful inference requests", labels=_LABELS)
         self.queue = HistogramMetricFamily(
-            "edge_agent_queue_duration_seconds", "Time requests waited before running",
-            labels=_LABELS)
-        self.queue_summary = SummaryMetricFamily(
             "edge_agent_queue_duration_seconds", "Time requests waited before running",
             labels=_LABELS)
         self.instance_latency = HistogramMetricFamily(
@@ -99,7 +90,6 @@ class _Families:
         self.ready = GaugeMetricFamily("edge_agent_model_ready",
                                        "1 while the version serves and its probe passes",
                                        labels=_LABELS)
-        self.queue_windows = False
 
     def add(self, entry: Mapping[str, Any], ready: bool) -> None:
         """One version's figures; every read happens before the first family is touched, so
@@ -107,33 +97,26 @@ class _Families:
         labels = [str(entry["name"]), str(entry["version"])]
         ours = entry["edge_agent"]
         latency = Window.from_dict(ours["window"])
-        queue = _window(ours, "queue")
-        queued = entry["inference_stats"]["queue"]
+        queue = Window.from_dict(ours["queue"]["window"])
         counts = [float(read(entry)) for _, _, read in _COUNTERS]
-        listed = ours.get("instances")  # a count until the instances report figures
-        instances = [(str(i["name"]), _window(i, "window"), _window(i, "queue"))
-                     for i in (listed if isinstance(listed, list) else ())]
+        instances = [(str(i["index"]), Window.from_dict(i["window"]),
+                      Window.from_dict(i["queue"])) for i in ours["instances"]]
         self.latency.add_metric(labels, histogram_buckets(latency), latency.sum_ns / 1e9)
-        if queue is not None:
-            self.queue_windows = True
-            self.queue.add_metric(labels, histogram_buckets(queue), queue.sum_ns / 1e9)
-        self.queue_summary.add_metric(labels, int(queued["count"]), queued["ns"] / 1e9)
+        self.queue.add_metric(labels, histogram_buckets(queue), queue.sum_ns / 1e9)
         for counter, count in zip(self.counters, counts, strict=True):
             counter.add_metric(labels, count)
         self.ready.add_metric(labels, float(ready))
         for name, window, waited in instances:
             for family, found in ((self.instance_latency, window),
                                   (self.instance_queue, waited)):
-                if found is not None:
-                    family.add_metric([*labels, name], histogram_buckets(found),
-                                      found.sum_ns / 1e9)
+                family.add_metric([*labels, name], histogram_buckets(found),
+                                  found.sum_ns / 1e9)
 
     def all(self) -> Iterator[Metric]:
         yield self.latency
-        # one type per name: the entries come from one build, so all carry a queue window
-        # or none does; should some not, they are left out of the histogram
-        yield self.queue if self.queue_windows else self.queue_summary
-        yield from (f for f in (self.instance_latency, self.instance_queue) if f.samples)
+        yield self.queue
+        yield self.instance_latency
+        yield self.instance_queue
         yield from self.counters
         yield self.ready
 

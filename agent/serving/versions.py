@@ -221,7 +221,8 @@ class Version:
             "instances": self.counters.instances(),
             "queue": {"depth": queue.depth, "max_size": self.policy.max_queue,
                       "full": queue.refused, "expired": queue.expired,
-                      "wait_ms": self.counters.queue_snapshot()["latency_ms"]},
+                      "wait_ms": self.counters.queue_snapshot()["latency_ms"],
+                      "window": self.counters.queue_window()},
             "sha256": self.digest,
         }
         return entry
