@@ -296,8 +296,11 @@ def test_set_model_keeps_a_version_whose_canary_passes_and_removes_one_that_fail
             "model": str(mlp(models / "m2.onnx")), "guard": {"max_p99_ratio": 1000}})
         kept = operator.final(same["id"], seconds=60)
         assert kept["status"] == "succeeded" and kept["result"]["version"] == 2, kept
+        # judged on the absolute bound: a ratio to the mlp's p99 on this busy 2-core box
+        # (the fixture board's 8 intra-op threads) is noise; a ~25 ms call is never < 5 ms
         slow = operator.send("orin-1", "set-model", {"model": str(slow_model(
-            models / "slow.onnx", factor=200)), "guard": {"max_p99_ratio": 3}})
+            models / "slow.onnx", factor=200)), "guard": {"max_p99_ratio": 1000,
+                                                          "max_p99_ms": 5}})
         failed = operator.final(slow["id"], seconds=60)
         assert failed["status"] == "failed" and failed["code"] == "canary_failed", failed
         assert "p99" in failed["message"]

@@ -134,7 +134,7 @@ def test_start_serves_the_repository_and_the_builtins(registry: ModelRegistry) -
     assert registry.server_metadata() == {
         "name": "edge-agent", "version": agent.__version__,
         "extensions": ["binary_tensor_data", "model_repository", "model_configuration",
-                       "parameters", "statistics"]}
+                       "parameters", "statistics", "system_shared_memory"]}
     meta = registry.model_metadata("demo", "")
     assert meta.versions == ("1",)
     assert [s.to_dict() for s in meta.inputs] == [
