@@ -105,6 +105,20 @@ def test_infer_url_drives_a_running_server_over_http_and_grpc(tmp_path: Path) ->
             assert report["model"] == "demo" and report["versions"] == ["1"]
             assert report["concurrency"] == 2 and report["errors"] == 0
             assert report["count"] > 2 and report["latency_ms"]["p99"] > 0
+        for url in (f"http://{plane['http']}", f"grpc://{plane['grpc']}"):
+            shared = subprocess.run(
+                [sys.executable, "-m", "agent", "infer", "--url", url, "--seconds", "1",
+                 "--concurrency", "2", "--shm", "--token-file", str(tmp_path / "serve-token"),
+                 "--json"], capture_output=True, text=True, timeout=120, check=False)
+            assert shared.returncode == 0, shared.stderr
+            report = json.loads(shared.stdout)
+            assert report["shared_memory"] and report["errors"] == 0 and report["count"] > 2
+        assert not list(Path("/dev/shm").glob("edge-agent-infer-*"))  # each client's removed
+        no_token = subprocess.run(
+            [sys.executable, "-m", "agent", "infer", "--url", f"http://{plane['http']}",
+             "--seconds", "1", "--shm"], capture_output=True, text=True, timeout=120,
+            check=False)
+        assert no_token.returncode == 2 and "--shm needs --token-file" in no_token.stderr
         missing = subprocess.run(
             [sys.executable, "-m", "agent", "infer", "--url", f"http://{plane['http']}",
              "--model", "nosuch", "--seconds", "1"], capture_output=True, text=True,

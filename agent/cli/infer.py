@@ -61,6 +61,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                        "grpc://HOST:PORT); --model is then a served model's name (default demo)")
     infer.add_argument("--concurrency", type=_positive_int, default=1, metavar="N",
                        help="with --url: clients sending at once (default 1)")
+    infer.add_argument("--shm", action="store_true",
+                       help="with --url: inputs and outputs in system shared memory (each "
+                       "client a region; needs --token-file)")
+    infer.add_argument("--shm-prefix", default="edge-agent-", metavar="PREFIX",
+                       help="with --shm: the server's serve.shm_prefix (default edge-agent-)")
     infer.add_argument("--token-file", metavar="FILE",
                        help="with --url: the bearer token, for a server beyond loopback")
     infer.add_argument("--priority-mix", metavar="P:F,...",

@@ -8,11 +8,15 @@ them); every call is measured on the client, from request to decoded answer.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from agent.cli.common import UsageError
 from agent.inference.stats import LatencyStats, Window
@@ -80,6 +84,52 @@ class PriorityMix:
             return priority
 
 
+class ClientRegion:
+    """``--shm``: one client's POSIX shared memory object holding its inputs and room for
+    its outputs, registered with the server (which needs the token) for the run."""
+
+    def __init__(self, client: Any, name: str, feeds: dict[str, np.ndarray],
+                 outputs: dict[str, int]) -> None:
+        from multiprocessing import shared_memory
+
+        from agent.serving.core import datatype_of
+        from agent.serving.shm_tensors import RegionInput, RegionRef
+
+        sizes = [array.nbytes for array in feeds.values()] + list(outputs.values())
+        self.memory = shared_memory.SharedMemory(name=name, create=True, size=sum(sizes))
+        self.client, self.name = client, name
+        self.feeds: dict[str, Any] = {}
+        self.outputs: dict[str, Any] = {}
+        offset = 0
+        buffer = self.memory.buf
+        assert buffer is not None  # open until close()
+        for key, array in feeds.items():
+            buffer[offset:offset + array.nbytes] = array.tobytes()
+            self.feeds[key] = RegionInput(datatype_of(array), tuple(array.shape),
+                                          RegionRef(name, array.nbytes, offset))
+            offset += array.nbytes
+        for key, size in outputs.items():
+            self.outputs[key] = RegionRef(name, size, offset)
+            offset += size
+        client.register_shm(name, f"/{name}", sum(sizes))
+
+    def close(self) -> None:
+        from agent.serving.errors import ServeError
+
+        with contextlib.suppress(ServeError):  # a server gone: the object goes all the same
+            self.client.unregister_shm(self.name)
+        self.memory.close()
+        self.memory.unlink()
+
+
+def output_bytes(metadata: Any) -> dict[str, int]:
+    """Room for each output at batch 1 (a dynamic dimension counted as 1)."""
+    from agent.serving.core import DATATYPES
+
+    return {spec.name: int(np.prod([d if d > 0 else 1 for d in spec.shape]))
+            * DATATYPES[spec.datatype].itemsize for spec in metadata.outputs}
+
+
 def run_remote(args: argparse.Namespace, model: str,
                stop: threading.Event) -> dict[str, Any]:
     from agent.service.loaddriver import synthetic_feeds
@@ -93,22 +143,37 @@ def run_remote(args: argparse.Namespace, model: str,
     except ServeError as error:
         raise UsageError(f"--url {args.url}: {error}") from None
     feeds = synthetic_feeds(metadata, {})
+    if args.shm and token is None:
+        raise UsageError("--shm needs --token-file: registering a region, and naming one in "
+                         "a request, need the server's token")
     period_ns = int(1e9 * args.concurrency / args.rate) if args.rate else 0
     end_ns = time.monotonic_ns() + int(args.seconds * 1e9)
     # per client, per priority sent (None: no priority parameter): LatencyStats has one writer
     stats: list[dict[int | None, LatencyStats]] = [{} for _ in range(args.concurrency)]
     errors: list[str] = []
 
-    def client_loop(mine: dict[int | None, LatencyStats]) -> None:
+    def client_loop(index: int, mine: dict[int | None, LatencyStats]) -> None:
         client = _client(args.url, token, 10.0)
+        region = ClientRegion(client, f"{args.shm_prefix}infer-{os.getpid()}-{index}", feeds,
+                              output_bytes(metadata)) if args.shm else None
+        try:
+            send(client, region, mine)
+        finally:
+            if region is not None:
+                region.close()
+
+    def send(client: Any, region: ClientRegion | None,
+             mine: dict[int | None, LatencyStats]) -> None:
+        inputs = region.feeds if region is not None else feeds
+        targets = region.outputs if region is not None else None
         due = time.monotonic_ns()
         while not stop.is_set() and (start := time.monotonic_ns()) < end_ns:
             priority = mix.next() if mix is not None else None
             recorder = mine.setdefault(priority, LatencyStats())
             recorder.call_started(start)
             try:
-                client.infer(model, feeds, parameters=None if priority is None
-                             else {"priority": priority})
+                client.infer(model, inputs, regions=targets, parameters=None
+                             if priority is None else {"priority": priority})
                 ok = True
             except ServeError as error:
                 ok = False
@@ -119,7 +184,8 @@ def run_remote(args: argparse.Namespace, model: str,
                 if stop.wait(max(0, due - time.monotonic_ns()) / 1e9):
                     break
 
-    threads = [threading.Thread(target=client_loop, args=(s,), daemon=True) for s in stats]
+    threads = [threading.Thread(target=client_loop, args=(i, s), daemon=True)
+               for i, s in enumerate(stats)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -130,7 +196,8 @@ def run_remote(args: argparse.Namespace, model: str,
             windows.setdefault(priority, []).append(recorder.window())
     every = [w for found in windows.values() for w in found] or [LatencyStats().window()]
     result = {"url": args.url, "model": model, "versions": list(metadata.versions),
-              "concurrency": args.concurrency, **merged(every).snapshot(),
+              "concurrency": args.concurrency, "shared_memory": bool(args.shm),
+              **merged(every).snapshot(),
               "last_error": errors[-1] if errors else None}
     if mix is not None:
         result["by_priority"] = {str(p): merged(windows[p]).snapshot() if p in windows
