@@ -101,8 +101,9 @@ def from_values(name: str, datatype: Any, shape: Sequence[Any], data: Any) -> Te
         if not ok:
             raise invalid(f"input {name}: {value!r} is not a {datatype} value")
     try:
-        array = np.array(flat, dtype=dtype).reshape(tuple(shape))
-    except (OverflowError, ValueError) as error:
+        with np.errstate(over="raise"):  # 1e10 as FP16 would be inf, not the value sent
+            array = np.array(flat, dtype=dtype).reshape(tuple(shape))
+    except (OverflowError, ValueError, FloatingPointError) as error:
         raise invalid(f"input {name}: a value does not fit {datatype} ({error})") from None
     if kind in "iu":  # numpy wraps out-of-range integers in some versions: check both ways
         info = np.iinfo(dtype)
