@@ -120,14 +120,19 @@ def p(latencies: list[float], q: float) -> float:
 
 
 def repository(scratch: Path, model: Path) -> Path:
-    """One model, ``real``, version 1, batching up to BATCH."""
-    directory = scratch / "repository" / "real"
-    (directory / "1").mkdir(parents=True)
-    shutil.copy(model, directory / "1" / "model.onnx")
-    (directory / "config.yaml").write_text(yaml.safe_dump({
-        "max_batch_size": BATCH,
-        "dynamic_batching": {"max_queue_delay_us": 2000, "preferred_batch_size": [BATCH]},
-        "instances": [{"count": 1, "threads": THREADS}]}))
+    """The model twice, version 1 each: ``real`` batching up to BATCH (a request may wait
+    max_queue_delay_us for others), ``single`` one request at a time (what concurrency 1
+    measures: the transport, not the batcher's wait)."""
+    for name, batching in (("real", True), ("single", False)):
+        directory = scratch / "repository" / name
+        (directory / "1").mkdir(parents=True)
+        shutil.copy(model, directory / "1" / "model.onnx")
+        config: dict[str, Any] = {"max_batch_size": BATCH,
+                                  "instances": [{"count": 1, "threads": THREADS}]}
+        if batching:
+            config["dynamic_batching"] = {"max_queue_delay_us": 2000,
+                                          "preferred_batch_size": [BATCH]}
+        (directory / "config.yaml").write_text(yaml.safe_dump(config))
     return scratch / "repository"
 
 
@@ -167,6 +172,8 @@ def bare_process_rss(model: Path) -> float:
             "x = np.zeros([1] + [d if isinstance(d, int) else 1 for d in a.shape[1:]], "
             "np.float32)\n"
             "[s.run(None, {a.name: x}) for _ in range(20)]\n"
+            f"x8 = np.zeros([{BATCH}] + list(x.shape[1:]), np.float32)\n"
+            "[s.run(None, {a.name: x8}) for _ in range(5)]\n"
             "print([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
@@ -246,7 +253,7 @@ class SharedCall:
         self.wanted.set_shared_memory(self.key, out_bytes, offset=x.nbytes)
 
     def call(self) -> Any:
-        return self.client.infer("real", [self.given], outputs=[self.wanted],
+        return self.client.infer("single", [self.given], outputs=[self.wanted],
                                  headers=self.auth)
 
     def close(self) -> None:
@@ -264,10 +271,10 @@ def end_to_end(addresses: dict[str, Any], model: Path, seconds: float, pid: int)
     out_bytes = bare.run(None, {name: x})[0].nbytes
     clients = [grpcclient.InferenceServerClient(addresses["grpc"]) for _ in range(CONCURRENCY)]
 
-    def served(index: int) -> Any:
+    def served(index: int, model: str = "real") -> Any:
         given = grpcclient.InferInput(name, list(x.shape), "FP32")
         given.set_data_from_numpy(x)
-        return clients[index].infer("real", [given]).as_numpy(output)
+        return clients[index].infer(model, [given]).as_numpy(output)
 
     echo = subprocess.Popen([sys.executable, "-c", ECHO_SERVER, str(out_bytes)],
                             stdout=subprocess.PIPE, text=True)
@@ -278,14 +285,14 @@ def end_to_end(addresses: dict[str, Any], model: Path, seconds: float, pid: int)
         call = channel.unary_unary("/echo/Call")
         payload = x.tobytes()
         for _ in range(20):
-            served(0)
+            served(0, "single")
             call(payload)
         shared = SharedCall(clients[0], name, x, output, out_bytes)
         bare_1, served_1, echo_1, shm_1 = [], [], [], []
         try:
             for _ in range(3):  # interleaved rounds
                 bare_1 += timed(lambda: bare.run(None, {name: x}), seconds / 3)
-                served_1 += timed(lambda: served(0), seconds / 3)
+                served_1 += timed(lambda: served(0, "single"), seconds / 3)
                 echo_1 += timed(lambda: call(payload), seconds / 3)
                 shm_1 += timed(shared.call, seconds / 3)
         finally:
