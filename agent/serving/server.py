@@ -90,9 +90,9 @@ def session_factory(settings: ServerSettings,
                     pool: InferenceThreads) -> Callable[..., BuiltSession]:
     """Sessions built like every other of this node (providers, threads, cache); ORT's
     intra-op workers join the inference threads.  They do not spin between ops: in a server
-    the cores they would burn are the ones the front ends and the clients on this device need
-    (bench/serve.py: end to end at concurrency 16, 0.69x of bare batch 1 without spinning
-    against 0.63x with it on this 2-core machine)."""
+    the cores they would burn are the ones the front ends and the clients on this device
+    need (on this 2-core machine bench/serve.py's end-to-end figure was the same either way,
+    0.68-0.70x of bare batch 1, within its noise)."""
 
     def factory(path: Path, *, sha256: str | None, providers: Sequence[str] | None,
                 threads: int | None) -> BuiltSession:
