@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
-import os
-import signal
 from pathlib import Path
 
 from agent.cli.common import add_state_dir
-
-PR_SET_PDEATHSIG = 1
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,20 +30,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sub.set_defaults(handler=serve)
 
 
-def _follow_parent(pid: int) -> None:
-    """Supervised: end with the control plane that started it (SIGTERM on its death)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != pid:  # it died before the request took effect
-        raise SystemExit(0)
-
-
 def serve(args: argparse.Namespace) -> int:
     from agent.cli.service import LOG_FORMAT, command_config
     from agent.service.serve import serve as run_serve
 
-    if args.parent_pid:
-        _follow_parent(args.parent_pid)
+    if args.parent_pid:  # supervised: end with the control plane that started it
+        from agent.kernel.process import die_with_parent
+
+        die_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     config = command_config(args)
     return run_serve(config, Path(config.state_dir), ready_file=args.ready_file,

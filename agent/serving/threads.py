@@ -9,7 +9,6 @@ and SIGHUP); with none, every adopted thread gets back what it had.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -18,20 +17,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from agent.kernel import sched as rt
+from agent.kernel.process import name_current_thread
 
 logger = logging.getLogger(__name__)
-
-
-PR_SET_NAME = 15
-
-
-def name_current_thread(name: str) -> None:
-    """The calling thread's comm (15 bytes at most); a failure leaves the old name."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def read_sched_file(path: Path | None) -> rt.ThreadSched | None:
