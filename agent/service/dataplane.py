@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 POLL_S = 1.0  # readiness and statistics
+INDEX_S = 10.0  # the repository index, when nothing says it changed
 FIRST_READY_S = 300.0  # a first load may build an engine for minutes (TensorRT)
 HUNG_S = 15.0  # a ready server that stops answering this long is killed
 NOT_READY_S = 30.0  # a server whose self-probe keeps failing this long is restarted
@@ -84,6 +85,8 @@ class Supervisor:
         self.restarts = 0
         self.stats: list[dict[str, Any]] = []  # the last statistics read
         self.index: list[Any] = []  # IndexEntry rows, the last read
+        self._index_key: tuple[set[Any], bool] | None = None  # what served when it was read
+        self._index_at = 0.0
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._lock = threading.Lock()
@@ -142,6 +145,7 @@ class Supervisor:
     def _spawn(self) -> None:
         (self.directory / "ready.json").unlink(missing_ok=True)
         self.addresses = {}
+        self._index_key = None  # a new process: its index is read at its first poll
         self._ready.clear()
         # systemd hears the control plane only (NotifyAccess=main): the child must not try
         env = {k: v for k, v in os.environ.items()
@@ -249,8 +253,15 @@ class Supervisor:
 
         try:
             ready = client.ready()
-            self.stats = client.statistics()
-            self.index = client.index()
+            stats = client.statistics()
+            served = {(s.get("name"), s.get("version")) for s in stats}
+            # the index rescans the repository: read it when what serves or readiness
+            # changed, else every INDEX_S (a failed load leaves both as they were)
+            if (served, ready) != self._index_key or \
+                    time.monotonic() - self._index_at > INDEX_S:
+                self.index = client.index()
+                self._index_key, self._index_at = (served, ready), time.monotonic()
+            self.stats = stats
         except ServeError as error:
             self.reason = f"the server does not answer: {error}"
             return False
