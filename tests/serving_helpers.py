@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import onnxruntime as ort
 
@@ -21,6 +22,23 @@ def cpu_factory(path: Path, *, sha256: str | None, providers: Sequence[str] | No
     return build_session(path, providers=list(providers or ["CPUExecutionProvider"]),
                          intra_op=threads or 1, inter_op=1, cache_dir=None,
                          expected_sha256=sha256)
+
+
+class WrappedSession:
+    """A real session behind a test's own ``run`` (a gate, a failure): the metadata calls
+    pass through; subclasses override ``run``."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def get_inputs(self) -> Any:
+        return self.session.get_inputs()
+
+    def get_outputs(self) -> Any:
+        return self.session.get_outputs()
+
+    def run(self, names: Any, feeds: Any) -> Any:
+        return self.session.run(names, feeds)
 
 
 class DemoModels(ModelRegistry):

@@ -27,7 +27,7 @@ import tritonclient.http as triton_http
 from http_helpers import HttpServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from serving_helpers import cpu_factory
+from serving_helpers import WrappedSession, cpu_factory
 from test_serve_registry import direct, put, until
 from tritonclient.utils import InferenceServerException
 
@@ -69,15 +69,10 @@ class Gate:
         return [run for run in runs if run]
 
 
-class Gated:
+class Gated(WrappedSession):
     def __init__(self, session: Any, gate: Gate) -> None:
-        self.session, self.gate = session, gate
-
-    def get_inputs(self) -> Any:
-        return self.session.get_inputs()
-
-    def get_outputs(self) -> Any:
-        return self.session.get_outputs()
+        super().__init__(session)
+        self.gate = gate
 
     def run(self, names: Any, feeds: Any) -> Any:
         first = next(iter(feeds.values()))

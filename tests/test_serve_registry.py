@@ -16,7 +16,7 @@ import onnx_models
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
-from serving_helpers import cpu_factory
+from serving_helpers import WrappedSession, cpu_factory
 
 import agent
 from agent.inference.demo_model import DEMO_MODEL_PATH, finish_model
@@ -28,22 +28,17 @@ from agent.serving.registry import ModelRegistry
 CANARY = {"canary_s": 0.5, "max_p99_ratio": 2.0, "max_error_rate": 0.01}
 
 
-class Flaky:
+class Flaky(WrappedSession):
     """A session that fails every call while ``broken`` is set (a device lost mid-serve)."""
 
     def __init__(self, session: Any, broken: threading.Event) -> None:
-        self.session, self.broken = session, broken
-
-    def get_inputs(self) -> Any:
-        return self.session.get_inputs()
-
-    def get_outputs(self) -> Any:
-        return self.session.get_outputs()
+        super().__init__(session)
+        self.broken = broken
 
     def run(self, names: Any, feeds: Any) -> Any:
         if self.broken.is_set():
             raise RuntimeError("device lost")
-        return self.session.run(names, feeds)
+        return super().run(names, feeds)
 
 
 def put(repo: Path, model: str, number: int, make: Callable[..., Path], **kw: Any) -> Path:
