@@ -109,6 +109,10 @@ class ModelRegistry:
             if served is not None:
                 yield from served.versions.values()
 
+    def executions(self) -> int:
+        """Runs so far of the versions serving now: the data plane's sign of activity."""
+        return sum(version.counters.execution_count for version in self._served_versions())
+
     # -- model control ---------------------------------------------------------------------
 
     def load(self, name: str, parameters: Mapping[str, Any]) -> None:

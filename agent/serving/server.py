@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.inference.session import BuiltSession, build_session
+from agent.kernel.process import keep_freed_buffers, release_freed_memory
 from agent.serving.access import Access, is_loopback
 from agent.serving.registry import ModelRegistry
 from agent.serving.shm import bounded_regions
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
     from agent.serving.metrics import MetricsServer
 
 logger = logging.getLogger(__name__)
+
+# Freed buffers up to this size stay in the heap while requests come (a batch of 8 images is
+# 4.8 MB) and go back to the kernel once no run has started for IDLE_TRIM_S.
+KEPT_BUFFER_BYTES = 32 << 20  # glibc's largest mmap threshold on 64-bit
+IDLE_TRIM_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,7 @@ class DataPlane:
         self.runner: Any = None
         self.metrics: MetricsServer | None = None
         self.addresses: dict[str, str] = {}
+        self._trimmer: asyncio.Task[None] | None = None
 
     def resched(self) -> None:
         """SIGHUP: the supervisor wrote a new profile's scheduling."""
@@ -174,13 +181,28 @@ class DataPlane:
 
             self.metrics = MetricsServer(*split_address(settings.metrics), self.registry)
             self.addresses["metrics"] = self.metrics.address
+        self._trimmer = asyncio.get_running_loop().create_task(self._trim_when_idle())
         if settings.ready_file is not None:
             write_ready(settings.ready_file, self.addresses)
         logger.info("serving %s (HTTP %s, gRPC %s)",
                     ", ".join(e.name for e in self.registry.index(ready_only=True)) or "nothing",
                     self.addresses["http"], self.addresses["grpc"])
 
+    async def _trim_when_idle(self) -> None:
+        """Give a burst's freed buffers back once a whole IDLE_TRIM_S has passed without a
+        run (see KEPT_BUFFER_BYTES): kept while they are reused, not once traffic stops."""
+        seen = trimmed = self.registry.executions()
+        while True:
+            await asyncio.sleep(IDLE_TRIM_S)
+            now = self.registry.executions()
+            if now == seen and now != trimmed:
+                release_freed_memory()
+                trimmed = now
+            seen = now
+
     async def stop(self) -> None:
+        if self._trimmer is not None:
+            self._trimmer.cancel()
         if self.metrics is not None:
             self.metrics.stop()
         if self.grpc_server is not None:
@@ -207,6 +229,7 @@ async def _serve(plane: DataPlane, stopped: asyncio.Event) -> None:
 
 def serve(settings: ServerSettings) -> int:
     """Run until SIGTERM or SIGINT; 0 on a clean stop."""
+    keep_freed_buffers(KEPT_BUFFER_BYTES)  # before the threads: their arenas take it too
     plane = DataPlane(settings)
     asyncio.run(_serve(plane, asyncio.Event()))
     return 0
