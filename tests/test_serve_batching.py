@@ -53,6 +53,7 @@ class Gate:
         self.released = threading.Event()
         self.lock = threading.Lock()
         self.runs: list[list[float]] = []
+        self.threads: dict[float, str] = {}  # a marked request's run: its thread
 
     def release(self) -> None:
         self.released.set()
@@ -79,6 +80,7 @@ class Gated(WrappedSession):
         marks = [float(v) for v in first.reshape(first.shape[0], -1)[:, 0]]
         with self.gate.lock:
             self.gate.runs.append(marks)
+            self.gate.threads.update((m, threading.current_thread().name) for m in marks)
         if HOLD in marks:
             self.gate.entered.set()
             assert self.gate.released.wait(10), "the test never released its gate"
@@ -407,6 +409,15 @@ def test_two_instances_share_one_queue(registry: ModelRegistry, gate: Gate,
     assert sorted(i["executions"] for i in entry["edge_agent"]["instances"]) == [1, 1]
     assert all(i["busy_ns"] > 0 for i in entry["edge_agent"]["instances"])
     assert entry["edge_agent"]["threads"] == [2, 2]  # the server's 4 shared out
+
+
+def test_an_idle_instance_runs_the_request_on_its_callers_thread(registry: ModelRegistry,
+                                                                 gate: Gate) -> None:
+    registry.infer(req("twice", x(1)))  # nothing queued, no batching: no hand-off
+    registry.infer(req("batch", x(2)))  # a batch waits for company on a worker
+    assert gate.threads[1] == threading.current_thread().name
+    assert gate.threads[2] == "infer-batch-0"
+    assert stats(registry, "twice")["execution_count"] == 1
 
 
 def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on(

@@ -4,7 +4,10 @@ with deadlines, closed for good when the version is dropped.
 Workers ``take`` the next run: the oldest request of the highest level, alone or (when the
 policy batches) with the requests behind it that can share its run, in queue order — a
 request that cannot join stops the batch rather than being skipped, so no request is
-overtaken by one of its own level.  Everything is under one condition variable.
+overtaken by one of its own level.  When nothing is queued and the version does not batch, a
+caller may ``claim`` an idle worker's instance and run on its own thread (``restore`` hands it
+back): no request waits then, so no order is broken, and the two thread hand-offs a queued
+request costs are saved.  Everything is under one condition variable.
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ class PendingQueue:
         self.closed = False
         self.refused = 0  # submits to a full queue
         self.expired = 0  # requests answered DEADLINE_EXCEEDED unrun
+        self._idle: list[int] = []  # instances whose worker waits for work
+        self._lent: set[int] = set()  # instances a caller runs on its own thread
 
     @property
     def depth(self) -> int:
@@ -116,7 +121,26 @@ class PendingQueue:
                 raise unavailable(f"queue of {self.label} is full ({self.policy.max_queue})")
             self._levels[item.level - 1].append(item)
             self._size += 1
-            self._ready.notify()
+            if self._lent:  # a lent instance's worker must not be the one woken
+                self._ready.notify_all()
+            else:
+                self._ready.notify()
+
+    def claim(self) -> int | None:
+        """An idle worker's instance for the caller to run on, when nothing is queued and
+        the version does not batch (a batch would wait for company); None otherwise."""
+        with self._ready:
+            if self._size or self.closed or self.policy.batching or not self._idle:
+                return None
+            instance = self._idle.pop()
+            self._lent.add(instance)
+            return instance
+
+    def restore(self, instance: int) -> None:
+        """The claimed instance back to its worker, which takes what queued meanwhile."""
+        with self._ready:
+            self._lent.discard(instance)
+            self._ready.notify_all()
 
     def withdraw(self, item: Pending) -> bool:
         """Take back a request past its deadline; False when a worker has it already."""
@@ -135,18 +159,22 @@ class PendingQueue:
             self.closed = True
             self._ready.notify_all()
 
-    def take(self) -> list[Pending] | None:
-        """The next run's requests, waiting as long as there are none; None once closed and
-        drained."""
+    def take(self, instance: int = 0) -> list[Pending] | None:
+        """The next run's requests for ``instance``'s worker, waiting as long as there are
+        none or a caller has the instance; None once closed and drained."""
         with self._ready:
             while True:
                 now = time.perf_counter_ns()
                 self._expire(now)
-                if self._size == 0:
-                    if self.closed:
+                if self._size == 0 or instance in self._lent:
+                    if self.closed and instance not in self._lent:
                         return None
+                    if instance not in self._lent and instance not in self._idle:
+                        self._idle.append(instance)
                     self._ready.wait()
                     continue
+                if instance in self._idle:
+                    self._idle.remove(instance)
                 if not self.policy.batching:
                     return [self._pop()]
                 chosen, can_grow = self._candidates()

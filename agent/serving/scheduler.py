@@ -1,5 +1,6 @@
 """The workers of one served version: one thread per session (instance), all fed from the
-version's one queue, so N instances of a model share its priorities, bounds and batches.
+version's one queue, so N instances of a model share its priorities, bounds and batches.  A
+request that finds an idle instance and nothing queued runs on its caller's thread.
 
 A worker never dies of a request: whatever a run raises answers every request of that run
 and the worker takes the next.  ``close`` lets the workers drain the queue and exit.
@@ -40,6 +41,7 @@ class Scheduler:
         self.counters = counters
         self._worker_start = worker_start
         self._warm_up = warm_up
+        self._sessions = tuple(sessions)
         self._busy_since: list[int | None] = [None] * len(sessions)
         self._threads = [threading.Thread(target=self._work, args=(index, session),
                                           name=f"{thread_name}-{index}",
@@ -51,6 +53,13 @@ class Scheduler:
     def submit(self, item: Pending) -> dict[str, np.ndarray]:
         """Queue ``item`` and wait for its outputs; past its deadline while still queued it
         is taken back and answered DEADLINE_EXCEEDED (a run once started is not cut)."""
+        instance = self.queue.claim()
+        if instance is not None:
+            try:
+                self._serve(instance, self._sessions[instance], [item])
+            finally:
+                self.queue.restore(instance)
+            return item.answer.result()
         self.queue.put(item)
         if item.timeout_ns:
             left = item.deadline_ns - time.perf_counter_ns()
@@ -78,19 +87,23 @@ class Scheduler:
             self._worker_start()
         if self._warm_up is not None:
             self._warm_up(session)
-        while (batch := self.queue.take()) is not None:
-            try:
-                self._run(index, session, batch)
-            except Exception as error:  # the run's requests get the error; the worker goes on
-                if not isinstance(error, ServeError):
-                    logger.exception("%s: a run failed", self.label)
-                    error = ServeError("INTERNAL", f"{self.label}: the run failed inside the "
-                                       "server (a bug: the agent's log has the details)")
-                for item in batch:
-                    if not item.answer.answered:
-                        item.answer.set(error=error)
-            finally:
-                self._busy_since[index] = None
+        while (batch := self.queue.take(index)) is not None:
+            self._serve(index, session, batch)
+
+    def _serve(self, index: int, session: Any, batch: list[Pending]) -> None:
+        """One run answering every request of ``batch``, whatever it raises."""
+        try:
+            self._run(index, session, batch)
+        except Exception as error:  # the run's requests get the error; the worker goes on
+            if not isinstance(error, ServeError):
+                logger.exception("%s: a run failed", self.label)
+                error = ServeError("INTERNAL", f"{self.label}: the run failed inside the "
+                                   "server (a bug: the agent's log has the details)")
+            for item in batch:
+                if not item.answer.answered:
+                    item.answer.set(error=error)
+        finally:
+            self._busy_since[index] = None
 
     def _run(self, index: int, session: Any, batch: list[Pending]) -> None:
         start = time.perf_counter_ns()
