@@ -245,10 +245,18 @@ def test_generated_overlay_decompiles_to_exactly_the_requested_points(
     assert nodes["/__fixups__"] == {"cluster1_opp_table": '"/fragment@0:target:0"'}
     found = points(nodes, "/fragment@0/__overlay__")
     assert without_bins(found) == expected_points(2 if flavour == "vendor" else 1)
-    for hz, point in found.items():
-        expected_bins = {f"opp-microvolt-L{n}": point["microvolt"] for n in range(8)} \
-            if flavour == "vendor" and not point["disabled"] else {}
-        assert point["bins"] == expected_bins, hz
+    if flavour == "mainline":
+        assert all(point["bins"] == {} for point in found.values())
+        return
+    # each bin moved from its own stock value by as much as the nominal moved (target -12.5
+    # mV, min -25 mV at 1800 MHz from the stock 850 mV), not every bin flattened to one value
+    assert found[1800 * MHZ]["bins"] == {
+        f"opp-microvolt-L{n}": [stock - 12500, stock - 25000, 1000000] * 2
+        for n, stock in enumerate([850000, 837500, 825000, 812500, 800000, 787500, 775000,
+                                   762500])}
+    assert found[2208 * MHZ]["bins"]["opp-microvolt-L7"] == [900000, 887500, 1000000] * 2
+    assert found[408 * MHZ]["bins"] == {f"opp-microvolt-L{n}": [675000] * 6 for n in range(8)}
+    assert found[2400 * MHZ]["bins"] == {}
 
 
 @pytest.mark.parametrize(("flavour", "base", "table"), [
@@ -269,7 +277,8 @@ def test_fdtoverlay_applies_a_generated_overlay(flavour: str, base: str, table: 
         assert merged[2400 * MHZ]["disabled"] is True
         assert merged[2400 * MHZ]["microvolt"] == [1000000] * 3  # stock values stay below it
     else:
-        assert merged[2208 * MHZ]["bins"]["opp-microvolt-L2"] == [975000, 962500, 1000000] * 2
+        # the stock L2 of 2208 MHz is 962500: it moves with the nominal (-12.5 mV, -25 mV)
+        assert merged[2208 * MHZ]["bins"]["opp-microvolt-L2"] == [950000, 937500, 1000000] * 2
 
 
 def test_generated_source_is_what_gets_compiled(tmp_path: Path) -> None:
@@ -293,7 +302,7 @@ BAD_TABLES = {
     "frequency above the SoC's range": (
         "opps:\n  - {hz: 2600000000, microvolt: 1000000}\n",
         "opps[0].hz: 2600000000 is not allowed: expected a frequency 408000000..2400000000 Hz "
-        "for rk3588 cpu-big0"),
+        "for rk3588 cpu-big0 (above it needs --allow-overclock)"),
     "frequency below the SoC's range": (
         "opps:\n  - {hz: 96000000, microvolt: 675000}\n",
         "opps[0].hz: 96000000 is not allowed: expected a frequency 408000000..2400000000 Hz "
@@ -318,11 +327,11 @@ BAD_TABLES = {
     "entry not a mapping": (
         "opps:\n  - 1800000000\n",
         "opps[0]: expected a mapping with keys hz, microvolt, opp-suspend, turbo-mode, "
-        "disabled"),
+        "disabled, bins"),
     "unknown field": (
         "opps:\n  - {freq: 1800000000, microvolt: 850000}\n",
         "opps[0].freq: unknown key (allowed: hz, microvolt, opp-suspend, turbo-mode, "
-        "disabled)"),
+        "disabled, bins)"),
     "malformed voltage": (
         "opps:\n  - {hz: 1800000000, microvolt: [850000, 900000]}\n",
         "opps[0].microvolt: [850000, 900000] is not allowed: expected a voltage in µV, or a "
@@ -420,7 +429,8 @@ def test_cli_validate_reports_the_entry_and_exits_2(
                  "--flavour", "mainline", "--target", "cpu-little"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"edge-agent overlay validate: {tmp_path / 't.yaml'}: opps[0].hz: 3000000000 is not "
-        "allowed: expected a frequency 408000000..1800000000 Hz for rk3588 cpu-little")
+        "allowed: expected a frequency 408000000..1800000000 Hz for rk3588 cpu-little (above "
+        "it needs --allow-overclock)")
 
 
 def test_missing_dtc_is_named_with_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
