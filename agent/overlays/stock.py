@@ -79,7 +79,7 @@ def check_floor(file: str, key: str, hz: int, microvolt: int, target: OppTarget,
         return None
     stock = stock_voltage(target, flavour, point, bin_)
     below = stock - microvolt
-    where = (f"the {target.name} {flavour} stock {stock} µV"
+    where = (f"the {flavour} {target.name} stock {stock} µV"
              + (f" of bin {bin_}" if bin_ is not None and flavour in target.stock_bins else "")
              + f" at {point.hz // MHZ} MHz")
     if below > limits.margin_uv:
