@@ -22,6 +22,7 @@ from agent.overlays import build, installer
 from agent.overlays.check import inspect
 from agent.overlays.dtc import DtcMissing
 from agent.overlays.errors import InstallRefused, OverlayError
+from agent.overlays.stock import Limits
 from agent.overlays.table import load_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -245,10 +246,18 @@ def test_generated_overlay_decompiles_to_exactly_the_requested_points(
     assert nodes["/__fixups__"] == {"cluster1_opp_table": '"/fragment@0:target:0"'}
     found = points(nodes, "/fragment@0/__overlay__")
     assert without_bins(found) == expected_points(2 if flavour == "vendor" else 1)
-    for hz, point in found.items():
-        expected_bins = {f"opp-microvolt-L{n}": point["microvolt"] for n in range(8)} \
-            if flavour == "vendor" and not point["disabled"] else {}
-        assert point["bins"] == expected_bins, hz
+    if flavour == "mainline":
+        assert all(point["bins"] == {} for point in found.values())
+        return
+    # each bin moved from its own stock value by as much as the nominal moved (target -12.5
+    # mV, min -25 mV at 1800 MHz from the stock 850 mV), not every bin flattened to one value
+    assert found[1800 * MHZ]["bins"] == {
+        f"opp-microvolt-L{n}": [stock - 12500, stock - 25000, 1000000] * 2
+        for n, stock in enumerate([850000, 837500, 825000, 812500, 800000, 787500, 775000,
+                                   762500])}
+    assert found[2208 * MHZ]["bins"]["opp-microvolt-L7"] == [900000, 887500, 1000000] * 2
+    assert found[408 * MHZ]["bins"] == {f"opp-microvolt-L{n}": [675000] * 6 for n in range(8)}
+    assert found[2400 * MHZ]["bins"] == {}
 
 
 @pytest.mark.parametrize(("flavour", "base", "table"), [
@@ -269,7 +278,8 @@ def test_fdtoverlay_applies_a_generated_overlay(flavour: str, base: str, table: 
         assert merged[2400 * MHZ]["disabled"] is True
         assert merged[2400 * MHZ]["microvolt"] == [1000000] * 3  # stock values stay below it
     else:
-        assert merged[2208 * MHZ]["bins"]["opp-microvolt-L2"] == [975000, 962500, 1000000] * 2
+        # the stock L2 of 2208 MHz is 962500: it moves with the nominal (-12.5 mV, -25 mV)
+        assert merged[2208 * MHZ]["bins"]["opp-microvolt-L2"] == [950000, 937500, 1000000] * 2
 
 
 def test_generated_source_is_what_gets_compiled(tmp_path: Path) -> None:
@@ -293,7 +303,7 @@ BAD_TABLES = {
     "frequency above the SoC's range": (
         "opps:\n  - {hz: 2600000000, microvolt: 1000000}\n",
         "opps[0].hz: 2600000000 is not allowed: expected a frequency 408000000..2400000000 Hz "
-        "for rk3588 cpu-big0"),
+        "for rk3588 cpu-big0 (above it needs --allow-overclock)"),
     "frequency below the SoC's range": (
         "opps:\n  - {hz: 96000000, microvolt: 675000}\n",
         "opps[0].hz: 96000000 is not allowed: expected a frequency 408000000..2400000000 Hz "
@@ -318,11 +328,11 @@ BAD_TABLES = {
     "entry not a mapping": (
         "opps:\n  - 1800000000\n",
         "opps[0]: expected a mapping with keys hz, microvolt, opp-suspend, turbo-mode, "
-        "disabled"),
+        "disabled, bins"),
     "unknown field": (
         "opps:\n  - {freq: 1800000000, microvolt: 850000}\n",
         "opps[0].freq: unknown key (allowed: hz, microvolt, opp-suspend, turbo-mode, "
-        "disabled)"),
+        "disabled, bins)"),
     "malformed voltage": (
         "opps:\n  - {hz: 1800000000, microvolt: [850000, 900000]}\n",
         "opps[0].microvolt: [850000, 900000] is not allowed: expected a voltage in µV, or a "
@@ -420,7 +430,184 @@ def test_cli_validate_reports_the_entry_and_exits_2(
                  "--flavour", "mainline", "--target", "cpu-little"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"edge-agent overlay validate: {tmp_path / 't.yaml'}: opps[0].hz: 3000000000 is not "
-        "allowed: expected a frequency 408000000..1800000000 Hz for rk3588 cpu-little")
+        "allowed: expected a frequency 408000000..1800000000 Hz for rk3588 cpu-little (above "
+        "it needs --allow-overclock)")
+
+
+# -- the stock table: undervolt margin, overclock, per-bin voltages ---------------------
+
+def overlay_source(label: str, *nodes: str) -> str:
+    return ('/dts-v1/;\n/plugin/;\n/ { compatible = "rockchip,rk3588"; };\n'
+            f"&{label} {{\n" + "\n".join(nodes) + "\n};\n")
+
+
+def point(hz: int, uv: int, ceiling: int, extra: str = "") -> str:
+    return (f"opp-{hz} {{ opp-hz = /bits/ 64 <{hz}>; "
+            f"opp-microvolt = <{uv} {uv} {ceiling}>; {extra}}};")
+
+
+HOSTILE = {
+    "A76 2.4 GHz at 600 mV": (
+        overlay_source("cluster1_opp_table", point(2400 * MHZ, 600000, 1000000)),
+        "&cluster1_opp_table/opp-2400000000.microvolt: 600000 µV at 2400000000 Hz (2400 MHz) "
+        "is not allowed: 400000 µV below the mainline cpu-big0 stock 1000000 µV at 2400 MHz, "
+        "more than the 50000 µV margin (--allow-undervolt MV raises it)"),
+    "GPU 1 GHz at 550 mV": (
+        overlay_source("gpu_opp_table", point(1000 * MHZ, 550000, 850000)),
+        "&gpu_opp_table/opp-1000000000.microvolt: 550000 µV at 1000000000 Hz (1000 MHz) is "
+        "not allowed: 300000 µV below the mainline gpu stock 850000 µV at 1000 MHz, more than "
+        "the 50000 µV margin (--allow-undervolt MV raises it)"),
+    "A55 above its maximum": (
+        overlay_source("cluster0_opp_table", point(2016 * MHZ, 950000, 950000)),
+        "&cluster0_opp_table/opp-2016000000.hz: 2016000000 is not allowed: expected a "
+        "frequency 408000000..1800000000 Hz for rk3588 cpu-little (above it needs "
+        "--allow-overclock)"),
+    "vendor bin far below its own stock": (
+        overlay_source("cluster1_opp_table",
+                       f"opp-{1800 * MHZ} {{ opp-hz = /bits/ 64 <{1800 * MHZ}>; "
+                       "opp-microvolt = <850000 850000 1000000>, <850000 850000 1000000>; "
+                       "opp-microvolt-L3 = <700000 700000 1000000>, "
+                       "<700000 700000 1000000>; };"),
+        "&cluster1_opp_table/opp-1800000000.bins.L3: 700000 µV at 1800000000 Hz (1800 MHz) is "
+        "not allowed: 112500 µV below the vendor cpu-big0 stock 812500 µV of bin L3 at 1800 "
+        "MHz, more than the 50000 µV margin (--allow-undervolt MV raises it)"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE, ids=str)
+def test_a_severe_undervolt_or_overclock_is_refused_naming_node_and_stock(
+        case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source, message = HOSTILE[case]
+    (tmp_path / "hostile.dts").write_text(source)
+    assert main(["overlay", "validate", str(tmp_path / "hostile.dts")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (f"edge-agent overlay validate: {tmp_path / 'hostile.dts'}: "
+                                    f"{message}")
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_allow_undervolt_raises_the_margin_and_the_result_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "uv.dts").write_text(HOSTILE["A76 2.4 GHz at 600 mV"][0])
+    assert main(["overlay", "validate", str(tmp_path / "uv.dts"), "--allow-undervolt", "350"]
+                ) == 2  # 400 mV below stock: still more than the 350 mV allowed
+    assert "more than the 350000 µV margin" in capsys.readouterr().err
+    assert main(["overlay", "validate", str(tmp_path / "uv.dts"), "--allow-undervolt", "400",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["limits"] == {"undervolt_margin_uv": 400000, "explicit": True,
+                                "allow_overclock": False}
+    assert report["warnings"] == [
+        "&cluster1_opp_table/opp-2400000000.microvolt: 600000 µV at 2400 MHz is 400000 µV "
+        "below the mainline cpu-big0 stock 1000000 µV at 2400 MHz: beyond the default 50000 "
+        "µV, allowed by --allow-undervolt"]
+    assert main(["overlay", "validate", str(tmp_path / "uv.dts"), "--allow-undervolt", "400"]
+                ) == 0
+    assert ("checked against the stock table: up to 400 mV below stock (--allow-undervolt)"
+            in capsys.readouterr().out)
+
+
+def test_an_overclock_needs_its_own_flag(tmp_path: Path) -> None:
+    (tmp_path / "oc.yaml").write_text("opps:\n  - {hz: 2496000000, microvolt: 1000000}\n")
+    for limits in (Limits(), Limits(margin_uv=400000, explicit=True)):  # undervolt: not enough
+        with pytest.raises(OverlayError, match="above it needs --allow-overclock"):
+            load_table(tmp_path / "oc.yaml", "rk3588", "mainline", "cpu-big0", limits)
+    table = load_table(tmp_path / "oc.yaml", "rk3588", "mainline", "cpu-big0",
+                       Limits(allow_overclock=True))
+    assert [o.hz for o in table.opps] == [2496 * MHZ]
+    assert table.warnings == (
+        "opps[0]: 2496000000 Hz (2496 MHz) is above the rk3588 cpu-big0 maximum 2400000000 Hz "
+        "(2400 MHz): an overclock, allowed by --allow-overclock; its voltage is measured from "
+        "the top stock point",)
+    (tmp_path / "oc-low.yaml").write_text("opps:\n  - {hz: 2496000000, microvolt: 900000}\n")
+    with pytest.raises(OverlayError, match="100000 µV below the mainline cpu-big0 stock "
+                                           "1000000 µV at 2400 MHz"):
+        load_table(tmp_path / "oc-low.yaml", "rk3588", "mainline", "cpu-big0",
+                   Limits(allow_overclock=True))
+
+
+def test_a_frequency_between_stock_points_is_measured_from_the_next_higher_one(
+        tmp_path: Path) -> None:
+    # 1700 MHz lies between the A76's 1608 (762.5 mV) and 1800 (850 mV): interpolation would
+    # allow 756.25 mV; the next-higher point allows 800 mV and no less
+    (tmp_path / "ok.yaml").write_text("opps:\n  - {hz: 1700000000, microvolt: 800000}\n")
+    assert load_table(tmp_path / "ok.yaml", "rk3588", "mainline", "cpu-big1").opps[0].hz \
+        == 1700 * MHZ
+    (tmp_path / "low.yaml").write_text("opps:\n  - {hz: 1700000000, microvolt: 787500}\n")
+    with pytest.raises(OverlayError) as caught:
+        load_table(tmp_path / "low.yaml", "rk3588", "mainline", "cpu-big1")
+    assert caught.value.message == (
+        "787500 µV at 1700000000 Hz (1700 MHz) is not allowed: 62500 µV below the mainline "
+        "cpu-big1 stock 850000 µV at 1800 MHz, more than the 50000 µV margin "
+        "(--allow-undervolt MV raises it)")
+
+
+def test_the_min_cell_is_what_is_held_to_the_margin(tmp_path: Path) -> None:
+    """The regulator may go down to the min cell, so a safe target over a low min is refused."""
+    (tmp_path / "t.yaml").write_text(
+        "opps:\n  - {hz: 2208000000, microvolt: [987500, 900000, 1000000]}\n")
+    with pytest.raises(OverlayError) as caught:
+        load_table(tmp_path / "t.yaml", "rk3588", "mainline", "cpu-big0")
+    assert caught.value.key == "opps[0].microvolt"
+    assert caught.value.message.startswith("900000 µV at 2208000000 Hz")
+
+
+@pytest.mark.parametrize("source", [p for p in SHIPPED if "rk3588" in p.name], ids=str)
+def test_shipped_overlays_are_12_5_mv_below_stock_at_most(source: Path) -> None:
+    assert build.from_entry(source.stem, Limits(margin_uv=12500, explicit=True)).warnings == []
+    with pytest.raises(OverlayError, match="more than the 12000 µV margin"):
+        build.from_entry(source.stem, Limits(margin_uv=12000, explicit=True))
+
+
+def test_vendor_bins_keep_their_own_stock_spread(tmp_path: Path) -> None:
+    """A copy of the stock vendor 1800 MHz point passes although L7 is 87.5 mV below the
+    nominal: each bin is measured from its own stock value."""
+    bins = " ".join(f"opp-microvolt-L{n} = <{uv} {uv} 1000000>, <{uv} {uv} 1000000>;"
+                    for n, uv in enumerate([850000, 837500, 825000, 812500, 800000, 787500,
+                                            775000, 762500]))
+    source = overlay_source("cluster1_opp_table",
+                            f"opp-{1800 * MHZ} {{ opp-hz = /bits/ 64 <{1800 * MHZ}>; "
+                            "opp-microvolt = <850000 850000 1000000>, "
+                            f"<850000 850000 1000000>; {bins} }};")
+    table = inspect(compile_dts(source, tmp_path).read_bytes(), "stock.dts").tables[0]
+    assert table.flavour == "vendor"
+    assert dict(table.opps[0].bins)["L7"] == (762500, 762500, 1000000)
+
+
+def test_a_bin_given_in_the_table_is_kept_and_the_others_follow_the_stock_spread(
+        tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text(
+        "opps:\n  - {hz: 2016000000, microvolt: 912500, bins: {L6: [862500, 850000, "
+        "1000000]}}\n")
+    built = build.from_table(load_table(tmp_path / "t.yaml", "rk3588", "vendor", "cpu-big1"),
+                             "t")
+    (tmp_path / "t.dtbo").write_bytes(built.dtbo)
+    found = points(decompile(tmp_path / "t.dtbo"), "/fragment@0/__overlay__")[2016 * MHZ]
+    bins = found["bins"]
+    assert isinstance(bins, dict)
+    assert bins["opp-microvolt-L6"] == [862500, 850000, 1000000] * 2       # as given
+    # one value is target = min = max, so the bins share the 912500 ceiling
+    assert bins["opp-microvolt-L7"] == [825000, 825000, 912500] * 2        # 837500 - 12500
+    assert bins["opp-microvolt-L0"] == [912500] * 6                        # no stock L0
+    assert found["microvolt"] == [912500] * 6
+
+
+@pytest.mark.parametrize(("entry", "flavour", "message"), [
+    ("{hz: 1800000000, microvolt: 850000, bins: {L9: 850000}}", "vendor",
+     "opps[0].bins.L9: is not allowed: expected one of L0, L1, L2, L3, L4, L5, L6, L7"),
+    ("{hz: 1800000000, microvolt: 850000, bins: {L1: 850000}}", "mainline",
+     "opps[0].bins.L1: is not allowed: mainline kernels have no per-bin voltages"),
+    ("{hz: 1800000000, microvolt: 850000, bins: {L1: 700000}}", "vendor",
+     "opps[0].bins.L1: 700000 µV at 1800000000 Hz (1800 MHz) is not allowed: 137500 µV below "
+     "the vendor cpu-big0 stock 837500 µV of bin L1 at 1800 MHz, more than the 50000 µV "
+     "margin (--allow-undervolt MV raises it)"),
+])
+def test_bad_per_bin_voltages_name_the_bin(entry: str, flavour: str, message: str,
+                                           tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text(f"opps:\n  - {entry}\n")
+    with pytest.raises(OverlayError) as caught:
+        load_table(tmp_path / "t.yaml", "rk3588", flavour, "cpu-big0")
+    assert str(caught.value) == f"{tmp_path / 't.yaml'}: {message}"
 
 
 def test_missing_dtc_is_named_with_the_package(monkeypatch: pytest.MonkeyPatch) -> None:

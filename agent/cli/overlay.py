@@ -12,15 +12,22 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.cli.common import UsageError, open_root, print_json, render_table
+from agent.cli.common import (
+    UsageError,
+    non_negative_float,
+    open_root,
+    print_json,
+    render_table,
+)
 
 if TYPE_CHECKING:
     from agent.kernel.fsroot import Root
     from agent.overlays import installer
     from agent.overlays.bootfs import BootFiles
     from agent.overlays.build import Built
+    from agent.overlays.stock import Limits
 
-JSON_FIELDS = {"build": ": {name, out, format, bytes, warnings, tables}",
+JSON_FIELDS = {"build": ": {name, out, format, bytes, warnings, limits, tables}",
                "install": ": {name, layout, config, dtbo, backup, changed, reboot_needed, "
                "warnings, result}",
                "remove": ": as install's"}
@@ -41,6 +48,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                              "file")
             sub.add_argument("--profile", metavar="NAME", help="the entry named by a "
                              "profile's overlay.dvfs")
+            sub.add_argument("--allow-undervolt", metavar="MV", type=non_negative_float,
+                             help="allow voltages up to MV millivolts below the SoC's stock "
+                             "table (default: 50 mV)")
+            sub.add_argument("--allow-overclock", action="store_true", help="allow "
+                             "frequencies above the SoC's stock maximum")
         if action in ("build", "validate"):
             sub.add_argument("--table", metavar="FILE.yaml", help="an OPP table to generate "
                              "the overlay from")
@@ -73,32 +85,40 @@ def _profile_overlay(name: str, root: Root) -> str:
     return str(entry)
 
 
+def _limits(args: argparse.Namespace) -> Limits:
+    from agent.overlays.stock import Limits
+
+    return Limits.from_flags(args.allow_undervolt, args.allow_overclock)
+
+
 def _source(args: argparse.Namespace, root: Root) -> Built:
-    """The one source the command names, compiled and checked."""
+    """The one source the command names, compiled and checked within the flags' limits."""
     from agent.overlays import build
     from agent.overlays.table import load_table
 
+    limits = _limits(args)
     given = [s for s in (args.name, getattr(args, "table", None), args.profile) if s]
     if len(given) != 1:
         raise UsageError("name one source: an overlay NAME (or a .dtbo/.dts file), "
                          + ("--table FILE, " if hasattr(args, "table") else "")
                          + "or --profile NAME")
     if getattr(args, "table", None):
-        table = load_table(args.table, args.soc, args.flavour, args.target)
+        table = load_table(args.table, args.soc, args.flavour, args.target, limits)
         return build.from_table(table, Path(args.table).stem)
     name = args.name or _profile_overlay(args.profile, root)
     path = Path(name)
     if path.suffix not in (".dtbo", ".dts"):
-        return build.from_entry(name)
+        return build.from_entry(name, limits)
     if not path.is_file():
         raise UsageError(f"{name}: no such file")
-    return build.from_file(path)
+    return build.from_file(path, limits)
 
 
 def _summary(built: Built) -> list[str]:
     from agent.overlays.socs import MHZ
 
-    lines = []
+    lines = [f"  checked against the stock table: {built.limits.describe()}"] \
+        if built.overlay.tables else []
     for table in built.overlay.tables:
         live = [o.hz for o in table.opps if not o.disabled]
         off = [o.hz // MHZ for o in table.opps if o.disabled]
@@ -121,7 +141,8 @@ def _tables(built: Built) -> list[dict[str, Any]]:
     return [{"soc": t.soc.name, "flavour": t.flavour, "target": t.target.name,
              "label": t.target.label,
              "opps": [{"hz": o.hz, "microvolt": o.microvolt, "opp-suspend": o.suspend,
-                       "turbo-mode": o.turbo, "disabled": o.disabled} for o in t.opps]}
+                       "turbo-mode": o.turbo, "disabled": o.disabled, "bins": dict(o.bins)}
+                      for o in t.opps]}
             for t in built.overlay.tables]
 
 
@@ -138,7 +159,8 @@ def _build(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"name": built.name, "out": out, "format": "dts" if args.dts else "dtbo",
                     "bytes": len(data), **({"source": built.source} if out is None else {}),
-                    "warnings": built.warnings, "tables": _tables(built)})
+                    "warnings": built.warnings, "limits": built.limits.as_json(),
+                    "tables": _tables(built)})
     elif out is None:
         print(built.source, end="")
     else:
@@ -150,6 +172,7 @@ def _validate(args: argparse.Namespace) -> int:
     built = _source(args, open_root("/"))
     if args.json:
         print_json({"name": built.name, "ok": True, "warnings": built.warnings,
+                    "limits": built.limits.as_json(),
                     "compatible": built.overlay.compatibles, "labels": built.overlay.labels,
                     "tables": _tables(built)})
         return 0

@@ -15,6 +15,7 @@ from agent.overlays.check import Overlay, inspect
 from agent.overlays.dtc import compile_dts
 from agent.overlays.dts import render
 from agent.overlays.errors import OverlayError
+from agent.overlays.stock import DEFAULT_LIMITS, Limits
 from agent.overlays.table import OppTable
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")  # the boot loaders take it as a file name
@@ -27,6 +28,7 @@ class Built:
     dtbo: bytes
     overlay: Overlay
     warnings: list[str]
+    limits: Limits = DEFAULT_LIMITS   # what the tables were checked within
 
 
 def overlay_dirs() -> list[Path]:
@@ -52,34 +54,35 @@ def check_name(name: str, what: str = "overlay name") -> str:
     return name
 
 
-def _compiled(name: str, source: str, file: str, notes: list[str]) -> Built:
+def _compiled(name: str, source: str, file: str, notes: list[str], limits: Limits) -> Built:
     dtbo, dtc_warnings = compile_dts(source, file)
-    overlay = inspect(dtbo, file)
+    overlay = inspect(dtbo, file, limits)
     return Built(name=name, source=source, dtbo=dtbo, overlay=overlay,
-                 warnings=[*notes, *dtc_warnings, *overlay.warnings])
+                 warnings=[*notes, *dtc_warnings, *overlay.warnings], limits=limits)
 
 
 def from_table(table: OppTable, name: str) -> Built:
-    """Render, compile and read back a validated table."""
-    return _compiled(check_name(name), render(table), table.source, list(table.warnings))
+    """Render, compile and read back a validated table, under the limits it was checked with."""
+    return _compiled(check_name(name), render(table), table.source, list(table.warnings),
+                     table.limits)
 
 
-def from_entry(name: str) -> Built:
+def from_entry(name: str, limits: Limits = DEFAULT_LIMITS) -> Built:
     """Compile a ``dts-overlays/`` entry by name."""
     available = entries()
     if name not in available:
         raise OverlayError("dts-overlays", "", f"no overlay named {name!r} (available: "
                            f"{', '.join(sorted(available)) or 'none'})")
     path = available[name]
-    return _compiled(check_name(name), path.read_text(encoding="utf-8"), str(path), [])
+    return _compiled(check_name(name), path.read_text(encoding="utf-8"), str(path), [], limits)
 
 
-def from_file(path: Path) -> Built:
+def from_file(path: Path, limits: Limits = DEFAULT_LIMITS) -> Built:
     """A ``.dtbo`` built elsewhere (``overlay build --out``), or overlay source (``.dts``)."""
     name = check_name(path.stem, str(path))
     if path.suffix == ".dts":
-        return _compiled(name, path.read_text(encoding="utf-8"), str(path), [])
+        return _compiled(name, path.read_text(encoding="utf-8"), str(path), [], limits)
     dtbo = path.read_bytes()
-    overlay = inspect(dtbo, str(path))
+    overlay = inspect(dtbo, str(path), limits)
     return Built(name=name, source=None, dtbo=dtbo, overlay=overlay,
-                 warnings=list(overlay.warnings))
+                 warnings=list(overlay.warnings), limits=limits)

@@ -13,7 +13,10 @@ from typing import Any
 from agent.overlays.errors import OverlayError
 from agent.overlays.fdt import FdtError, Node, parse
 from agent.overlays.socs import OppTarget, Soc, soc_for_compatible
+from agent.overlays.stock import DEFAULT_LIMITS, Limits
 from agent.overlays.table import OppTable, check_points
+
+BIN_PREFIX = "opp-microvolt-"
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,19 @@ def _cell_counts(soc: Soc, flavour: str) -> set[int]:
     return {supplies, 3 * supplies}  # one value or one triple per supply
 
 
+def _voltage(node: Node, prop: str, key: str, file: str, soc: Soc,
+             flavour: str) -> int | list[int] | None:
+    """The first supply's voltage or triple of ``prop``, as a YAML table would spell it."""
+    volts = node.cells(prop)
+    if not volts:
+        return None
+    if len(volts) not in _cell_counts(soc, flavour):
+        raise OverlayError(file, f"{key}.{prop}", f"{len(volts)} cells is not allowed: "
+                           f"{flavour} kernels take "
+                           f"{' or '.join(map(str, sorted(_cell_counts(soc, flavour))))}")
+    return volts[0] if len(volts) < 3 else volts[:3]
+
+
 def _entries(body: Node, file: str, soc: Soc, flavour: str,
              label: str) -> list[tuple[str, dict[str, Any]]]:
     entries = []
@@ -63,13 +79,13 @@ def _entries(body: Node, file: str, soc: Soc, flavour: str,
                                  else hz_cells[0]}
         if node.string("status") == "disabled":
             entry["disabled"] = True
-        volts = node.cells("opp-microvolt")
-        if volts:
-            if len(volts) not in _cell_counts(soc, flavour):
-                raise OverlayError(file, f"{key}.opp-microvolt", f"{len(volts)} cells is not "
-                                   f"allowed: {flavour} kernels take "
-                                   f"{' or '.join(map(str, sorted(_cell_counts(soc, flavour))))}")
-            entry["microvolt"] = volts[0] if len(volts) < 3 else volts[:3]
+        volts = _voltage(node, "opp-microvolt", key, file, soc, flavour)
+        if volts is not None:
+            entry["microvolt"] = volts
+        bins = {prop[len(BIN_PREFIX):]: _voltage(node, prop, key, file, soc, flavour)
+                for prop in node.props if prop.startswith(BIN_PREFIX)}
+        if bins:
+            entry["bins"] = bins
         for flag in ("opp-suspend", "turbo-mode"):
             if flag in node.props:
                 entry[flag] = True
@@ -97,8 +113,9 @@ def _flavour(body: Node, soc: Soc, target: OppTarget) -> str:
     return "vendor" if counts & vendor_only else "mainline"
 
 
-def inspect(blob: bytes, file: str) -> Overlay:
-    """Read a ``.dtbo`` and validate every OPP fragment; raises :class:`OverlayError`."""
+def inspect(blob: bytes, file: str, limits: Limits = DEFAULT_LIMITS) -> Overlay:
+    """Read a ``.dtbo`` and validate every OPP fragment, against the stock table within
+    ``limits``; raises :class:`OverlayError`."""
     try:
         root = parse(blob)
     except FdtError as error:
@@ -120,7 +137,7 @@ def inspect(blob: bytes, file: str) -> Overlay:
         for fragment in fragments:
             found = _opp_target(fragment, soc)
             if found is not None:
-                tables.append(_table(fragment, soc, *found, file))
+                tables.append(_table(fragment, soc, *found, file, limits))
     warnings += [note for table in tables for note in table.warnings]
     fixups = root.children.get("__fixups__", Node("__fixups__"))
     return Overlay(compatibles=compatibles, fragments=fragments, labels=sorted(fixups.props),
@@ -128,10 +145,10 @@ def inspect(blob: bytes, file: str) -> Overlay:
 
 
 def _table(fragment: Fragment, soc: Soc, target: OppTarget, flavour: str | None,
-           file: str) -> OppTable:
+           file: str, limits: Limits) -> OppTable:
     """A fragment that changes an OPP table, read back and checked like a YAML table."""
     flavour = flavour or _flavour(fragment.body, soc, target)
     entries = _entries(fragment.body, file, soc, flavour, target.label)
-    opps, notes = check_points(entries, file, soc, flavour, target)
+    opps, notes = check_points(entries, file, soc, flavour, target, limits)
     return OppTable(soc=soc, flavour=flavour, target=target, opps=opps, source=file,
-                    warnings=notes)
+                    warnings=notes, limits=limits)

@@ -14,16 +14,20 @@ def _cells(values: tuple[int, ...]) -> str:
     return "<" + " ".join(str(v) for v in values) + ">"
 
 
+def _supplies(triple: tuple[int, int, int], supplies: int) -> str:
+    """One triple per supply (vendor: the rail, then its SRAM rail at the same voltage)."""
+    return ", ".join([_cells(triple)] * supplies)
+
+
 def _node(opp: Opp, table: OppTable) -> list[str]:
     lines = [f"\topp-{opp.hz} {{", f"\t\topp-hz = /bits/ 64 <{opp.hz}>;"]
     if opp.disabled or opp.microvolt is None:
         # the OPP core only parses available nodes, so this switches the point off
         return [*lines, '\t\tstatus = "disabled";', "\t};"]
     supplies = table.soc.supplies.get(table.flavour, 1)
-    volts = ", ".join([_cells(opp.microvolt)] * supplies)
-    lines.append(f"\t\topp-microvolt = {volts};")
-    lines += [f"\t\topp-microvolt-{bin_} = {volts};"
-              for bin_ in table.soc.voltage_bins.get(table.flavour, ())]
+    lines.append(f"\t\topp-microvolt = {_supplies(opp.microvolt, supplies)};")
+    lines += [f"\t\topp-microvolt-{bin_} = {_supplies(triple, supplies)};"
+              for bin_, triple in opp.bins]
     if table.target.clock_latency_ns is not None:
         lines.append(f"\t\tclock-latency-ns = <{table.target.clock_latency_ns}>;")
     if opp.suspend:
@@ -45,7 +49,8 @@ def render(table: OppTable) -> str:
         header.insert(0, table.description)
     if table.soc.supplies.get(table.flavour, 1) > 1:
         header.append("Vendor tables: the second triple is the SRAM rail; every per-bin "
-                      "opp-microvolt-L<n> is set too, so the leakage bin cannot override it.")
+                      "opp-microvolt-L<n> is set too, so the leakage bin cannot override it, "
+                      "each moved from its own stock value by as much as the nominal moved.")
     body = [line for opp in table.opps for line in _node(opp, table)]
     comment = [f" * {line}".replace("*/", "* /") for line in header]  # text cannot end it
     return "\n".join(["/*", *comment, " */", "/dts-v1/;",

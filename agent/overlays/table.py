@@ -9,6 +9,11 @@ A table lists operating points for one OPP table of one SoC and kernel flavour::
       - {hz: 408000000, microvolt: 675000}                 # one value: target = min = max
       - {hz: 2208000000, microvolt: [975000, 975000, 1000000], turbo-mode: true}
       - {hz: 2400000000, disabled: true}                   # switch a stock point off
+      - {hz: 1800000000, microvolt: 837500, bins: {L6: 862500}}  # vendor: one bin's own
+
+Every voltage is also held to the SoC's stock table (``stock``): no more than a margin below
+stock, no frequency above the stock maximum, unless the command's flags allow it.  On vendor
+kernels each per-bin voltage (``opp-microvolt-L<n>``) not given keeps its stock spread.
 
 An overlay merges into the stock table: listed points are added or replaced, unlisted ones
 stay.  Every error names the file, the entry (``opps[2].microvolt``), the value and what is
@@ -25,6 +30,7 @@ import yaml
 
 from agent.overlays.errors import OverlayError
 from agent.overlays.socs import FLAVOURS, MHZ, SOCS, OppTarget, Soc
+from agent.overlays.stock import DEFAULT_LIMITS, Limits, Triple, check_floor, rescaled_bins
 from agent.validation import Check, choice, integer, text, validate
 
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -38,8 +44,14 @@ def _microvolt(value: Any) -> str | None:
     return None if ok else "a voltage in µV, or a [target, min, max] triple in µV"
 
 
+def _bins(value: Any) -> str | None:
+    ok = isinstance(value, dict) and all(isinstance(k, str) and _microvolt(v) is None
+                                         for k, v in value.items())
+    return None if ok else "a mapping of bin (L0..L7) to a voltage in µV or a triple"
+
+
 ENTRY: dict[str, Check] = {"hz": integer(1), "microvolt": _microvolt, "opp-suspend": FLAG,
-                           "turbo-mode": FLAG, "disabled": FLAG}
+                           "turbo-mode": FLAG, "disabled": FLAG, "bins": _bins}
 DOCUMENT: dict[str, Any] = {
     "description": text(), "soc": text(), "flavour": text(), "target": text(),
     "opps": lambda v: None if isinstance(v, list) else "a list of operating points"}
@@ -52,6 +64,7 @@ class Opp:
     suspend: bool = False
     turbo: bool = False
     disabled: bool = False
+    bins: tuple[tuple[str, Triple], ...] = ()  # vendor opp-microvolt-L<n>, by bin
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,7 @@ class OppTable:
     source: str                # the file it came from, for the generated header
     description: str = ""
     warnings: tuple[str, ...] = ()
+    limits: Limits = DEFAULT_LIMITS
 
 
 def resolve_target(file: str, soc_name: str, flavour: str,
@@ -92,30 +106,89 @@ def _hz(value: int) -> str:
     return f"{value} Hz ({value / MHZ:g} MHz)"
 
 
+def _triple(file: str, key: str, raw: Any, target: OppTarget, where: str) -> Triple:
+    """A voltage or triple as (target, min, max), each within the rail, in order."""
+    triple = (raw, raw, raw) if isinstance(raw, int) else (raw[0], raw[1], raw[2])
+    for index, value in enumerate(triple if isinstance(raw, list) else triple[:1]):
+        if not target.min_uv <= value <= target.max_uv:
+            cell = f"{key}[{index}]" if isinstance(raw, list) else key
+            raise OverlayError(file, cell, f"{value} is not allowed: expected µV "
+                               f"{target.min_uv}..{target.max_uv} (the {where} rail)")
+    if not triple[1] <= triple[0] <= triple[2]:
+        raise OverlayError(file, key, f"{list(triple)} is not allowed: expected [target, min, "
+                           "max] with min <= target <= max")
+    return triple
+
+
+def _check_hz(file: str, name: str, hz: int, target: OppTarget, where: str,
+              limits: Limits) -> str | None:
+    """Refuse a frequency outside the stock range; above it, only with --allow-overclock."""
+    if target.min_hz <= hz <= target.max_hz:
+        return None
+    if hz > target.max_hz and limits.allow_overclock:
+        return (f"{name}: {_hz(hz)} is above the {where} maximum {_hz(target.max_hz)}: "
+                "an overclock, allowed by --allow-overclock; its voltage is measured from "
+                "the top stock point")
+    raise OverlayError(file, f"{name}.hz", f"{hz} is not allowed: expected a frequency "
+                       f"{target.min_hz}..{target.max_hz} Hz for {where}"
+                       + (" (above it needs --allow-overclock)" if hz > target.max_hz else ""))
+
+
+def _given_bins(file: str, name: str, entry: dict[str, Any], soc: Soc, flavour: str,
+                target: OppTarget, where: str) -> dict[str, Triple]:
+    allowed = soc.voltage_bins.get(flavour, ())
+    bins: dict[str, Triple] = {}
+    for bin_, raw in entry.get("bins", {}).items():
+        if bin_ not in allowed:
+            raise OverlayError(file, f"{name}.bins.{bin_}", "is not allowed: "
+                               + (f"expected one of {', '.join(allowed)}" if allowed else
+                                  f"{flavour} kernels have no per-bin voltages"))
+        bins[bin_] = _triple(file, f"{name}.bins.{bin_}", raw, target, where)
+    return bins
+
+
+def _floors(points: list[tuple[Opp, str]], file: str, flavour: str, target: OppTarget,
+            limits: Limits) -> list[str]:
+    """Each voltage (the min cell: the lowest the regulator may set) against its stock."""
+    notes = []
+    for opp, name in points:
+        if opp.microvolt is None:
+            continue
+        cells: list[tuple[str, int, str | None]] = [
+            (f"{name}.microvolt", opp.microvolt[1], None),
+            *((f"{name}.bins.{b}", t[1], b) for b, t in opp.bins)]
+        for key, value, bin_ in cells:
+            note = check_floor(file, key, opp.hz, value, target, flavour, limits, bin_)
+            if note:
+                notes.append(note)
+    return notes
+
+
 def check_points(entries: list[tuple[str, Any]], file: str, soc: Soc, flavour: str,
-                 target: OppTarget) -> tuple[tuple[Opp, ...], tuple[str, ...]]:
-    """Validate entries ``(name, {hz, microvolt, ...})``; returns points and warnings."""
+                 target: OppTarget, limits: Limits = DEFAULT_LIMITS
+                 ) -> tuple[tuple[Opp, ...], tuple[str, ...]]:
+    """Validate entries ``(name, {hz, microvolt, bins, ...})``; returns points and warnings."""
     if not entries:
         raise OverlayError(file, "opps", "no operating points: list at least one")
     by_hz: dict[int, str] = {}
     suspend: str | None = None
     points: list[tuple[Opp, str]] = []
+    notes: list[str] = []
     where = f"{soc.name} {target.name}"
+    bin_names = soc.voltage_bins.get(flavour, ())
     for name, entry in entries:
         validate(entry, ENTRY, name, file, OverlayError)
         if "hz" not in entry:
             raise OverlayError(file, name, "missing hz (the frequency in Hz)")
         hz = entry["hz"]
-        if not target.min_hz <= hz <= target.max_hz:
-            raise OverlayError(file, f"{name}.hz", f"{hz} is not allowed: expected a frequency "
-                               f"{target.min_hz}..{target.max_hz} Hz for {where}")
+        notes += filter(None, [_check_hz(file, name, hz, target, where, limits)])
         if hz in by_hz:
             raise OverlayError(file, f"{name}.hz", f"{hz} is not allowed: {by_hz[hz]} has the "
                                "same frequency (each frequency once)")
         by_hz[hz] = name
         disabled = bool(entry.get("disabled"))
         if disabled:
-            for key in ("microvolt", "opp-suspend", "turbo-mode"):
+            for key in ("microvolt", "opp-suspend", "turbo-mode", "bins"):
                 if entry.get(key):
                     raise OverlayError(file, f"{name}.{key}", "a disabled operating point "
                                        "takes only hz")
@@ -124,23 +197,18 @@ def check_points(entries: list[tuple[str, Any]], file: str, soc: Soc, flavour: s
         if "microvolt" not in entry:
             raise OverlayError(file, name, "missing microvolt (µV, or a [target, min, max] "
                                "triple)")
-        raw = entry["microvolt"]
-        triple = (raw, raw, raw) if isinstance(raw, int) else (raw[0], raw[1], raw[2])
-        for index, value in enumerate(triple if isinstance(raw, list) else triple[:1]):
-            if not target.min_uv <= value <= target.max_uv:
-                key = f"{name}.microvolt" + (f"[{index}]" if isinstance(raw, list) else "")
-                raise OverlayError(file, key, f"{value} is not allowed: expected µV "
-                                   f"{target.min_uv}..{target.max_uv} (the {where} rail)")
-        if not triple[1] <= triple[0] <= triple[2]:
-            raise OverlayError(file, f"{name}.microvolt", f"{list(triple)} is not allowed: "
-                               "expected [target, min, max] with min <= target <= max")
+        triple = _triple(file, f"{name}.microvolt", entry["microvolt"], target, where)
+        given = _given_bins(file, name, entry, soc, flavour, target, where)
+        rescaled = rescaled_bins(target, flavour, hz, triple,
+                                 tuple(b for b in bin_names if b not in given))
+        bins = tuple(sorted({**rescaled, **given}.items()))
         if entry.get("opp-suspend"):
             if suspend is not None:
                 raise OverlayError(file, f"{name}.opp-suspend", f"{suspend} is already the "
                                    "suspend point (one per table)")
             suspend = name
         points.append((Opp(hz, triple, bool(entry.get("opp-suspend")),
-                           bool(entry.get("turbo-mode"))), name))
+                           bool(entry.get("turbo-mode")), bins=bins), name))
     points.sort(key=lambda point: point[0].hz)
     lower: tuple[int, int, str] | None = None  # hz, target µV, entry of the point below
     for opp, name in points:
@@ -151,13 +219,14 @@ def check_points(entries: list[tuple[str, Any]], file: str, soc: Soc, flavour: s
                                f"below the {lower[1]} µV of {lower[2]} at {_hz(lower[0])} "
                                "(voltage must not fall as frequency rises)")
         lower = (opp.hz, opp.microvolt[0], name)
+    notes += _floors(points, file, flavour, target, limits)
     gate = target.gated_above_hz.get(flavour)
-    warnings = tuple(
+    notes += [
         f"{name}: {_hz(opp.hz)} is bin-gated by opp-supported-hw in the {flavour} {where} "
         "table: on a chip outside the bin it silently does not appear; check "
         "scaling_available_frequencies after the reboot"
-        for opp, name in points if gate is not None and opp.hz > gate and not opp.disabled)
-    return tuple(opp for opp, _ in points), warnings
+        for opp, name in points if gate is not None and opp.hz > gate and not opp.disabled]
+    return tuple(opp for opp, _ in points), tuple(notes)
 
 
 def _pick(file: str, key: str, flag: str | None, document: dict[str, Any]) -> str:
@@ -171,7 +240,7 @@ def _pick(file: str, key: str, flag: str | None, document: dict[str, Any]) -> st
 
 
 def load_table(path: str | Path, soc: str | None = None, flavour: str | None = None,
-               target: str | None = None) -> OppTable:
+               target: str | None = None, limits: Limits = DEFAULT_LIMITS) -> OppTable:
     """Read and validate a YAML OPP table; command-line values fill what the file leaves out."""
     file = str(path)
     try:
@@ -190,7 +259,7 @@ def load_table(path: str | Path, soc: str | None = None, flavour: str | None = N
     the_soc, the_target = resolve_target(file, _pick(file, "soc", soc, document),
                                          chosen_flavour, _pick(file, "target", target, document))
     entries = [(f"opps[{i}]", entry) for i, entry in enumerate(document.get("opps", []))]
-    opps, warnings = check_points(entries, file, the_soc, chosen_flavour, the_target)
+    opps, warnings = check_points(entries, file, the_soc, chosen_flavour, the_target, limits)
     return OppTable(soc=the_soc, flavour=chosen_flavour, target=the_target, opps=opps,
-                    source=file,
-                    description=str(document.get("description", "")), warnings=warnings)
+                    source=file, description=str(document.get("description", "")),
+                    warnings=warnings, limits=limits)
