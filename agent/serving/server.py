@@ -95,17 +95,21 @@ def _grpc_credentials(settings: ServerSettings) -> Any:
 def session_factory(settings: ServerSettings,
                     pool: InferenceThreads) -> Callable[..., BuiltSession]:
     """Sessions built like every other of this node (providers, threads, cache); ORT's
-    intra-op workers join the inference threads.  They do not spin between ops: in a server
-    the cores they would burn are the ones the front ends and the clients on this device
-    need (on this 2-core machine bench/serve.py's end-to-end figure was the same either way,
-    0.68-0.70x of bare batch 1, within its noise)."""
+    intra-op workers join the inference threads.  They spin between a run's ops, not after
+    it, where the front ends and the clients on this device need the cores
+    (bench/serve.py: a MobileNetV3 run was 0.3-1.9 ms slower without the spin); under a
+    realtime policy they do not spin at all, which a SCHED_FIFO thread's spin would turn
+    into starving everything below it on its CPU.  A later switch to a realtime policy
+    keeps sessions built before it (their spin still ends with each run)."""
 
     def factory(path: Path, *, sha256: str | None, providers: Sequence[str] | None,
                 threads: int | None) -> BuiltSession:
+        realtime = pool.wanted is not None and pool.wanted.realtime
         built = build_session(path, providers=list(providers or settings.providers),
                               intra_op=threads or settings.threads[0],
                               inter_op=settings.threads[1], cache_dir=settings.cache_dir,
-                              expected_sha256=sha256, allow_spinning=False)
+                              expected_sha256=sha256, allow_spinning=not realtime,
+                              stop_spinning_after_run=True)
         pool.adopt(built.worker_tids)
         return built
 
