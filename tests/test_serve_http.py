@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.serving.access import Access
 from agent.serving.core import InferRequest, InferResult
+from agent.serving.errors import ServeError
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -412,3 +413,24 @@ def test_an_unexpected_exception_is_logged_and_500(tmp_path: Path,
         assert server.request("GET", "/v2/health/live").status == 200
     finally:
         server.stop()
+
+
+def test_a_rotated_or_removed_token_file_takes_effect_at_the_next_check(tmp_path: Path
+                                                                        ) -> None:
+    path = token_file(tmp_path, "first")
+    access = Access((path,), everything=False)
+    access.check("first", control=True)
+    for _ in range(3):  # the cached token is still checked, not merely accepted
+        with pytest.raises(ServeError, match="not the one"):
+            access.check("second", control=True)
+    path.write_text("second\n")  # rewritten in place, same size
+    access.check("second", control=True)
+    with pytest.raises(ServeError, match="not the one"):
+        access.check("first", control=True)
+    replacement = tmp_path / "new-token"
+    replacement.write_text("third\n")
+    replacement.replace(path)  # rotated by rename
+    access.check("third", control=True)
+    path.unlink()
+    with pytest.raises(ServeError, match="not the one"):
+        access.check("third", control=True)

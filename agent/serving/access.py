@@ -2,8 +2,9 @@
 
 The data plane runs as root, so a local user must not swap its models: repository load and
 unload need the token even on loopback, and on any other address every call needs it (and
-TLS, which the config check insists on).  The file is read at each check, so a rotated
-token works at once; a missing file admits nobody to what needs it.
+TLS, which the config check insists on).  The file is looked at on each check (read again
+whenever its inode, size or times change), so a rotated token works at once; a missing file
+admits nobody to what needs it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.serving.errors import ServeError
@@ -43,18 +44,35 @@ class Access:
 
     token_files: Sequence[Path]
     everything: bool  # a non-loopback listener: the token for every call
+    # each file's token by its stat signature: a check costs a stat, not an open and read
+    _read: dict[Path, tuple[tuple[int, ...], bytes]] = field(default_factory=dict,
+                                                              compare=False, repr=False)
 
     def _tokens(self) -> list[bytes]:
         tokens = []
         for path in self.token_files:
-            try:
-                with path.open("rb") as handle:
-                    token = handle.read(MAX_TOKEN_BYTES + 1).strip()
-            except OSError:
-                continue
+            token = self._token(path)
             if token and len(token) <= MAX_TOKEN_BYTES:
                 tokens.append(token)
         return tokens
+
+    def _token(self, path: Path) -> bytes:
+        """The file's token, b"" when it cannot be read.  A file rewritten between the stat
+        and the read is read again at the next check: its signature changed again."""
+        try:
+            info = path.stat()
+            signature = (info.st_ino, info.st_dev, info.st_size, info.st_mtime_ns,
+                         info.st_ctime_ns)
+            known = self._read.get(path)
+            if known is not None and known[0] == signature:
+                return known[1]
+            with path.open("rb") as handle:
+                token = handle.read(MAX_TOKEN_BYTES + 1).strip()
+        except OSError:
+            self._read.pop(path, None)
+            return b""
+        self._read[path] = (signature, token)
+        return token
 
     def check(self, presented: str | None, control: bool) -> None:
         """Raise UNAUTHENTICATED unless the call may go ahead (``control``: load/unload)."""
