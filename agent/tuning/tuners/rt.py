@@ -72,10 +72,11 @@ def _rt_cpus(ctx: PlanContext, key: str, selector: str, policy: str) -> list[int
         return cpus
     housekeeping = ctx.cpus["housekeeping"]
     kept = [cpu for cpu in cpus if cpu not in housekeeping]
-    if not kept:
-        raise ctx.error(f"{key}.cpus", f"{selector} resolves to {format_cpulist(cpus)}, all of "
-                        f"them housekeeping CPUs ({format_cpulist(housekeeping)}); a "
-                        f"{policy} thread needs a CPU outside rt.housekeeping_cpus")
+    if not set(kept) & set(ctx.topology.cpu.online):
+        raise ctx.error(f"{key}.cpus", f"{selector} resolves to {format_cpulist(cpus)}, whose "
+                        "online CPUs are all housekeeping CPUs "
+                        f"({format_cpulist(housekeeping)}); a {policy} thread needs an online "
+                        "CPU outside rt.housekeeping_cpus")
     if len(kept) < len(cpus):
         ctx.warnings.append(f"{key}.cpus: {selector} resolves to {format_cpulist(cpus)}; the "
                             f"{policy} threads run on {format_cpulist(kept)}, leaving the "
