@@ -116,11 +116,17 @@ def test_housekeeping_cpus_from_the_profile(tmp_path: Path) -> None:
 ])
 def test_rt_threads_never_take_every_housekeeping_cpu(text: str, key: str, words: str,
                                                       tmp_path: Path) -> None:
-    dirs = profile_dir(tmp_path, "bad", text + "\n")
+    error = planning_error("jetson-agx-orin-jp6", text, tmp_path)
+    assert error.key == key and words in error.message
+
+
+def planning_error(board: str, text: str, tmp_path: Path) -> ProfileError:
+    """The error of planning a profile ``text``, which names that profile's file."""
+    dirs = profile_dir(tmp_path, "mine", text + "\n")
     with pytest.raises(ProfileError) as error:
-        plan_of("jetson-agx-orin-jp6", "bad", tmp_path, dirs)
-    assert error.value.key == key and words in error.value.message
-    assert error.value.file.endswith("profiles/bad.yaml")
+        plan_of(board, "mine", tmp_path, dirs)
+    assert error.value.file == str(dirs[0] / "mine.yaml")
+    return error.value
 
 
 def test_housekeeping_is_not_its_own_definition(tmp_path: Path) -> None:
@@ -195,12 +201,9 @@ def test_inherited_thp_settings_are_skipped_with_a_warning(tmp_path: Path) -> No
 ])
 def test_an_explicit_thp_setting_is_an_error_without_thp(text: str, key: str, allowed: str,
                                                          tmp_path: Path) -> None:
-    dirs = profile_dir(tmp_path, "mine", text + "\n")
-    with pytest.raises(ProfileError) as error:
-        plan_of(XAVIER, "mine", tmp_path, dirs)
-    assert error.value.file == str(dirs[0] / "mine.yaml")
-    assert error.value.key == key
-    assert allowed in error.value.message and "list thp under optional" in error.value.message
+    error = planning_error(XAVIER, text, tmp_path)
+    assert error.key == key
+    assert allowed in error.message and "list thp under optional" in error.message
 
 
 def test_optional_marks_a_setting_the_kernel_may_lack(tmp_path: Path) -> None:
