@@ -113,16 +113,20 @@ class PlanContext:
         self.warnings.append(f"{key}: skipped: {what}")
 
     def current(self, path: str, key: str, compare: str = "value") -> str:
+        value = self._current(path, key, compare)
+        if value is None:
+            raise self.error(key, f"{path} does not exist on this device")
+        return value
+
+    def _current(self, path: str, key: str, compare: str) -> str | None:
+        """The original (when switching) or what the file holds; None: no such file."""
         original = self.baseline.get(path)
         if original is not None:
             return original
         try:
-            value = read_normalised(self.root, path, compare)
+            return read_normalised(self.root, path, compare)
         except (OSError, ValueError) as error:
             raise self.error(key, f"cannot read {path}: {error}") from None
-        if value is None:
-            raise self.error(key, f"{path} does not exist on this device")
-        return value
 
     def want(self, tuner: str, path: str, desired: str, key: str, compare: str = "value",
              lacking: tuple[str, str] | None = None, **extra: Any) -> None:
@@ -131,11 +135,11 @@ class PlanContext:
         A file the kernel does not have goes to ``lacking`` (why it is absent, what is
         allowed): an error or a warning, as the profile asked for it."""
         self.root.check_writable(path)
-        if path not in self.baseline and not self.root.exists(path):
+        current = self._current(path, key, compare)
+        if current is None:
             why, allowed = lacking or ("", "keys whose files this device has")
             self.lacking(key, f"{path} does not exist on this device{why}", allowed)
             return
-        current = self.current(path, key, compare)
         if compare == "cpulist":
             desired = parsers.format_cpulist(parsers.parse_cpulist(desired))
         change = Change(tuner=tuner, path=path, current=current, desired=desired, key=key,
