@@ -323,3 +323,28 @@ def test_non_finite_outputs_during_the_canary_roll_the_swap_back(
     assert result.rolled_back and "error rate 100.00% above 0.30%" in result.reason
     assert loop.active is first and result.new["errors"] > 0 and result.new["count"] == 0
     assert fragile.check_finite is False
+
+
+def test_a_real_time_loop_takes_only_sessions_that_do_not_spin(
+        models: dict[str, Path]) -> None:
+    """ORT's intra-op workers busy-wait between ops by default; at SCHED_FIFO one would keep
+    everything of lower priority (kernel threads too) off its CPU, so the loader builds RT
+    loops' sessions with spinning off (Documentation/scheduler/sched-rt-group.rst: nothing
+    throttles it once sched_rt_runtime_us is -1)."""
+    from agent.inference.loader import ModelLoader
+    from agent.inference.options import session_spins, spinning_for
+
+    fifo = ThreadSched("fifo", 1, [0])
+    assert spinning_for(fifo) is False and spinning_for(ThreadSched("other", 0, [0])) is None
+    spinning, _ = ModelLoader(["CPUExecutionProvider"], (2, 1), None).load(str(models["a"]))
+    assert session_spins(spinning.session)
+    with pytest.raises(SwapRejected, match="allow_spinning=False"):
+        InferenceLoop(spinning, SyntheticSource(spinning.session.get_inputs()),
+                      thread_sched=fifo)
+    quiet, _ = ModelLoader(["CPUExecutionProvider"], (2, 1), None,
+                           allow_spinning=spinning_for(fifo)).load(str(models["a"]))
+    assert not session_spins(quiet.session)
+    loop = InferenceLoop(quiet, SyntheticSource(quiet.session.get_inputs()), thread_sched=fifo)
+    with pytest.raises(SwapRejected, match="allow_spinning=False"):  # nor a swap to one
+        loop.last_feeds = SyntheticSource(quiet.session.get_inputs()).next()
+        loop.swap(spinning, canary_s=0.0)

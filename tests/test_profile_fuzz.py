@@ -168,7 +168,8 @@ FREQS = [408000, 1800000, 2400000, 729600, 1728000, 2201600, 115200, 400000, 480
          300000000, 1000000000, 306000000, 612000000, 123, "min", "max", "~1200000", "~999",
          "~300000000", "~0"]
 CPUS = ["all", "cluster:big", "cluster:little", "cluster:mid", "cluster:huge", "cpus:4-7",
-        "cpus:0", "4-7", "0-3,6", "cpus:99", "cpus:", "7-4", "cpus:0-15", "cpus:8-11", "0"]
+        "cpus:0", "4-7", "0-3,6", "cpus:99", "cpus:", "7-4", "cpus:0-15", "cpus:8-11", "0",
+        "housekeeping"]
 SIZES = ["90%", "1G", "512M", "100K", "4KiB", "max", "0", "150%", 0, 2**40, "1.5G", "10 %",
          1, 4096]
 WORDS = ["always", "madvise", "never", "defer", "defer+madvise", "schedutil", "performance",
@@ -191,6 +192,7 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "restore_below_psi_some_avg10": [0, 10, 99.9], "hold_s": [0, 30, 86400, 86401],
     "policy": WORDS, "priority": [0, 50, 99, 100, -1],
     "sched_rt_runtime_us": [-1, 950000, 1000000, 1000001, -2],
+    "housekeeping_cpus": CPUS,
     "scheduler": WORDS, "nr_requests": [1, 4, 64, 1023, 0, -1], "read_ahead_kb": [0, 128, -1],
     "io_poll": [0, 1, 2], "io_poll_delay": [-1, 0, -2], "rq_affinity": [0, 1, 2, 3],
     "default_ps_max_latency_us": [0, 100, 5500, -1],

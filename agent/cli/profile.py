@@ -61,6 +61,9 @@ def _plan_text(plan: Plan) -> str:
     lines += [_change_line(c) for c in plan.changes]
     for name, value in plan.runtime.items():
         lines.append(f"  runtime  {name}: {value}")
+    if plan.cpus:
+        lines.append("  cpus     " + ", ".join(f"{role} {cpus or 'none'}" for role, cpus in
+                                               plan.to_dict()["cpus"].items()))
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)
 

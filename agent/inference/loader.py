@@ -29,11 +29,12 @@ class ModelLoader:
     providers: list[str]
     threads: tuple[int, int]  # (intra_op, inter_op)
     cache_dir: Path | None
+    allow_spinning: bool | None = None  # options.spinning_for(the loop's scheduling)
 
     def load(self, path: str, sha256: str | None = None) -> tuple[LoadedModel, BuiltSession]:
         built = build_session(Path(path), providers=self.providers, intra_op=self.threads[0],
                               inter_op=self.threads[1], cache_dir=self.cache_dir,
-                              expected_sha256=sha256)
+                              expected_sha256=sha256, allow_spinning=self.allow_spinning)
         model = LoadedModel(name=Path(path).name, session=built.session,
                             providers=built.providers, threads=self.threads,
                             worker_tids=built.worker_tids)

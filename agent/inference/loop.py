@@ -100,10 +100,22 @@ def check_compatible(session: Any, feeds: Feeds) -> None:
                                f"{list(array.shape)}")
 
 
+def check_spinning(session: Any, thread_sched: rt.ThreadSched | None) -> None:
+    """A real-time loop takes sessions whose workers do not spin (``options.spinning_for``):
+    a SCHED_FIFO worker busy-waiting between ops keeps everything else off its CPU."""
+    from agent.inference.options import session_spins  # onnxruntime: only once a loop is made
+
+    if thread_sched is not None and rt.is_realtime(thread_sched) and session_spins(session):
+        raise SwapRejected(f"the loop runs at {thread_sched.policy} {thread_sched.priority}: "
+                           "build the session with allow_spinning=False "
+                           "(options.spinning_for)")
+
+
 class InferenceLoop:
     def __init__(self, model: LoadedModel, source: Source, sinks: Sequence[Sink] = (),
                  rate_hz: float | None = None, thread_sched: rt.ThreadSched | None = None,
                  on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+        check_spinning(model.session, thread_sched)
         self.active = model
         self.source = source
         self.sinks = list(sinks)
@@ -207,6 +219,7 @@ class InferenceLoop:
         if feeds is None:
             raise SwapRejected("the loop has not run yet: nothing to check the model against")
         check_compatible(new.session, feeds)
+        check_spinning(new.session, self.thread_sched)
         for _ in range(warmup_calls):
             if not all_finite(new.run(feeds)):
                 raise SwapRejected(f"{new.name}: warm-up outputs are not finite")

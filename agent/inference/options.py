@@ -11,6 +11,7 @@ import onnxruntime as ort
 
 from agent.discovery.model import Topology
 from agent.inference.errors import SessionError
+from agent.kernel.sched import ThreadSched, is_realtime
 
 GraphOptimization = Literal["disabled", "basic", "extended", "all"]
 
@@ -68,6 +69,25 @@ def session_options(intra_op: int, inter_op: int, graph_optimization: GraphOptim
     if stop_spinning_after_run:
         options.add_session_config_entry(_SPINNING_STOP_KEY, "1")
     return options
+
+
+def spinning_for(sched: ThreadSched | None) -> bool | None:
+    """``allow_spinning`` for sessions whose threads get ``sched``: off for SCHED_FIFO/RR.
+
+    ORT's intra-op workers busy-wait for the next op by default; a real-time one that spins
+    never yields its CPU to anything of lower priority (kernel threads included), and with
+    ``sched_rt_runtime_us: -1`` nothing throttles it (Documentation/scheduler/
+    sched-rt-group.rst).  None keeps ORT's default."""
+    return False if sched is not None and is_realtime(sched) else None
+
+
+def session_spins(session: ort.InferenceSession) -> bool:
+    """Whether a built session's intra-op workers spin (ORT's default when unset)."""
+    try:
+        entry = session.get_session_options().get_session_config_entry(_SPINNING_KEY)
+        return str(entry) != "0"
+    except RuntimeError:  # never set: ORT's default, which spins
+        return True
 
 
 def optimisation_level(graph_optimization: str) -> ort.GraphOptimizationLevel:

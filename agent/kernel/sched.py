@@ -238,6 +238,22 @@ def rt_kernel_warning(preempt_rt: bool) -> str | None:
             "but worst-case latency is not bounded")
 
 
+def is_realtime(sched: ThreadSched) -> bool:
+    """SCHED_FIFO or SCHED_RR: the policies RT throttling and housekeeping are about."""
+    return sched.policy in _REALTIME
+
+
+def reset_thread_sched(tid: int, cpus: list[int]) -> None:
+    """What a thread has before any profile touches it: SCHED_OTHER at nice 0 on ``cpus``
+    (the process's full set).  A thread born of a SCHED_FIFO thread inherits its policy,
+    priority and affinity (sched(7)), so what such a thread "had" is no baseline."""
+    restore_thread_sched(tid, ThreadSched("other", 0, cpus))
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, 0)  # PRIO_PROCESS with a TID: that thread only
+    except PermissionError as exc:  # lowering a nice value needs CAP_SYS_NICE
+        raise RtError(f"nice 0 not permitted for thread {tid}: needs CAP_SYS_NICE") from exc
+
+
 def format_sched(sched: ThreadSched) -> str:
     """``fifo:80:4-7``: how a thread's scheduling is journaled and compared."""
     return f"{sched.policy}:{sched.priority}:{format_cpulist(sched.cpus)}"

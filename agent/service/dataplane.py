@@ -92,6 +92,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._token = self.directory / "control-token"
+        self._resched_pending = False  # a new sched file the running server has not heard of
 
     # -- files the child reads -----------------------------------------------------------------
 
@@ -184,11 +185,21 @@ class Supervisor:
         self._ready.wait(self.wait_ready_s)
 
     def resched(self, sched: ThreadSched | None) -> None:
-        """A profile switch or rollback: the new scheduling for the inference threads."""
+        """A profile switch or rollback: the new scheduling for the inference threads.
+
+        The file first; SIGHUP only to a server that wrote its ready file, so it has its
+        handler (before that SIGHUP's default action would end it): one starting now reads
+        the file, or is signalled by ``_watch`` once it is ready."""
         if sched == self.sched:
             return
         self.sched = sched
         write_sched_file(self.directory / "sched.json", sched)
+        self._resched_pending = True
+        if self.addresses:
+            self._send_resched()
+
+    def _send_resched(self) -> None:
+        self._resched_pending = False
         process = self.process
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGHUP)
@@ -215,6 +226,8 @@ class Supervisor:
                     last_answer = time.monotonic()
                     if not self.addresses:
                         self._check_first_load(process)
+                    elif self._resched_pending:
+                        self._send_resched()
                     continue
                 if client is None or client.base_url != self._base_url():  # a new process
                     client = self.client(timeout_s=2.0)

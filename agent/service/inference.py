@@ -97,7 +97,8 @@ class Inference:
         self.supervisor.restart()
 
     def resched(self, sched: ThreadSched | None) -> None:
-        self.supervisor.resched(sched)
+        if self.enabled:  # disabled: no data plane, no directory for its file
+            self.supervisor.resched(sched)
 
     # -- figures -----------------------------------------------------------------------------
 

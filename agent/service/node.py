@@ -119,6 +119,7 @@ class Service:
         self._start(self.tuning, late=True)
         self.inference = Inference(config, self.topology, self.state_dir,
                                    self.tuning.inference_sched(), self.event)
+        self.tuning.on_sched = self.inference.resched  # switch, rollback, rollback_on_stop
         self.notifier.notify(STATUS="starting the data plane",
                              EXTEND_TIMEOUT_USEC=MODEL_LOAD_ALLOWANCE_S * 1_000_000)
         self._start(self.inference)
@@ -278,7 +279,8 @@ class Service:
         self._supervise_link()
         self._announce_health()
         if self.inference is not None and self.tuning is not None:
-            self.inference.resched(self.tuning.inference_sched())  # after a switch, rollback
+            # the same as on_sched sends; a no-op unless a change was missed
+            self.inference.resched(self.tuning.inference_sched())
         if self.tuning is not None and self.tuning.applied and (
                 self.tuning.verified_at is None
                 or time.time() - self.tuning.verified_at >= VERIFY_INTERVAL_S):

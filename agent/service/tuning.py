@@ -45,6 +45,9 @@ class Tuning:
         self._thp: ThpDynamicController | None = None
         self._thp_stop = threading.Event()
         self._lock = threading.RLock()
+        # told the inference threads' scheduling after each switch and rollback (the data
+        # plane's supervisor), so no thread keeps an old profile's policy or CPUs
+        self.on_sched: Callable[[ThreadSched | None], None] | None = None
 
     def start(self) -> None:
         with self._lock:
@@ -84,6 +87,7 @@ class Tuning:
             self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
                 plan.runtime
             self.applied, self.error = True, None
+            self._sched_changed()
             self.on_event("tuning_applied", profile=plan.profile, changes=len(plan.changes))
             self.verify()
             self._start_thp_controller()
@@ -117,8 +121,13 @@ class Tuning:
             # nothing is applied or planned any more: telemetry and birth must not name it
             self.applied, self.drift, self.verified_at = False, None, None
             self.profile, self.changes, self.runtime = None, 0, {}
+            self._sched_changed()
             self.on_event("tuning_rolled_back", profile=profile)
             return profile
+
+    def _sched_changed(self) -> None:
+        if self.on_sched is not None:
+            self.on_sched(self.inference_sched())
 
     def _stop_thp_controller(self) -> None:
         """The controller shares the journal: it stops before anything else writes it."""

@@ -224,6 +224,8 @@ async def _serve(plane: DataPlane, stopped: asyncio.Event) -> None:
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, stopped.set)
     loop.add_signal_handler(signal.SIGHUP, plane.resched)
+    plane.resched()  # a file written before the handler was there: the supervisor signals
+    # only a server that is ready, so one written since the first read is not lost
     try:
         await plane.start()
         await stopped.wait()

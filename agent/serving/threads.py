@@ -3,8 +3,11 @@
 The profile's ``rt.inference`` policy, priority and CPUs apply to the threads that run
 models: each version's scheduler workers and ONNX Runtime's intra-op workers, and the front
 ends' worker threads that hand requests to them, not the event loop or the gRPC poller.
-The supervisor hands the scheduling over at spawn and again after a profile switch (a file
-and SIGHUP); with none, every adopted thread gets back what it had.
+The supervisor hands the scheduling over at spawn and again after a profile switch or a
+rollback (a file and SIGHUP); with none, every adopted thread is put back to what threads
+have before any profile: SCHED_OTHER at nice 0 on every CPU this process may use.  Not what
+each one had when adopted: a thread born of a SCHED_FIFO thread inherits FIFO and its CPUs,
+so a rollback from ``realtime`` would leave it there.
 """
 
 from __future__ import annotations
@@ -47,11 +50,13 @@ def write_sched_file(path: Path, wanted: rt.ThreadSched | None) -> None:
 
 
 class InferenceThreads:
-    """Threads adopted as inference threads, with what they had before."""
+    """Threads adopted as inference threads; made before any of them, from the thread whose
+    CPUs (the process's, never profiled) are what "every CPU" means on a restore."""
 
     def __init__(self, wanted: rt.ThreadSched | None) -> None:
         self.wanted = wanted
-        self._originals: dict[int, rt.ThreadSched] = {}
+        self.full_cpus = sorted(os.sched_getaffinity(0))
+        self._tids: set[int] = set()
         self._lock = threading.Lock()
         self.errors: list[str] = []
 
@@ -65,28 +70,25 @@ class InferenceThreads:
     def adopt(self, tids: Iterable[int]) -> None:
         with self._lock:
             for tid in tids:
-                if tid in self._originals:
-                    continue
-                try:
-                    self._originals[tid] = rt.read_thread_sched(tid)
-                except (OSError, rt.RtError):
-                    continue  # gone already
+                if tid in self._tids or not os.path.exists(f"/proc/self/task/{tid}"):
+                    continue  # adopted already, or gone already
+                self._tids.add(tid)
                 self._apply_one(tid)
 
     def switch(self, wanted: rt.ThreadSched | None) -> None:
-        """A new profile's scheduling (None: restore the originals), for every live thread."""
+        """A new profile's scheduling (None: the baseline), for every live thread."""
         with self._lock:
             self.wanted = wanted
-            for tid in list(self._originals):
+            for tid in sorted(self._tids):
                 if not os.path.exists(f"/proc/self/task/{tid}"):
-                    del self._originals[tid]
+                    self._tids.discard(tid)
                     continue
                 self._apply_one(tid)
 
     def _apply_one(self, tid: int) -> None:
         try:
             if self.wanted is None:
-                rt.restore_thread_sched(tid, self._originals[tid])
+                rt.reset_thread_sched(tid, self.full_cpus)
             else:
                 rt.apply_thread_sched(tid, self.wanted)
         except (OSError, rt.RtError) as error:

@@ -94,7 +94,7 @@ class Engine:
                 raise ProfileError(profile.file, change.key, f"{change.path} is set twice")
             seen.add(change.path)
         return Plan(profile=profile.name, changes=ctx.changes, warnings=ctx.warnings,
-                    runtime=ctx.runtime)
+                    runtime=ctx.runtime, cpus=ctx.cpus)
 
     def apply(self, name: str, force: bool = False) -> ApplyResult:
         notes: list[str] = []
@@ -109,6 +109,9 @@ class Engine:
         for index, change in enumerate(entries):
             try:
                 self._write(change, change.write_value)
+            except ProcessLookupError:  # a thread the plan named has exited since
+                result.skipped.append(f"{change.path}: the thread has exited")
+                continue
             except (OSError, rt.RtError) as error:
                 if isinstance(error, OSError) and _managed_irq(change, error):
                     result.skipped.append(f"{change.path}: managed IRQ, the kernel refuses "
@@ -174,6 +177,8 @@ class Engine:
                 actual = read_normalised(self.root, change.path, change.compare)
             except (OSError, ValueError) as error:
                 actual = f"unreadable: {error}"
+            if actual is None and change.compare == "sched":
+                continue  # the thread has exited: there is nothing left to hold
             if not matches(change, actual):
                 drift.append((change, actual))
         return drift

@@ -46,12 +46,14 @@ class Plan:
     changes: list[Change] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     runtime: dict[str, Any] = field(default_factory=dict)  # for the service: RT loop, THP
+    cpus: dict[str, list[int]] = field(default_factory=dict)  # resolved sets, by role
 
     def to_dict(self) -> dict[str, Any]:
         return {"profile": self.profile, "changes": [
             {k: v for k, v in asdict(c).items() if k in ("tuner", "path", "current", "desired",
                                                          "key", "note")}
-            for c in self.changes], "warnings": self.warnings, "runtime": self.runtime}
+            for c in self.changes], "warnings": self.warnings, "runtime": self.runtime,
+            "cpus": {role: parsers.format_cpulist(cpus) for role, cpus in self.cpus.items()}}
 
 
 def read_normalised(root: Root, path: str, compare: str) -> str | None:
@@ -96,27 +98,48 @@ class PlanContext:
         self.changes: list[Change] = []
         self.warnings: list[str] = []
         self.runtime: dict[str, Any] = {}
+        self.cpus: dict[str, list[int]] = {}
 
     def error(self, key: str, message: str) -> ProfileError:
         return ProfileError(self.profile.file, key, message)
 
+    def lacking(self, key: str, what: str, allowed: str) -> None:
+        """A knob this kernel does not have: an error when the profile asks for it itself,
+        else (only inherited, or listed under ``optional``) skipped with a warning, so one
+        profile serves kernels built with and without the feature."""
+        if self.profile.requires(key):
+            raise self.error(key, f"{what}; allowed: {allowed}, or list {key.split('.')[0]} "
+                             "under optional to skip it where the kernel lacks it")
+        self.warnings.append(f"{key}: skipped: {what}")
+
     def current(self, path: str, key: str, compare: str = "value") -> str:
-        original = self.baseline.get(path)
-        if original is not None:
-            return original
-        try:
-            value = read_normalised(self.root, path, compare)
-        except (OSError, ValueError) as error:
-            raise self.error(key, f"cannot read {path}: {error}") from None
+        value = self._current(path, key, compare)
         if value is None:
             raise self.error(key, f"{path} does not exist on this device")
         return value
 
+    def _current(self, path: str, key: str, compare: str) -> str | None:
+        """The original (when switching) or what the file holds; None: no such file."""
+        original = self.baseline.get(path)
+        if original is not None:
+            return original
+        try:
+            return read_normalised(self.root, path, compare)
+        except (OSError, ValueError) as error:
+            raise self.error(key, f"cannot read {path}: {error}") from None
+
     def want(self, tuner: str, path: str, desired: str, key: str, compare: str = "value",
-             **extra: Any) -> None:
-        """Record a change unless the file already holds the desired value."""
+             lacking: tuple[str, str] | None = None, **extra: Any) -> None:
+        """Record a change unless the file already holds the desired value.
+
+        A file the kernel does not have goes to ``lacking`` (why it is absent, what is
+        allowed): an error or a warning, as the profile asked for it."""
         self.root.check_writable(path)
-        current = self.current(path, key, compare)
+        current = self._current(path, key, compare)
+        if current is None:
+            why, allowed = lacking or ("", "keys whose files this device has")
+            self.lacking(key, f"{path} does not exist on this device{why}", allowed)
+            return
         if compare == "cpulist":
             desired = parsers.format_cpulist(parsers.parse_cpulist(desired))
         change = Change(tuner=tuner, path=path, current=current, desired=desired, key=key,

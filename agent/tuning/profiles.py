@@ -42,9 +42,30 @@ class Profile:
     match: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     chain: list[str] = field(default_factory=list)  # include order, this profile last
+    # key paths this profile's own file sets, less those it lists under ``optional``: a
+    # knob the kernel lacks is an error for these, and skipped with a warning for the rest
+    required: frozenset[str] = frozenset()
 
     def matches(self, board: Board) -> bool:
         return match_score(self.match, board) is not None
+
+    def requires(self, key: str) -> bool:
+        """Whether ``key`` (``thp.enabled``, ``thp``) is asked for by this profile itself,
+        not only inherited from one it includes or marked optional."""
+        return any(_nested(key, path) or _nested(path, key) for path in self.required)
+
+
+def _nested(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer + ".")
+
+
+def key_paths(data: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every leaf's dotted key path (``thp.enabled``, ``sysctl.vm.swappiness``)."""
+    paths = []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        paths += key_paths(value, path + ".") if isinstance(value, dict) and value else [path]
+    return paths
 
 
 def match_score(match: dict[str, Any], board: Board) -> int | None:
@@ -169,11 +190,16 @@ class ProfileStore:
             merged = deep_merge(merged, {**parent.settings, "match": parent.match}
                                 if parent.match else parent.settings)
             chain += [c for c in parent.chain if c not in chain]
-        own = {k: v for k, v in data.items() if k not in ("name", "include", "description")}
+        own = {k: v for k, v in data.items()
+               if k not in ("name", "include", "description", "optional")}
         merged = deep_merge(merged, own)
         match = merged.pop("match", {})
+        optional = data.get("optional", [])
+        required = frozenset(path for path in key_paths(own) if not _nested(path, "match")
+                             and not any(_nested(path, o) for o in optional))
         return Profile(name=name, file=file, settings=merged, match=match,
-                       description=data.get("description", ""), chain=[*chain, name])
+                       description=data.get("description", ""), chain=[*chain, name],
+                       required=required)
 
     def auto(self, board: Board) -> Profile:
         """The most specific profile whose ``match`` fits the board; ``balanced`` otherwise.

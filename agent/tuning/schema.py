@@ -33,7 +33,22 @@ def _frequency(value: Any) -> str | None:
 
 def _cpus(value: Any) -> str | None:
     return None if is_cpu_selector(value) else (
-        "cluster:big, cluster:mid, cluster:little, all, or a CPU list such as cpus:4-7")
+        "cluster:big, cluster:mid, cluster:little, all, housekeeping, or a CPU list such as "
+        "cpus:4-7")
+
+
+def _housekeeping(value: Any) -> str | None:
+    if value == "housekeeping":
+        return "a CPU set other than housekeeping itself, e.g. cluster:little or cpus:0"
+    return _cpus(value)
+
+
+def _optional_key(value: Any) -> str | None:
+    """A section or key path whose knobs a kernel may lack (``thp``, ``sysctl.vm.foo``)."""
+    ok = isinstance(value, str) and value.split(".", 1)[0] in SCHEMA and value.split(
+        ".", 1)[0] not in ("name", "description", "include", "match", "optional")
+    return None if ok else ("a section or key path of this profile, such as thp or "
+                            "thp.enabled")
 
 
 def _size(value: Any) -> str | None:
@@ -72,7 +87,9 @@ SCHEMA: dict[str, Any] = {
             "dynamic": {"disable_above_psi_some_avg10": number(0, 100),
                         "restore_below_psi_some_avg10": number(0, 100),
                         "hold_s": number(0, 86400)}},
+    "optional": ("list", _optional_key),
     "rt": {"inference": RT_THREAD, "threads": ("list", THREAD_SELECTOR),
+           "housekeeping_cpus": _housekeeping,
            "sched_rt_runtime_us": integer(-1, 1_000_000),
            "irq_affinity": ("map", text(IRQ_PATTERN, "an IRQ action-name pattern such as "
                                          "nvme*"), _cpus)},

@@ -13,6 +13,7 @@ from agent.discovery.model import Topology
 from agent.kernel.parsers import format_cpulist, parse_cpulist
 
 CORE_TYPES = ("big", "mid", "little")
+HOUSEKEEPING = "housekeeping"  # the plan's housekeeping CPUs (rt.housekeeping_cpus)
 MAX_BYTES = 2**63  # the kernel's page-counter limit, far above any device
 SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?$", re.IGNORECASE)
@@ -22,8 +23,8 @@ _PERCENT = re.compile(r"^(\d+(?:\.\d+)?)\s*%$")
 def is_cpu_selector(value: object) -> bool:
     if not isinstance(value, str):
         return False
-    if value == "all" or value.startswith("cluster:"):
-        return value == "all" or value.removeprefix("cluster:") in CORE_TYPES
+    if value in ("all", HOUSEKEEPING) or value.startswith("cluster:"):
+        return value in ("all", HOUSEKEEPING) or value.removeprefix("cluster:") in CORE_TYPES
     try:
         parse_cpulist(value.removeprefix("cpus:"))  # bounded: ids above MAX_CPU_ID refused
     except ValueError:
@@ -31,15 +32,36 @@ def is_cpu_selector(value: object) -> bool:
     return True
 
 
-def resolve_cpus(selector: str, topology: Topology) -> list[int]:
-    """``cluster:big`` / ``cpus:4-7`` / ``4-7`` / ``all`` -> CPU ids; absent CPUs are errors.
+def default_housekeeping(topology: Topology) -> list[int]:
+    """The CPUs kept for the kernel's own work when a profile names none: the lowest-capacity
+    cores among the online CPUs that isolcpus left to the kernel, or the first of them where
+    every core is alike (CPU 0 on a uniform SoC).  Empty only when no CPU is known online."""
+    online = set(topology.cpu.online) - set(topology.cpu.isolated) or set(topology.cpu.online)
+    ranked = {cpu: CORE_TYPES.index(cluster.core_type) for cluster in topology.cpu.clusters
+              if cluster.core_type in CORE_TYPES for cpu in cluster.cpus if cpu in online}
+    if len(ranked) == len(online) and len(set(ranked.values())) > 1:
+        lowest = max(ranked.values())
+        return sorted(cpu for cpu, rank in ranked.items() if rank == lowest)
+    return sorted(online)[:1]
+
+
+def resolve_cpus(selector: str, topology: Topology,
+                 housekeeping: list[int] | None = None) -> list[int]:
+    """``cluster:big`` / ``cpus:4-7`` / ``4-7`` / ``all`` / ``housekeeping`` -> CPU ids;
+    absent CPUs are errors.
 
     On a board whose cores are all alike, ``cluster:big`` and ``cluster:little`` name every
-    CPU, so a profile written for big.LITTLE still applies.
+    CPU, so a profile written for big.LITTLE still applies.  ``housekeeping`` is the plan's
+    housekeeping set (``default_housekeeping`` when none is given).
     """
     present = sorted(c for cluster in topology.cpu.clusters for c in cluster.cpus)
     if selector == "all":
         return present
+    if selector == HOUSEKEEPING:
+        cpus = default_housekeeping(topology) if housekeeping is None else housekeeping
+        if not cpus:
+            raise ValueError("housekeeping names no CPUs here (no online CPU is known)")
+        return cpus
     if selector.startswith("cluster:"):
         kind = selector.removeprefix("cluster:")
         types = {c.core_type for c in topology.cpu.clusters}

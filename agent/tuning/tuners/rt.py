@@ -1,7 +1,21 @@
-"""Real-time: RT throttling, IRQ affinity by action name, and the inference thread's policy.
+"""Real-time: housekeeping CPUs, RT throttling, IRQ affinity by action name, and the inference
+thread's policy.
 
 The inference thread's policy is not a file: it is handed to the service (``runtime``),
-which applies it to the loop's own thread through :mod:`agent.kernel.sched`.
+which applies it to the inference threads through :mod:`agent.kernel.sched`.
+
+Safety rules, each from the kernel's documentation:
+
+- **A housekeeping CPU, always** (``rt.housekeeping_cpus``, default the lowest-capacity
+  online cores that isolcpus left to the kernel, or the first of them where all cores are
+  alike).  No SCHED_FIFO/RR thread of the profile runs there: per-CPU kernel work (kworkers,
+  RCU callbacks, ksoftirqd, timers) runs at normal priority and is starved on a CPU an RT
+  thread keeps busy (Documentation/scheduler/sched-rt-group.rst: throttling exists so that
+  "a run-away realtime task will not lock up the machine").
+- **Device IRQs go to the housekeeping CPUs** (``housekeeping`` as an ``irq_affinity``
+  target), away from the RT inference CPUs (Documentation/core-api/irq/irq-affinity.rst).
+- **``sched_rt_runtime_us: -1`` only with housekeeping CPUs**: -1 turns RT throttling off
+  (sched-rt-group.rst, section 2.1), so only CPUs with no RT thread still run everything else.
 """
 
 from __future__ import annotations
@@ -9,35 +23,74 @@ from __future__ import annotations
 from typing import Any
 
 from agent.kernel import sched as rt
+from agent.kernel.parsers import format_cpulist
 from agent.tuning.plan import Change, PlanContext, read_normalised
-from agent.tuning.values import resolve_cpus
+from agent.tuning.values import HOUSEKEEPING, default_housekeeping, resolve_cpus
 
 SCHED_RT_RUNTIME = "/proc/sys/kernel/sched_rt_runtime_us"
+REALTIME = ("fifo", "rr")
 
 
 def _policy_and_priority(ctx: PlanContext, key: str,
                          selector: dict[str, Any]) -> tuple[str, int]:
     policy, priority = selector.get("policy", "other"), selector.get("priority", 0)
-    if (policy in ("fifo", "rr")) != (priority >= 1):
+    if (policy in REALTIME) != (priority >= 1):
         raise ctx.error(f"{key}.priority", f"{priority} does not suit policy {policy}: fifo "
                         "and rr take 1..99, the others 0")
     return policy, priority
 
 
-def _wanted_sched(ctx: PlanContext, key: str, selector: dict[str, Any]) -> rt.ThreadSched:
-    policy, priority = _policy_and_priority(ctx, key, selector)
+def _cpus(ctx: PlanContext, key: str, selector: str) -> list[int]:
     try:
-        cpus = resolve_cpus(selector.get("cpus", "all"), ctx.topology)
+        return resolve_cpus(selector, ctx.topology, ctx.cpus.get("housekeeping"))
     except ValueError as error:
-        raise ctx.error(f"{key}.cpus", str(error)) from None
-    return rt.ThreadSched(policy, priority, cpus)
+        raise ctx.error(key, str(error)) from None
+
+
+def _housekeeping(ctx: PlanContext, section: dict[str, Any]) -> list[int]:
+    """The housekeeping CPUs: the profile's (online ones only), else the default."""
+    online = set(ctx.topology.cpu.online)
+    if "housekeeping_cpus" not in section:
+        return default_housekeeping(ctx.topology)
+    key = "rt.housekeeping_cpus"
+    cpus = _cpus(ctx, key, section["housekeeping_cpus"])
+    if not online & set(cpus):
+        raise ctx.error(key, f"{format_cpulist(cpus)} holds no online CPU (online: "
+                        f"{format_cpulist(sorted(online))})")
+    isolated = sorted(set(cpus) & set(ctx.topology.cpu.isolated))
+    if isolated:
+        ctx.warnings.append(f"{key}: {format_cpulist(isolated)} is isolated (isolcpus): the "
+                            "kernel keeps its housekeeping off it")
+    return sorted(online & set(cpus))
+
+
+def _rt_cpus(ctx: PlanContext, key: str, selector: str, policy: str) -> list[int]:
+    """The CPUs of a thread the profile schedules; SCHED_FIFO/RR ones leave the housekeeping
+    CPUs free (unless ``housekeeping`` is asked for by name: an IRQ thread beside its IRQ)."""
+    cpus = _cpus(ctx, f"{key}.cpus", selector)
+    if policy not in REALTIME or selector == HOUSEKEEPING:
+        return cpus
+    housekeeping = ctx.cpus["housekeeping"]
+    kept = [cpu for cpu in cpus if cpu not in housekeeping]
+    if not set(kept) & set(ctx.topology.cpu.online):
+        raise ctx.error(f"{key}.cpus", f"{selector} resolves to {format_cpulist(cpus)}, whose "
+                        "online CPUs are all housekeeping CPUs "
+                        f"({format_cpulist(housekeeping)}); a {policy} thread needs an online "
+                        "CPU outside rt.housekeeping_cpus")
+    if len(kept) < len(cpus):
+        ctx.warnings.append(f"{key}.cpus: {selector} resolves to {format_cpulist(cpus)}; the "
+                            f"{policy} threads run on {format_cpulist(kept)}, leaving the "
+                            f"housekeeping CPUs {format_cpulist(housekeeping)} to the kernel")
+    return kept
 
 
 def _plan_threads(ctx: PlanContext, key: str, selector: dict[str, Any]) -> None:
     """Threads chosen by comm pattern and/or pid; only on the real root, whose pids are real."""
     if "comm" not in selector and "pid" not in selector:
         raise ctx.error(key, "name the threads with comm (a pattern), pid, or both")
-    wanted = rt.format_sched(_wanted_sched(ctx, key, selector))
+    policy, priority = _policy_and_priority(ctx, key, selector)
+    cpus = _rt_cpus(ctx, key, selector.get("cpus", "all"), policy)
+    wanted = rt.format_sched(rt.ThreadSched(policy, priority, cpus))
     if not ctx.root.is_host:
         ctx.warnings.append(f"{key}: thread scheduling applies on the real root only; skipped")
         return
@@ -52,38 +105,56 @@ def _plan_threads(ctx: PlanContext, key: str, selector: dict[str, Any]) -> None:
                                       key=key, compare="sched", note=comm))
 
 
+def _plan_inference(ctx: PlanContext, section: dict[str, Any]) -> None:
+    wanted = dict(section["inference"])
+    policy, _priority = _policy_and_priority(ctx, "rt.inference", wanted)
+    if "cpus" in wanted or policy in REALTIME:  # an RT thread is never left on every CPU
+        wanted["cpus"] = _rt_cpus(ctx, "rt.inference", wanted.get("cpus", "all"), policy)
+        ctx.cpus["inference"] = wanted["cpus"]
+    if ctx.topology.cpu.isolated and "cpus" in wanted:
+        outside = sorted(set(wanted["cpus"]) - set(ctx.topology.cpu.isolated))
+        if outside and set(wanted["cpus"]) & set(ctx.topology.cpu.isolated):
+            ctx.warnings.append(f"rt.inference.cpus: mixes isolated and housekeeping CPUs "
+                                f"(not isolated: {outside})")
+    ctx.runtime["inference"] = wanted
+
+
+def _plan_irqs(ctx: PlanContext, section: dict[str, Any]) -> None:
+    targets: set[int] = set()
+    for pattern, selector in section.get("irq_affinity", {}).items():
+        key = f"rt.irq_affinity.{pattern}"
+        cpus = _cpus(ctx, key, selector)
+        rt_cpus = sorted(set(cpus) & set(ctx.cpus.get("inference", [])))
+        if rt_cpus and section.get("inference", {}).get("policy") in REALTIME:
+            ctx.warnings.append(f"{key}: {selector} puts device IRQs on the RT inference CPUs "
+                                f"{format_cpulist(rt_cpus)}; housekeeping keeps them apart")
+        irqs = rt.irqs_matching(ctx.root, pattern)
+        if not irqs:
+            ctx.warnings.append(f"{key}: no IRQ action matches; nothing to do")
+        else:
+            targets.update(cpus)
+        for irq in irqs:
+            ctx.want("rt", rt.irq_affinity_path(irq), ",".join(map(str, cpus)), key,
+                     compare="cpulist")
+    if targets:
+        ctx.cpus["irqs"] = sorted(targets)
+
+
 def plan(section: dict[str, Any], ctx: PlanContext) -> None:
     warning = rt.rt_kernel_warning(ctx.topology.kernel.preempt_rt)
     if warning:
         ctx.warnings.append(f"rt: {warning}")
-    if "sched_rt_runtime_us" in section:
-        ctx.want("rt", SCHED_RT_RUNTIME, str(section["sched_rt_runtime_us"]),
-                 "rt.sched_rt_runtime_us")
-    for pattern, selector in section.get("irq_affinity", {}).items():
-        key = f"rt.irq_affinity.{pattern}"
-        try:
-            cpus = resolve_cpus(selector, ctx.topology)
-        except ValueError as error:
-            raise ctx.error(key, str(error)) from None
-        irqs = rt.irqs_matching(ctx.root, pattern)
-        if not irqs:
-            ctx.warnings.append(f"{key}: no IRQ action matches; nothing to do")
-        for irq in irqs:
-            ctx.want("rt", rt.irq_affinity_path(irq), ",".join(map(str, cpus)), key,
-                     compare="cpulist")
+    ctx.cpus["housekeeping"] = _housekeeping(ctx, section)
+    if "inference" in section:
+        _plan_inference(ctx, section)
     for index, selector in enumerate(section.get("threads", [])):
         _plan_threads(ctx, f"rt.threads[{index}]", selector)
-    if "inference" in section:
-        wanted = dict(section["inference"])
-        _policy_and_priority(ctx, "rt.inference", wanted)
-        if "cpus" in wanted:
-            try:
-                wanted["cpus"] = resolve_cpus(wanted["cpus"], ctx.topology)
-            except ValueError as error:
-                raise ctx.error("rt.inference.cpus", str(error)) from None
-        if ctx.topology.cpu.isolated and "cpus" in wanted:
-            outside = sorted(set(wanted["cpus"]) - set(ctx.topology.cpu.isolated))
-            if outside and set(wanted["cpus"]) & set(ctx.topology.cpu.isolated):
-                ctx.warnings.append(f"rt.inference.cpus: mixes isolated and housekeeping CPUs "
-                                    f"(not isolated: {outside})")
-        ctx.runtime["inference"] = wanted
+    if "sched_rt_runtime_us" in section:
+        value = section["sched_rt_runtime_us"]
+        if value == -1 and not ctx.cpus["housekeeping"]:
+            ctx.lacking("rt.sched_rt_runtime_us", "-1 turns RT throttling off, which is safe "
+                        "only with a housekeeping CPU, and no online CPU is known here",
+                        "0..1000000 (sched_rt_period_us is 1000000)")
+        else:
+            ctx.want("rt", SCHED_RT_RUNTIME, str(value), "rt.sched_rt_runtime_us")
+    _plan_irqs(ctx, section)
