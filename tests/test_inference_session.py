@@ -580,6 +580,7 @@ def test_another_cpu_misses_the_cache(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_data_plane_sessions_spin_only_within_a_run_and_never_under_a_realtime_policy(
         tmp_path: Path) -> None:
+    from agent.inference.options import session_spins
     from agent.kernel.sched import ThreadSched
     from agent.serving.server import ServerSettings, session_factory
     from agent.serving.threads import InferenceThreads
@@ -588,10 +589,10 @@ def test_data_plane_sessions_spin_only_within_a_run_and_never_under_a_realtime_p
                               builtins={}, pins={}, token_files=[], max_request_bytes=1 << 20,
                               providers=[CPU], threads=(1, 1), cache_dir=None)
     model = mlp(tmp_path)
-    for wanted, spinning in ((None, "1"), (ThreadSched("other", 0, []), "1"),
-                             (ThreadSched("fifo", 50, []), "0")):
+    for wanted, spinning in ((None, True), (ThreadSched("other", 0, []), True),
+                             (ThreadSched("fifo", 50, []), False)):
         built = session_factory(settings, InferenceThreads(wanted))(
             model, sha256=None, providers=None, threads=1)
+        assert session_spins(built.session) is spinning
         options = built.session.get_session_options()
-        assert options.get_session_config_entry("session.intra_op.allow_spinning") == spinning
         assert options.get_session_config_entry("session.force_spinning_stop") == "1"

@@ -43,11 +43,6 @@ class ThreadSched:
     priority: int
     cpus: list[int]
 
-    @property
-    def realtime(self) -> bool:
-        """SCHED_FIFO or SCHED_RR: it runs until it blocks or a higher priority does."""
-        return self.policy in _REALTIME
-
 
 # -- threads -------------------------------------------------------------------------------
 

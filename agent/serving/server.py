@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.inference.options import spinning_for
 from agent.inference.session import BuiltSession, build_session
 from agent.kernel.process import keep_freed_buffers, release_freed_memory
 from agent.serving.access import Access, is_loopback
@@ -104,11 +105,10 @@ def session_factory(settings: ServerSettings,
 
     def factory(path: Path, *, sha256: str | None, providers: Sequence[str] | None,
                 threads: int | None) -> BuiltSession:
-        realtime = pool.wanted is not None and pool.wanted.realtime
         built = build_session(path, providers=list(providers or settings.providers),
                               intra_op=threads or settings.threads[0],
                               inter_op=settings.threads[1], cache_dir=settings.cache_dir,
-                              expected_sha256=sha256, allow_spinning=not realtime,
+                              expected_sha256=sha256, allow_spinning=spinning_for(pool.wanted),
                               stop_spinning_after_run=True)
         pool.adopt(built.worker_tids)
         return built
