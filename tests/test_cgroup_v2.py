@@ -108,7 +108,7 @@ def test_container_plan_reads_nothing_the_controller_has_not_created(tmp_path: P
 
 def test_container_apply_moves_processes_to_a_leaf_first_and_rolls_back(
         tmp_path: Path) -> None:
-    engine, tree = container_engine(tmp_path)
+    engine, _tree = container_engine(tmp_path)
     root = engine.root
     engine.apply("limits")
     # the processes left the subtree's root before controllers were enabled there
@@ -303,14 +303,14 @@ def test_the_supervisor_spawns_through_the_placement_and_reports_failures(
         tmp_path: Path) -> None:
     from agent.config import load_config
 
-    class Recording(CgroupfsPlacement):
-        adopted: list[int] = []
+    adopted: list[int] = []
 
+    class Recording(CgroupfsPlacement):
         def command(self, argv: list[str], serial: int) -> list[str]:
             return [sys.executable, "-c", "import time; time.sleep(30)"]
 
         def adopt(self, pid: int) -> None:
-            self.adopted.append(pid)
+            adopted.append(pid)
             raise PermissionError(errno.EACCES, "cgroup.procs: permission denied")
 
     tree = container_tree(tmp_path)
@@ -320,7 +320,7 @@ def test_the_supervisor_spawns_through_the_placement_and_reports_failures(
     supervisor.start()
     try:
         assert supervisor.process is not None
-        assert placement.adopted == [supervisor.process.pid]
+        assert adopted == [supervisor.process.pid]
         assert any("not in its cgroup" in p for p in supervisor.problems())
         assert supervisor.status()["placement"]["mode"] == "cgroupfs"
     finally:
