@@ -297,6 +297,9 @@ def test_under_systemd_the_data_plane_is_a_scope_in_the_slice(tmp_path: Path) ->
                            "--no-ask-password", command[5], f"--slice={SLICE}"]
     assert command[5].startswith("--unit=edge-agent-serve-") and command[5].endswith("-3.scope")
     assert command[-5:] == ["--", sys.executable, "-m", "agent", "serve"]  # no shell
+    # below a fixture root there is no systemd to start it through: it runs as it is
+    model = SystemdPlacement(root, DropInUnits(root))
+    assert model.command(["serve"], 1) == ["serve"]
 
 
 def test_the_supervisor_spawns_through_the_placement_and_reports_failures(

@@ -74,6 +74,8 @@ class SystemdPlacement(Placement):
 
     def command(self, argv: list[str], serial: int) -> list[str]:
         assert self.units is not None
+        if not self.units.spawns:  # a fixture root's model: the child runs where we run
+            return argv
         # unique per start: the scope of a process just ended may not be collected yet
         return self.units.scope_command(f"{SCOPE_PREFIX}{os.getpid()}-{serial}.scope", argv)
 

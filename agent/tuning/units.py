@@ -93,6 +93,8 @@ class Units:
     """``systemctl`` and ``systemd-run``: each call is one fixed argv; ``run`` is the seam a
     fake (or the fixture-root model) replaces."""
 
+    spawns = True  # False for a model: there is no systemd to start a scope through
+
     def run(self, argv: list[str]) -> str:
         binary = shutil.which(argv[0])
         if binary is None:

@@ -67,7 +67,9 @@ def shown_value(name: str, value: str) -> str:
 
 
 class DropInUnits(Units):
-    """The fixture root's systemd; ``scope_command`` is inherited, nothing is spawned."""
+    """The fixture root's systemd: nothing is spawned through it."""
+
+    spawns = False
 
     def __init__(self, root: Root) -> None:
         self.root = root
