@@ -330,7 +330,7 @@ def test_the_supervisor_spawns_through_the_placement_and_reports_failures(
         supervisor.stop()
 
 
-def test_memory_events_become_agent_events_and_feed_thp(tmp_path: Path) -> None:
+def test_memory_events_become_agent_events(tmp_path: Path) -> None:
     tree = container_tree(tmp_path)
     placement = detect(Root(tree), discover(Root(tree)))
     placement.prepare()
@@ -345,3 +345,27 @@ def test_memory_events_become_agent_events_and_feed_thp(tmp_path: Path) -> None:
                                                   "counter": "oom_kill", "before": 0,
                                                   "after": 1})
     assert watch.check() == []  # no rise, no event
+
+
+def test_the_thp_controller_watches_the_data_planes_memory_events(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import agent.service.tuning as service_tuning
+
+    seen: dict[str, object] = {}
+
+    class Recording:
+        def __init__(self, *args: object, cgroup_dir: str | None = None) -> None:
+            seen["cgroup_dir"] = cgroup_dir
+
+        def run(self, stop: object) -> None:
+            return None
+
+    monkeypatch.setattr(service_tuning, "ThpDynamicController", Recording)
+    tree = container_tree(tmp_path)
+    root = Root(tree)
+    topology = discover(root)
+    tuning = service_tuning.Tuning(root, topology, tmp_path / "state", None, False,
+                                   lambda *a, **k: None, detect(root, topology))
+    tuning.runtime = {"thp_dynamic": {"disable_above_psi_some_avg10": 20}}
+    tuning._start_thp_controller()
+    assert seen["cgroup_dir"] == f"{CG}/inference"
