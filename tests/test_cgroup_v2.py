@@ -240,6 +240,12 @@ def test_systemd_usage_and_quota_errors_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(ProfileError) as error:
         engine.plan("limits")
     assert error.value.key == "cgroup.cpu_max" and "two decimals" in str(error.value)
+    for bad in ("0 0", "500 100000", "50000 10"):  # the kernel's bounds, at plan time
+        engine, _units = systemd_engine(tmp_path / bad.replace(" ", "-"),
+                                        f"cgroup: {{cpu_max: '{bad}'}}\n")
+        with pytest.raises(ProfileError) as error:
+            engine.plan("limits")
+        assert error.value.key == "cgroup.cpu_max"
 
 
 def test_only_the_agents_own_units_are_changed(tmp_path: Path) -> None:

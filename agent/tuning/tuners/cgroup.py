@@ -52,12 +52,25 @@ def _limit_values(section: dict[str, Any], ctx: PlanContext) -> dict[str, str]:
         for key in ("cpu_max", "cpu_weight", "mems"):
             if key in section:
                 values[key] = str(section[key])
+        key = "cpu_max"
+        if "cpu_max" in values:
+            _check_cpu_max(values["cpu_max"])
         key = "cpus"
         if "cpus" in section:
             values["cpus"] = ",".join(map(str, resolve_cpus(section["cpus"], ctx.topology)))
     except ValueError as error:
         raise ctx.error(f"cgroup.{key}", str(error)) from None
     return values
+
+
+def _check_cpu_max(value: str) -> None:
+    """The kernel's bounds (kernel/sched/core.c): a period of 1 ms to 1 s, a quota of at
+    least 1 ms."""
+    quota, _, period = value.partition(" ")
+    if period and not 1000 <= int(period) <= 1_000_000:
+        raise ValueError(f"{value!r}: the period must be 1000 to 1000000 µs")
+    if quota != "max" and int(quota) < 1000:
+        raise ValueError(f"{value!r}: the quota must be max or at least 1000 µs")
 
 
 def _check_usage(ctx: PlanContext, values: dict[str, str], usage: str | None) -> None:
