@@ -211,6 +211,9 @@ write_if_changed "$here/README.md" "$venv/share/edge-agent/README.md"
 # the unit, with this install's paths
 sed -e "s#/opt/edge-agent#$prefix#g" "$here/systemd/edge-agent.service" > "$scratch/unit"
 write_if_changed "$scratch/unit" "$unit"
+# the data plane's slice: the profile's cgroup limits are its runtime properties
+sed -e "s#/opt/edge-agent#$prefix#g" "$here/systemd/edge_agent.slice" > "$scratch/slice"
+write_if_changed "$scratch/slice" "$(dirname "$unit")/edge_agent.slice"
 
 # the configuration: the board's profile, detected now; an edited file is never replaced.
 # A DESTDIR build is not the board it will run on: its config says "auto", which picks the
@@ -254,7 +257,8 @@ if [ -z "$destdir" ] && [ ! -f "$etc/serve-token" ]; then
     mv "$etc/serve-token.tmp.$$" "$etc/serve-token"
 fi
 
-printf '%s\n' /etc/systemd/system/edge-agent.service > "$scratch/manifest"
+printf '%s\n' /etc/systemd/system/edge-agent.service /etc/systemd/system/edge_agent.slice \
+    > "$scratch/manifest"
 write_if_changed "$scratch/manifest" "$manifest"
 
 if with_systemd; then

@@ -266,6 +266,7 @@ def test_destdir_install_runs_once_moved_to_its_prefix(tmp_path: Path, deps: Pat
     assert (staged / "bin" / "edge-agent").read_text().count(f"{prefix}/bin/python") == 1
     unit = (stage / "etc/systemd/system/edge-agent.service").read_text()
     assert f"ExecStart={prefix}/bin/edge-agent run" in unit and str(stage) not in unit
+    assert (stage / "etc/systemd/system/edge_agent.slice").read_text().count("[Slice]") == 1
     config = yaml.safe_load((stage / "etc/edge-agent/agent.yaml").read_text())
     assert config["tuning"]["profile"] == "auto"  # not the build machine's board
 

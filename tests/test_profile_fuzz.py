@@ -187,6 +187,7 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "path": CGROUP_PATHS, "memory_max": SIZES, "memory_high": SIZES, "cpus": CPUS,
     "cpu_max": ["max", "50000 100000", "max 100000", "0 0", "50000", "x y"],
     "mems": ["0", "0-1", "1", "0,1", "a", "-1"],
+    "cpu_weight": [1, 100, 10000, 0, 10001, "100"],
     "enabled": WORDS, "defrag": WORDS, "khugepaged_defrag": [0, 1, True, False, 2, 1.0],
     "disable_above_psi_some_avg10": [0, 50, 100, 100.5, -1, 1.5],
     "restore_below_psi_some_avg10": [0, 10, 99.9], "hold_s": [0, 30, 86400, 86401],
@@ -640,11 +641,12 @@ def test_regression_empty_overlay_section(world: World) -> None:
     assert caught.value.key == "overlay"
 
 
-def test_regression_cgroup_errors_name_the_kernel_file(world: World) -> None:
+def test_regression_cgroup_errors_name_the_key(world: World) -> None:
+    """A hybrid (v1) tree has no place for the data plane's limits: the section is named."""
     with pytest.raises(ProfileError) as caught:
-        _load_and_plan(world, dump({"cgroup": {"path": "system.slice", "mems": "0"}}, None,
-                                   True))
-    assert caught.value.key == "cgroup.mems"
+        _load_and_plan(world, dump({"cgroup": {"mems": "0"}}, None, True), "bare-vm")
+    assert caught.value.key == "cgroup"
+    assert "needs a cgroup v2 hierarchy" in caught.value.message
 
 
 @pytest.mark.parametrize("setting", [{"io_poll": True}, {"rq_affinity": 2.0}])

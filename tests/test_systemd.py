@@ -36,10 +36,20 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     text = UNIT.read_text()
     for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=30", "Restart=on-failure",
-                 "Delegate=yes", "After=network-online.target",
+                 "After=network-online.target",
                  "ExecStopPost=/opt/edge-agent/bin/edge-agent profile rollback "
                  "--after-failure"):
         assert line in text
+    # the agent's own unit is not delegated: the data plane's limits are a slice's properties
+    assert "\nDelegate=" not in text
+
+
+def test_the_data_plane_slice_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    slice_unit = tmp_path / "edge_agent.slice"
+    slice_unit.write_text((REPO / "systemd" / "edge_agent.slice").read_text())
+    result = subprocess.run(["systemd-analyze", "verify", str(slice_unit)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
 
 
 def test_notify_sequence_ready_status_watchdog_stopping(tmp_path: Path,

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tuning_helpers import BOARDS, copy_board, engine_for, snapshot
+from tuning_helpers import BOARDS, copy_board, engine_for, snapshot, write_profile
 
 from agent.kernel.fsroot import Root
 from agent.tuning.engine import TuningError
@@ -20,13 +20,6 @@ BOARD_PROFILES = {"jetson-agx-orin-jp6": "jetson-orin-latency",
                   "rk3588-vendor": "rk3588-latency", "rk3588-mainline": "rk3588-latency",
                   "x86-server-nvidia": "x86-latency", "x86-edge-npu": "x86-latency",
                   "bare-vm": "x86-latency"}
-
-
-def write_profile(directory: Path, name: str, text: str) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}.yaml"
-    path.write_text(text)
-    return path
 
 
 @pytest.mark.parametrize("board", BOARDS)
@@ -181,10 +174,7 @@ def test_profile_for_another_board_is_refused_unless_forced(tmp_path: Path) -> N
      "names CPUs this device does not have: 8-9"),
     ("block: {'nvme*': {scheduler: deadline}}", "block.nvme*.scheduler",
      "'deadline' is not offered by nvme0n1"),
-    ("cgroup: {path: system.slice/edge-agent.service, memory_max: 1M}", "cgroup.memory_max",
-     "below the cgroup's current usage"),
-    ("cgroup: {path: system.slice/missing.service, memory_max: 1G}", "cgroup.path",
-     "does not exist"),
+    ("cgroup: {path: ../etc, memory_max: 1G}", "cgroup.path", "without '..'"),
     ("rt: {inference: {policy: fifo, priority: 0}}", "rt.inference.priority",
      "does not suit policy fifo"),
     ("dvfs: {gpu: {min_hz: 2000000000, max_hz: 1000000000}}", "dvfs.gpu.min_hz",
@@ -210,36 +200,20 @@ dvfs:
   cpu:
     cluster:little: {max_khz: "~1500000"}
     cpus:6-7: {min_khz: min, max_khz: max}
-cgroup: {path: system.slice/edge-agent.service, memory_max: 25%, memory_high: 90%,
-         cpus: cluster:big, cpu_max: "80000 100000"}
+cgroup: {memory_max: 25%, memory_high: 90%, cpus: cluster:big, cpu_max: "80000 100000"}
 """)
     engine = engine_for(tree, tmp_path / "state", [profiles])
     changes = {c.path: c.desired for c in engine.plan("symbols").changes}
     assert changes["/sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq"] == "1416000"
-    service = "/sys/fs/cgroup/system.slice/edge-agent.service"
+    # a systemd board: the limits are edge_agent.slice's unit properties, in their own form
     total = 16474476544
     memory_max = total * 25 // 100 // 4096 * 4096
-    assert changes[f"{service}/memory.max"] == str(memory_max)
-    assert changes[f"{service}/memory.high"] == str(memory_max * 90 // 100 // 4096 * 4096)
-    assert changes[f"{service}/cpuset.cpus"] == "4-7"
-    assert changes[f"{service}/cpu.max"] == "80000 100000"
-    # cpuset is not delegated by system.slice yet: enabling it is part of the plan
-    assert changes["/sys/fs/cgroup/system.slice/cgroup.subtree_control"] == "cpuset"
-
-
-def test_cgroup_controllers_are_enabled_and_disabled_again(tmp_path: Path) -> None:
-    tree = copy_board("rk3588-vendor", tmp_path)
-    before = snapshot(tree)
-    profiles = tmp_path / "profiles"
-    write_profile(profiles, "pin", "cgroup: {path: system.slice/edge-agent.service, "
-                  "cpus: cluster:big, mems: '0'}\n")
-    engine = engine_for(tree, tmp_path / "state", [profiles])
-    engine.apply("pin")
-    control = tree / "sys/fs/cgroup/system.slice/cgroup.subtree_control"
-    assert control.read_text() == "cpu io memory pids cpuset\n"
-    assert engine.verify() == []
-    engine.rollback()
-    assert snapshot(tree) == before
+    assert changes["systemd:edge_agent.slice/MemoryMax"] == str(memory_max)
+    assert changes["systemd:edge_agent.slice/MemoryHigh"] == str(
+        memory_max * 90 // 100 // 4096 * 4096)
+    assert changes["systemd:edge_agent.slice/AllowedCPUs"] == "4-7"
+    assert changes["systemd:edge_agent.slice/CPUQuota"] == "80%"
+    assert not [p for p in changes if p.startswith("/sys/fs/cgroup")]  # systemd's tree
 
 
 def test_frequency_limits_never_cross(tmp_path: Path) -> None:

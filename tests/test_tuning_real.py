@@ -17,7 +17,6 @@ from agent.kernel.fsroot import Root
 from agent.tuning.engine import Engine, TuningError
 from agent.tuning.journal import Journal
 from agent.tuning.profiles import ProfileStore
-from agent.tuning.tuners.cgroup import create_cgroup, move_into, remove_cgroup
 
 
 def cgroup2_mount() -> str | None:
@@ -62,16 +61,17 @@ def test_real_cgroup_created_used_and_removed(sleeper: subprocess.Popen[bytes]) 
     root = Root("/")
     directory = f"{mount}/edge-agent-test-{uuid.uuid4().hex[:8]}"
     original = cgroup_of(sleeper.pid)
-    assert create_cgroup(root, directory)
-    assert not create_cgroup(root, directory)  # already there: reported, not an error
+    assert root.mkdir(directory)
+    assert not root.mkdir(directory)  # already there: reported, not an error
     try:
         assert Path(directory, "cgroup.procs").exists()  # the kernel filled it in
-        move_into(root, directory, sleeper.pid)
+        root.write_text(f"{directory}/cgroup.procs", str(sleeper.pid))  # one pid a write
         assert cgroup_of(sleeper.pid) == "/" + directory.removeprefix(mount).lstrip("/")
         assert Path(directory, "cgroup.procs").read_text().split() == [str(sleeper.pid)]
     finally:
-        move_into(root, f"{mount}{original}".rstrip("/") or mount, sleeper.pid)
-        remove_cgroup(root, directory)
+        back = f"{mount}{original}".rstrip("/") or mount
+        root.write_text(f"{back}/cgroup.procs", str(sleeper.pid))
+        root.rmdir(directory)
     assert cgroup_of(sleeper.pid) == original
     assert not Path(directory).exists()
 

@@ -34,3 +34,10 @@ def engine_for(tree: Path, state: Path, profile_dirs: list[Path] | None = None,
     root = root or Root(tree)
     return Engine(root, discover(root), Journal(state),
                   ProfileStore(root, dirs=profile_dirs or [REPO_PROFILES]))
+
+
+def write_profile(directory: Path, name: str, text: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(text)
+    return path

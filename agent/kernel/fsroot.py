@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 
+from agent.kernel import cgroup_model
+
 # Tuning knobs the agent may change; everything else is read-only to it.  ``*`` matches
 # within one path component, ``**`` matches any number of components.
 WRITABLE_PATTERNS: tuple[str, ...] = (
@@ -259,6 +261,9 @@ class Root:
         :func:`emulate_attribute_write`), so a rollback restores the file byte for byte.
         """
         target = self._host(self.check_writable(path))
+        if not self.is_host and cgroup_model.is_cgroup_dir(Path(target).parent):
+            cgroup_model.write(Path(target), value)  # cgroup v2's rules, not a plain file
+            return
         if self.is_host:
             data = value.encode()
             fd = os.open(target, os.O_WRONLY)
@@ -276,6 +281,34 @@ class Root:
                     handle.truncate()
         if written != len(data):
             raise OSError(errno.EIO, f"{path}: short write ({written} of {len(data)} bytes)")
+
+
+    def mkdir(self, path: str) -> bool:
+        """Create a cgroup directory (cgroupfs fills it in; below a fixture root the cgroup
+        v2 model does); False when it already exists."""
+        target = self._cgroup_dir(path)
+        try:
+            if self.is_host or not cgroup_model.is_cgroup_dir(Path(target).parent):
+                os.mkdir(target)
+            else:
+                cgroup_model.make(Path(target))
+        except FileExistsError:
+            return False
+        return True
+
+    def rmdir(self, path: str) -> None:
+        """Remove an empty cgroup directory (EBUSY while it holds processes)."""
+        target = self._cgroup_dir(path)
+        if self.is_host or not cgroup_model.is_cgroup_dir(Path(target)):
+            os.rmdir(target)
+        else:
+            cgroup_model.remove(Path(target))
+
+    def _cgroup_dir(self, path: str) -> str:
+        """Only cgroup directories are created or removed: where ``cgroup.procs`` may be
+        written."""
+        self.check_writable(f"{path.rstrip('/')}/cgroup.procs")
+        return self._host(self.resolve(path.rstrip("/")))
 
 
 def _has_wildcard(part: str) -> bool:

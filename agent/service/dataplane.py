@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from agent.kernel.sched import ThreadSched
     from agent.service.parts import Ending
     from agent.serving.http_client import HttpClient
+    from agent.tuning.placement import Placement
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,12 @@ class Supervisor:
     """One ``serve`` child at a time; ``start`` waits (bounded) for the first ready."""
 
     def __init__(self, config: Config, state_dir: Path, on_event: Callable[..., None],
-                 sched: ThreadSched | None = None, wait_ready_s: float = FIRST_READY_S) -> None:
+                 sched: ThreadSched | None = None, wait_ready_s: float = FIRST_READY_S,
+                 placement: Placement | None = None) -> None:
         self.config, self.on_event = config, on_event
+        self.placement = placement  # its cgroup: a systemd scope, a leaf, or none
+        self.placement_error: str | None = None
+        self.spawns = 0
         self.directory = state_dir / "serve"
         self.state_dir = state_dir
         self.sched = sched
@@ -133,6 +138,7 @@ class Supervisor:
 
     def start(self) -> None:
         self._prepare()
+        self.prepare_placement()
         self._stop.clear()
         self._spawn()
         self._thread = threading.Thread(target=self._watch, name="data-plane", daemon=True)
@@ -153,11 +159,38 @@ class Supervisor:
                if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
         # its own session: a terminal's Ctrl-C reaches the control plane, which stops it;
         # it ends with the control plane anyway (--parent-pid: PR_SET_PDEATHSIG)
-        self.process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL, env=env,
+        self.spawns += 1
+        command = self._command()
+        if self.placement is not None:  # systemd-run --scope execs it: still our child
+            command = self.placement.command(command, self.spawns)
+        self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=env,
                                         start_new_session=True)
+        self._adopt(self.process.pid)
         self.state, self.started_at = "starting", time.monotonic()
         self.reason = None if self.last_exit is None else f"starting again ({self.last_exit})"
         logger.info("data plane started (pid %d)", self.process.pid)
+
+    def _adopt(self, pid: int) -> None:
+        """Without systemd the child moves into its leaf at once (it is still importing);
+        a failure leaves it running where the agent runs, reported as a problem."""
+        if self.placement is None:
+            return
+        try:
+            self.placement.adopt(pid)
+            self.placement_error = None
+        except OSError as error:
+            self.placement_error = f"not in its cgroup ({error})"
+            logger.error("data plane (pid %d): %s", pid, self.placement_error)
+
+    def prepare_placement(self) -> None:
+        """The data plane's cgroup, before the first start (idempotent)."""
+        if self.placement is None:
+            return
+        try:
+            self.placement.prepare()
+        except OSError as error:
+            self.placement_error = f"its cgroup cannot be prepared ({error})"
+            logger.error("data plane: %s", self.placement_error)
 
     def stop(self, ending: Ending | None = None) -> None:
         self._stop.set()
@@ -324,11 +357,13 @@ class Supervisor:
         return self.state == "ready"
 
     def problems(self) -> list[str]:
+        placed = [f"data plane: {self.placement_error}"] if self.placement_error else []
         if self.state in ("ready", "stopped") and self.reason is None:
-            return []
-        return [f"data plane: {self.reason or self.state}"]
+            return placed
+        return [f"data plane: {self.reason or self.state}", *placed]
 
     def status(self) -> dict[str, Any]:
         process = self.process
         return {"state": self.state, "pid": process.pid if process else None,
-                "restarts": self.restarts, **self.addresses}
+                "restarts": self.restarts, **self.addresses,
+                **({"placement": self.placement.describe()} if self.placement else {})}

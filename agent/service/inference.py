@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from agent.inference.stats import Window
     from agent.service.loaddriver import LoadDriver
     from agent.service.parts import Ending
+    from agent.tuning.placement import Placement
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +42,10 @@ class Inference:
     """The data plane as a part of the agent; absent (and reported) when disabled."""
 
     def __init__(self, config: Config, topology: Topology, state_dir: Path,
-                 sched: ThreadSched | None, on_event: Callable[..., None]) -> None:
+                 sched: ThreadSched | None, on_event: Callable[..., None],
+                 placement: Placement | None = None) -> None:
         self.config, self.topology = config, topology
-        self.supervisor = Supervisor(config, state_dir, on_event, sched)
+        self.supervisor = Supervisor(config, state_dir, on_event, sched, placement=placement)
         self.default = default_model(config)
         self.model_path = config.inference.model  # what the default entry last got
         self.repository = Path(config.serve.repository or state_dir / "repository")

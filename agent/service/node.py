@@ -35,6 +35,7 @@ from agent.service import health, reports
 from agent.service.commands import Collaborators, ServiceCommands
 from agent.service.hotplug import Hotplug
 from agent.service.inference import Inference
+from agent.service.memory_events import MemoryEventsWatch
 from agent.service.parts import Ending, Part, Wrapped
 from agent.service.selftest import Subject, run_checks
 from agent.service.systemd import Notifier
@@ -43,6 +44,7 @@ from agent.telemetry.collectors import build_collectors
 from agent.telemetry.outbox import Outbox, OutboxBusy
 from agent.telemetry.records import Sequence, encode, stamp
 from agent.telemetry.sampler import FunctionCollector, Sampler
+from agent.tuning.placement import Placement, detect
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,8 @@ class Service:
         self.sampler: Sampler | None = None
         self.controller: Controller | None = None
         self.hotplug: Hotplug | None = None
+        self.placement: Placement | None = None  # where the data plane's cgroup is
+        self.memory_watch: MemoryEventsWatch | None = None
         self.parts: list[Part] = []  # in start order
         self.late: list[Part] = []  # of those, the ones stopped after all the others
         self.liveness = health.Liveness(lambda: self.link)
@@ -114,12 +118,14 @@ class Service:
             self.hotplug = Hotplug(config.hotplug.subsystems)
             self._start(self.hotplug)
         self.topology = discover(self.root)
+        self.placement = detect(self.root, self.topology)
         self.tuning = Tuning(self.root, self.topology, self.state_dir, config.tuning.profile,
-                             config.tuning.apply, self.event)
+                             config.tuning.apply, self.event, self.placement)
         self._start(self.tuning, late=True)
         self.inference = Inference(config, self.topology, self.state_dir,
-                                   self.tuning.inference_sched(), self.event)
+                                   self.tuning.inference_sched(), self.event, self.placement)
         self.tuning.on_sched = self.inference.resched  # switch, rollback, rollback_on_stop
+        self.memory_watch = MemoryEventsWatch(self.placement, self.event)
         self.notifier.notify(STATUS="starting the data plane",
                              EXTEND_TIMEOUT_USEC=MODEL_LOAD_ALLOWANCE_S * 1_000_000)
         self._start(self.inference)
@@ -222,7 +228,8 @@ class Service:
     def _collectors(self) -> list[Any]:
         assert self.outbox is not None and self.topology is not None
         assert self.tuning is not None and self.inference is not None
-        return [*build_collectors(self.root, self.topology),
+        plane = self.placement.limits_dir if self.placement is not None else None
+        return [*build_collectors(self.root, self.topology, data_plane_cgroup=plane),
                 FunctionCollector("inference", self.inference.metrics),
                 FunctionCollector("tuning", self.tuning.metrics),
                 FunctionCollector("outbox", self.outbox.stats),
@@ -278,6 +285,8 @@ class Service:
         status it wrote."""
         self._supervise_link()
         self._announce_health()
+        if self.memory_watch is not None:
+            self.memory_watch.check()
         if self.inference is not None and self.tuning is not None:
             # the same as on_sched sends; a no-op unless a change was missed
             self.inference.resched(self.tuning.inference_sched())

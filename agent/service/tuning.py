@@ -19,6 +19,7 @@ from agent.kernel.sched import ThreadSched
 from agent.tuning.engine import Engine, TuningError
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal
+from agent.tuning.placement import Placement
 from agent.tuning.profiles import ProfileStore
 from agent.tuning.thp_dynamic import ThpDynamicController
 
@@ -32,8 +33,9 @@ class Tuning:
     """The configured profile: planned always, applied and verified when the config says."""
 
     def __init__(self, root: Root, topology: Topology, state_dir: Path, profile: str | None,
-                 apply: bool, on_event: Callable[..., None]) -> None:
-        self.engine = Engine(root, topology, Journal(state_dir), ProfileStore(root))
+                 apply: bool, on_event: Callable[..., None],
+                 placement: Placement | None = None) -> None:
+        self.engine = Engine(root, topology, Journal(state_dir), ProfileStore(root), placement)
         self.requested, self.apply_wanted, self.on_event = profile, apply, on_event
         self.profile: str | None = None
         self.applied = False
@@ -141,7 +143,8 @@ class Tuning:
         self._thp_stop = threading.Event()
         self._thp = ThpDynamicController(
             self.engine.root, self.engine.journal, settings,
-            lambda event: self.on_event(event.pop("type"), **event))
+            lambda event: self.on_event(event.pop("type"), **event),
+            cgroup_dir=self.engine.placement.limits_dir)  # the data plane's memory.events
         threading.Thread(target=self._thp.run, args=(self._thp_stop,), name="thp-dynamic",
                          daemon=True).start()
 

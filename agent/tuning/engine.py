@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from agent.discovery.model import Topology
@@ -22,15 +23,18 @@ from agent.kernel import sched as rt
 from agent.kernel.fsroot import Root
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal, JournalState, current_boot_id
+from agent.tuning.placement import Placement, detect
 from agent.tuning.plan import Change, Plan, PlanContext, matches, read_normalised
 from agent.tuning.profiles import ProfileStore
 from agent.tuning.tuners import block, cgroup, cpuidle, dvfs, sysctl, thp
 from agent.tuning.tuners import rt as rt_tuner
+from agent.tuning.units import UnitError, Units
 
 Planner = Callable[[dict[str, Any], PlanContext], None]
-# Order of application; rollback runs in reverse.
+# Order of application; rollback runs in reverse.  The cgroup tuner comes first and is bound
+# to the engine's placement (see ``Engine.planners``).
 TUNERS: tuple[tuple[str, Planner], ...] = (
-    ("cgroup", cgroup.plan), ("thp", thp.plan), ("sysctl", sysctl.plan), ("rt", rt_tuner.plan),
+    ("thp", thp.plan), ("sysctl", sysctl.plan), ("rt", rt_tuner.plan),
     ("block", block.plan), ("nvme", block.plan_nvme), ("cpuidle", cpuidle.plan),
     ("dvfs", dvfs.plan))
 
@@ -65,11 +69,16 @@ def _stale_journal(root: Root, journal: Journal, notes: list[str]) -> JournalSta
 
 class Engine:
     def __init__(self, root: Root, topology: Topology, journal: Journal,
-                 store: ProfileStore | None = None) -> None:
+                 store: ProfileStore | None = None, placement: Placement | None = None) -> None:
         self.root = root
         self.topology = topology
         self.journal = journal
         self.store = store or ProfileStore(root)
+        # where the data plane runs: the cgroup tuner's limits go there (units or files)
+        self.placement = placement or detect(root, topology)
+
+    def planners(self) -> tuple[tuple[str, Planner], ...]:
+        return (("cgroup", partial(cgroup.plan, placement=self.placement)), *TUNERS)
 
     def plan(self, name: str, force: bool = False,
              baseline: dict[str, str | None] | None = None) -> Plan:
@@ -82,7 +91,7 @@ class Engine:
                                f"device (family {board.family}, soc {board.soc}, model "
                                f"{board.model}); use --force to apply it anyway")
         ctx = PlanContext(self.root, self.topology, profile, baseline)
-        for section, planner in TUNERS:
+        for section, planner in self.planners():
             if section in profile.settings:
                 planner(profile.settings[section], ctx)
         if "dvfs" in profile.settings.get("overlay", {}):
@@ -103,6 +112,12 @@ class Engine:
         plan = self.plan(name, force, {p: c.current for p, c in originals.items()})
         entries = self._journal_entries(plan, originals)
         result = ApplyResult(plan=plan, notes=notes)
+        if any(c.tuner == "cgroup" and c.compare != "unit" for c in entries):
+            try:  # the data plane's leaf and its controllers: neutral, needed for the writes
+                self.placement.prepare()
+            except OSError as error:
+                raise TuningError(f"applying {plan.profile}: the data plane's cgroup cannot "
+                                  f"be prepared: {error}; nothing was written") from None
         state = JournalState(profile=plan.profile, boot_id=current_boot_id(self.root),
                              root=str(self.root.base), changes=entries, runtime=plan.runtime)
         self.journal.save(state)  # every original is durable before the first write
@@ -144,9 +159,12 @@ class Engine:
         return entries
 
     def _write(self, change: Change, value: str) -> None:
-        """A kernel file write, or a thread's scheduling for ``sched`` changes."""
+        """A kernel file write, a thread's scheduling for ``sched`` changes, a unit's
+        runtime property for ``unit`` changes."""
         if change.compare == "sched":
             rt.apply_thread_sched(rt.tid_of(change.path), rt.parse_sched(value))
+        elif change.compare == "unit":
+            self._units().set_runtime(*cgroup.split_unit_path(change.path), value)
         else:
             self.root.write_text(change.path, value)
 
@@ -174,7 +192,7 @@ class Engine:
             if change.path in skipped:
                 continue
             try:
-                actual = read_normalised(self.root, change.path, change.compare)
+                actual = self._read(change)
             except (OSError, ValueError) as error:
                 actual = f"unreadable: {error}"
             if actual is None and change.compare == "sched":
@@ -182,6 +200,18 @@ class Engine:
             if not matches(change, actual):
                 drift.append((change, actual))
         return drift
+
+    def _units(self) -> Units:
+        if self.placement.units is None:
+            raise UnitError(errno.ENOSYS, "systemd does not run here: the journal's unit "
+                            "properties cannot be set")
+        return self.placement.units
+
+    def _read(self, change: Change) -> str | None:
+        if change.compare == "unit":
+            unit, name = cgroup.split_unit_path(change.path)
+            return self._units().show(unit, [name]).get(name)
+        return read_normalised(self.root, change.path, change.compare)
 
     def rollback(self) -> tuple[str | None, list[str]]:
         """Restore every original in reverse order; returns (profile, notes)."""

@@ -16,7 +16,7 @@ from agent.kernel.fsroot import Root
 from agent.tuning.errors import ProfileError
 from agent.tuning.profiles import Profile
 
-COMPARISONS = ("value", "selection", "cpulist", "controllers", "sched")
+COMPARISONS = ("value", "selection", "cpulist", "controllers", "sched", "unit")
 
 
 @dataclass

@@ -80,6 +80,7 @@ SCHEMA: dict[str, Any] = {
     "cgroup": {"path": text(CGROUP_PATH, "a relative cgroup path without '..', e.g. "
                              "edge-agent.slice/inference"),
                "memory_max": _size, "memory_high": _size, "cpu_max": _cpu_max,
+               "cpu_weight": integer(1, 10000),
                "cpus": _cpus, "mems": text(re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$"),
                                             "a NUMA node list such as 0 or 0-1")},
     "thp": {"enabled": choice(*THP_ENABLED), "defrag": choice(*THP_DEFRAG),

@@ -54,6 +54,8 @@ def test_profile_apply_verify_rollback_on_the_real_sys(tmp_path: Path) -> None:
     finally:
         agent("profile", "rollback", "--state-dir", state)
     for change in changes:  # every original value is back
+        if change["path"].startswith("systemd:"):
+            continue  # a unit property: test_data_plane_limits_through_systemd checks those
         current = Path(change["path"]).read_text().strip()
         assert change["current"] is None or str(change["current"]) in current
 
@@ -97,3 +99,49 @@ def test_cyclictest_with_and_without_the_realtime_profile(tmp_path: Path) -> Non
         agent("profile", "rollback", "--state-dir", state)
     print(f"cyclictest max latency: {without} us without, {with_profile} us with realtime")
     assert with_profile <= max(without * 2, without + 100)  # no worse beyond noise
+
+
+def test_data_plane_limits_through_systemd(tmp_path: Path) -> None:
+    """For real: a process started as the data plane is in a scope of edge_agent.slice, a
+    profile's limits reach the slice's cgroup files through systemd, and rollback restores
+    what systemctl showed before.  Needs root, systemd and cgroup v2."""
+    from agent.discovery import discover
+    from agent.kernel.fsroot import Root
+    from agent.tuning.engine import Engine
+    from agent.tuning.journal import Journal
+    from agent.tuning.placement import SystemdPlacement, detect
+    from agent.tuning.profiles import ProfileStore
+    from agent.tuning.units import SLICE
+
+    root = Root("/")
+    topology = discover(root)
+    placement = detect(root, topology)
+    if not isinstance(placement, SystemdPlacement) or os.geteuid() != 0:
+        pytest.skip(f"needs root, systemd and cgroup v2 (placement: {placement.mode})")
+    assert placement.units is not None
+    names = ["MemoryMax", "MemoryHigh", "CPUQuota", "CPUWeight", "AllowedCPUs"]
+    before = placement.units.show(SLICE, names)
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "hil-limits.yaml").write_text(
+        "cgroup: {memory_max: 512M, memory_high: 256M, cpu_max: '50000 100000', "
+        "cpu_weight: 50, cpus: '0'}\n")
+    engine = Engine(root, topology, Journal(tmp_path / "state"),
+                    ProfileStore(root, dirs=[profiles]), placement)
+    child = subprocess.Popen(placement.command(["sleep", "60"], 1))
+    try:
+        cgroup = Path(f"/proc/{child.pid}/cgroup").read_text()
+        assert f"0::/{SLICE}/edge-agent-serve-" in cgroup, cgroup
+        engine.apply("hil-limits", force=True)
+        files = Path("/sys/fs/cgroup") / SLICE
+        assert (files / "memory.max").read_text().strip() == str(512 * 2**20)
+        assert (files / "memory.high").read_text().strip() == str(256 * 2**20)
+        assert (files / "cpu.max").read_text().split()[0] == "50000"
+        assert (files / "cpu.weight").read_text().strip() == "50"
+        assert (files / "cpuset.cpus").read_text().strip() == "0"
+        assert engine.verify() == []
+    finally:
+        engine.rollback()
+        child.kill()
+        child.wait()
+    assert placement.units.show(SLICE, names) == before

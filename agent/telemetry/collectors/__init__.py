@@ -31,11 +31,12 @@ __all__ = ["COLLECTOR_GROUPS", "METRIC_GROUPS", "Collector", "NvmlGpuSample", "N
            "PynvmlTelemetry", "build_collectors"]
 
 
-def build_collectors(root: Root, topology: Topology,
-                     nvml: NvmlTelemetry | None = None) -> list[Collector]:
+def build_collectors(root: Root, topology: Topology, nvml: NvmlTelemetry | None = None,
+                     data_plane_cgroup: str | None = None) -> list[Collector]:
     """Every collector, in the order of telemetry ``metrics`` (``COLLECTOR_GROUPS`` names
     them).  ``nvml`` defaults to the real
-    driver on the host root when the topology has an NVIDIA discrete GPU."""
+    driver on the host root when the topology has an NVIDIA discrete GPU.
+    ``data_plane_cgroup``: the data plane's cgroup directory, reported in ``cgroup``."""
     reader = SysReader(root)
     return [
         CpuCollector(reader, topology),
@@ -43,7 +44,7 @@ def build_collectors(root: Root, topology: Topology,
         MemoryCollector(reader),
         SwapCollector(reader),
         PsiCollector(reader),
-        CgroupCollector(reader, topology),
+        CgroupCollector(reader, topology, data_plane=data_plane_cgroup),
         ThermalCollector(reader, topology),
         PowerCollector(reader, topology),
         FanCollector(reader, topology),

@@ -1,113 +1,193 @@
-"""cgroup v2: the agent's cgroup limits, and the controllers its parent must delegate.
+"""cgroup v2 limits on the inference data plane, wherever :mod:`agent.tuning.placement` put it.
 
-The cgroup itself comes from systemd (``Delegate=yes`` on the unit) or from
-:func:`create_cgroup`; profiles only set limits, which the kernel files take in bytes.
+Under systemd each limit is a runtime property of ``edge_agent.slice`` (a change on path
+``systemd:edge_agent.slice/MemoryMax``, read and written through the systemd boundary);
+without systemd it is a file of the data plane's leaf in the agent's delegated subtree.
+Either way the original is journaled and restored exactly.  ``cgroup.path`` no longer moves
+anything (the agent decides where the data plane runs, inside what it owns); a ``..`` in it is
+still refused.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from agent.discovery.model import Topology
-from agent.kernel.fsroot import Root
-from agent.tuning.plan import Change, PlanContext
+from agent.kernel.cgroup_model import CONTROLLER_FILES, PAGE
+from agent.kernel.parsers import format_cpulist, parse_cpulist
+from agent.tuning.placement import CgroupfsPlacement, Placement
+from agent.tuning.plan import Change, PlanContext, matches, read_normalised
+from agent.tuning.units import PROPERTIES, SLICE, UnitError, normalise
 from agent.tuning.values import resolve_cpus, resolve_size
 
-PROFILE_KEY_OF = {"memory.max": "memory_max", "memory.high": "memory_high", "cpu.max": "cpu_max",
-                  "cpuset.cpus": "cpus", "cpuset.mems": "mems"}
-CONTROLLER_OF = {"memory_max": "memory", "memory_high": "memory", "cpu_max": "cpu",
-                 "cpus": "cpuset", "mems": "cpuset"}
+FILE_OF = {"memory_max": "memory.max", "memory_high": "memory.high", "cpu_max": "cpu.max",
+           "cpu_weight": "cpu.weight", "cpus": "cpuset.cpus", "mems": "cpuset.mems"}
+CONTROLLER_OF = {key: prop.controller for key, prop in PROPERTIES.items()}
+UNIT_PREFIX = "systemd:"
 
 
-def hierarchy(topology: Topology) -> str | None:
-    """Where the cgroup v2 tree is mounted: the whole tree, or the hybrid ``unified`` part."""
-    return {"v2": "/sys/fs/cgroup", "hybrid": "/sys/fs/cgroup/unified"}.get(
-        topology.kernel.cgroup_mode or "")
+def unit_path(unit: str, name: str) -> str:
+    return f"{UNIT_PREFIX}{unit}/{name}"
+
+
+def split_unit_path(path: str) -> tuple[str, str]:
+    """``systemd:edge_agent.slice/MemoryMax`` -> (unit, property)."""
+    unit, _, name = path.removeprefix(UNIT_PREFIX).partition("/")
+    return unit, name
 
 
 def _limit_values(section: dict[str, Any], ctx: PlanContext) -> dict[str, str]:
+    """Profile key -> the kernel file's form (bytes or ``max``, CPU lists, ``cpu.max``)."""
     total = ctx.topology.memory.total_bytes
     values: dict[str, str] = {}
-    current_key = "memory_max"
+    key = "memory_max"
     try:
         if "memory_max" in section:
-            values["memory.max"] = resolve_size(section["memory_max"], total)
-        current_key = "memory_high"
+            values["memory_max"] = resolve_size(section["memory_max"], total)
+        key = "memory_high"
         if "memory_high" in section:
             # a percentage of memory.high is of memory.max when one is set
-            base = values.get("memory.max")
-            values["memory.high"] = resolve_size(
+            base = values.get("memory_max")
+            values["memory_high"] = resolve_size(
                 section["memory_high"], int(base) if base and base != "max" else total)
-        if "cpu_max" in section:
-            values["cpu.max"] = section["cpu_max"]
-        current_key = "cpus"
+        for key in ("cpu_max", "cpu_weight", "mems"):
+            if key in section:
+                values[key] = str(section[key])
+        key = "cpu_max"
+        if "cpu_max" in values:
+            _check_cpu_max(values["cpu_max"])
+        key = "cpus"
         if "cpus" in section:
-            values["cpuset.cpus"] = ",".join(map(str, resolve_cpus(section["cpus"],
-                                                                   ctx.topology)))
-        if "mems" in section:
-            values["cpuset.mems"] = section["mems"]
+            values["cpus"] = ",".join(map(str, resolve_cpus(section["cpus"], ctx.topology)))
     except ValueError as error:
-        raise ctx.error(f"cgroup.{current_key}", str(error)) from None
+        raise ctx.error(f"cgroup.{key}", str(error)) from None
     return values
 
 
-def plan(section: dict[str, Any], ctx: PlanContext) -> None:
-    mount = hierarchy(ctx.topology)
-    if mount is None:
-        raise ctx.error("cgroup", "needs a cgroup v2 hierarchy; this device has "
-                        f"{ctx.topology.kernel.cgroup_mode or 'none'}")
-    relative = section.get("path", "edge-agent.slice")
-    directory = f"{mount}/{relative}"
-    if not ctx.root.is_dir(directory):
-        raise ctx.error("cgroup.path", f"{directory} does not exist: let systemd create it "
-                        "(Delegate=yes in the unit) or create it before applying")
+def _check_cpu_max(value: str) -> None:
+    """The kernel's bounds (kernel/sched/core.c): a period of 1 ms to 1 s, a quota of at
+    least 1 ms."""
+    quota, _, period = value.partition(" ")
+    if period and not 1000 <= int(period) <= 1_000_000:
+        raise ValueError(f"{value!r}: the period must be 1000 to 1000000 µs")
+    if quota != "max" and int(quota) < 1000:
+        raise ValueError(f"{value!r}: the quota must be max or at least 1000 µs")
+
+
+def _check_usage(ctx: PlanContext, values: dict[str, str], usage: str | None) -> None:
+    """A limit below what the data plane uses now would get it OOM-killed at once."""
+    limit = values.get("memory_max", "max")
+    if limit != "max" and usage is not None and usage.isdigit() and int(limit) < int(usage):
+        raise ctx.error("cgroup.memory_max", f"{limit} bytes is below the data plane's "
+                        f"current usage of {usage} bytes")
+
+
+def plan(section: dict[str, Any], ctx: PlanContext, placement: Placement) -> None:
+    if placement.mode == "none":
+        raise ctx.error("cgroup", placement.reason)
+    path = str(section.get("path", ""))
+    if ".." in path.split("/") or path.startswith("/"):
+        raise ctx.error("cgroup.path", f"{path}: must stay inside the agent's own cgroup")
+    if path:
+        ctx.warnings.append(f"cgroup.path: {path} is not used: the data plane runs in "
+                            f"{placement.limits_dir}, which the agent owns")
     values = _limit_values(section, ctx)
-    if "memory.max" in values and values["memory.max"] != "max":
-        usage = ctx.current(f"{directory}/memory.current", "cgroup.memory_max")
-        if int(values["memory.max"]) < int(usage):
-            raise ctx.error("cgroup.memory_max", f"{values['memory.max']} bytes is below the "
-                            f"cgroup's current usage of {usage} bytes")
-    needed = sorted({CONTROLLER_OF[k] for k in section if k in CONTROLLER_OF})
-    if needed:
-        parent = os.path.dirname(directory)
-        control = f"{parent}/cgroup.subtree_control"
-        enabled = set(ctx.current(control, "cgroup").split())
-        missing = [c for c in needed if c not in enabled]
-        if missing:
-            ctx.root.check_writable(control)
-            ctx.changes.append(_controllers_change(control, enabled, missing))
-    for name, value in values.items():
-        compare = "cpulist" if name == "cpuset.cpus" else "value"
-        ctx.want("cgroup", f"{directory}/{name}", value, f"cgroup.{PROFILE_KEY_OF[name]}",
-                 compare=compare)
+    offered = ctx.topology.kernel.cgroup_controllers or []
+    if isinstance(placement, CgroupfsPlacement):
+        offered = placement.offered()
+    for key in values:
+        if CONTROLLER_OF[key] not in offered:
+            raise ctx.error(f"cgroup.{key}", f"needs the {CONTROLLER_OF[key]} controller, "
+                            f"which is not available here (available: "
+                            f"{' '.join(offered) or 'none'})")
+    if isinstance(placement, CgroupfsPlacement):
+        _plan_files(values, ctx, placement)
+    else:
+        _plan_units(values, ctx, placement)
 
 
-def _controllers_change(control: str, enabled: set[str], missing: list[str]) -> Change:
-    """Enabling controllers is ``+x`` and undoing it ``-x``: not a plain overwrite."""
-    return Change(tuner="cgroup", path=control, current=" ".join(sorted(enabled)),
-                  desired=" ".join(missing), key="cgroup", compare="controllers",
-                  write=" ".join(f"+{c}" for c in missing),
-                  restore=" ".join(f"-{c}" for c in missing))
+def _unit_value(key: str, value: str, ctx: PlanContext) -> str:
+    """A kernel-form limit as the unit property takes it."""
+    if key in ("memory_max", "memory_high"):
+        return "infinity" if value == "max" else value
+    if key == "cpu_max":
+        quota, _, period = value.partition(" ")
+        if quota == "max":
+            return ""
+        percent = int(quota) * 100 / int(period or 100000)
+        if round(percent, 2) * int(period or 100000) != int(quota) * 100 or percent <= 0:
+            raise ctx.error("cgroup.cpu_max", f"{value!r} is {percent:g}% of a CPU; "
+                            "systemd's CPUQuota= takes a percentage with at most two "
+                            "decimals, above 0")
+        return f"{percent:g}%"
+    if key in ("cpus", "mems"):
+        return value.replace(" ", "")
+    return value
 
 
-def create_cgroup(root: Root, directory: str) -> bool:
-    """Create a cgroup directory (real cgroupfs fills it); False if it already existed."""
-    root.check_writable(f"{directory}/cgroup.procs")
+def _plan_units(values: dict[str, str], ctx: PlanContext, placement: Placement) -> None:
+    assert placement.units is not None
+    names = {key: PROPERTIES[key].name for key in values}
     try:
-        os.mkdir(root.host_path(directory))
-    except FileExistsError:
-        return False
-    return True
+        shown = placement.units.show(SLICE, [*names.values(), "MemoryCurrent"])
+    except UnitError as error:
+        raise ctx.error("cgroup", f"cannot read {SLICE}'s properties: {error}") from None
+    _check_usage(ctx, values, shown.get("MemoryCurrent"))
+    for key, value in values.items():
+        path = unit_path(SLICE, names[key])
+        desired = shown_form(names[key], _unit_value(key, value, ctx))
+        current = ctx.baseline.get(path, shown.get(names[key]))
+        if current is None:
+            raise ctx.error(f"cgroup.{key}", f"systemd does not show {names[key]} for {SLICE}")
+        change = Change(tuner="cgroup", path=path, current=current, desired=desired,
+                        key=f"cgroup.{key}", compare="unit")
+        if not matches(change, current):
+            ctx.changes.append(change)
 
 
-def remove_cgroup(root: Root, directory: str) -> None:
-    root.check_writable(f"{directory}/cgroup.procs")
-    os.rmdir(root.host_path(directory))
+def shown_form(name: str, value: str) -> str:
+    """A desired property value in the form ``Units.show`` reads back."""
+    if name == "CPUQuota" or value == "":
+        return value
+    return normalise(name, value)
 
 
-def move_into(root: Root, directory: str, task_id: int, threads: bool = False) -> None:
-    """Move a process (``cgroup.procs``) or one thread (``cgroup.threads``) in: one id per
-    write, as the kernel requires."""
-    root.write_text(f"{directory}/{'cgroup.threads' if threads else 'cgroup.procs'}",
-                    str(task_id))
+def _plan_files(values: dict[str, str], ctx: PlanContext,
+                placement: CgroupfsPlacement) -> None:
+    leaf = placement.limits_dir
+    assert leaf is not None
+    # memory.current exists once the memory controller is on for the leaf: not before
+    usage = read_normalised(ctx.root, f"{leaf}/memory.current", "value") \
+        if ctx.root.exists(f"{leaf}/memory.current") else None
+    _check_usage(ctx, values, usage)
+    defaults = {name: text for files in CONTROLLER_FILES.values() for name, text in
+                files.items()}
+    for key, value in values.items():
+        path = placement.check(f"{leaf}/{FILE_OF[key]}")
+        ctx.root.check_writable(path)
+        compare = "cpulist" if key in ("cpus", "mems") else "value"
+        current = ctx.baseline.get(path)
+        if current is None:
+            # before the leaf exists (prepared at apply or at the data plane's start) it
+            # holds the kernel's defaults for a new cgroup
+            current = ctx.current(path, f"cgroup.{key}", compare) if ctx.root.exists(path) \
+                else read_default(defaults[FILE_OF[key]], compare)
+        desired = _file_value(key, value, current)
+        change = Change(tuner="cgroup", path=path, current=current, desired=desired,
+                        key=f"cgroup.{key}", compare=compare)
+        if not matches(change, current):
+            ctx.changes.append(change)
+
+
+def read_default(text: str, compare: str) -> str:
+    return text if compare == "value" else ",".join(text.split())
+
+
+def _file_value(key: str, value: str, current: str) -> str:
+    """What the file reads back: pages for memory, ``quota period`` for cpu.max."""
+    if key in ("memory_max", "memory_high") and value != "max":
+        return str(int(value) // PAGE * PAGE)
+    if key == "cpu_max" and " " not in value:
+        return f"{value} {current.split()[1] if ' ' in current else 100000}"
+    if key in ("cpus", "mems"):
+        return format_cpulist(parse_cpulist(value))
+    return value
