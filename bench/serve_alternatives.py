@@ -182,12 +182,13 @@ def start_kserve(python: str, scratch: Path, model: Path, stack: ExitStack) -> T
     http = f"127.0.0.1:{http_port}"
     stack.enter_context(server_process(
         [python, str(ALTERNATIVES / "kserve_onnx.py"), "--onnx", str(model),
-         "--threads", str(THREADS), "--names", "single,real", "--http_port", str(http_port),
-         "--grpc_port", str(grpc_port), "--enable_latency_logging", "false"],
+         "--threads", str(THREADS), "--names", "single", "--threaded-names", "real",
+         "--http_port", str(http_port), "--grpc_port", str(grpc_port),
+         "--enable_latency_logging", "false"],
         scratch / "kserve.log", http, ["single", "real"]))
     return Target(f"KServe {version}", "no adaptive batching (the Python server has none; "
-                  "KServe batches in its Kubernetes sidecar); 1 worker; ORT runs off the event "
-                  "loop, so runs overlap; latency logging off; "
+                  "KServe batches in its Kubernetes sidecar); 1 worker; single: predict on the "
+                  "event loop; real: ORT in a thread, so runs overlap; latency logging off; "
                   f"{THREADS} intra-op threads; binds all interfaces (not settable)",
                   f"127.0.0.1:{grpc_port}", http)
 
