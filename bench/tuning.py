@@ -19,6 +19,7 @@ from agent.discovery import discover
 from agent.kernel.fsroot import Root
 from agent.tuning.engine import Engine
 from agent.tuning.journal import Journal
+from agent.tuning.plan import Change
 from agent.tuning.profiles import ProfileStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,6 +29,14 @@ def timed(work: Callable[[], object]) -> float:
     start = time.perf_counter()
     work()
     return (time.perf_counter() - start) * 1000
+
+
+def plain_writes(root: Root, changes: list[Change]) -> None:
+    """The same writes without the journal, resolving paths as the engine does (each link
+    read once per operation)."""
+    with root.cached_links():
+        for change in changes:
+            root.write_text(change.path, change.write_value)
 
 
 def main() -> int:
@@ -50,8 +59,7 @@ def main() -> int:
             apply_ms.append(timed(lambda: engine.apply(args.profile, force=True)))
             verify_ms.append(timed(engine.verify))
             rollback_ms.append(timed(engine.rollback))
-            plain_ms.append(timed(lambda: [root.write_text(c.path, c.write_value)
-                                           for c in changes]))
+            plain_ms.append(timed(lambda: plain_writes(root, changes)))
             for change in reversed(changes):  # put the plain writes back, untimed
                 root.write_text(change.path, change.restore_value)
 

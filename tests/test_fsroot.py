@@ -181,3 +181,53 @@ def test_fixture_selection_attribute_moves_brackets_and_restores_bytes(tree: Pat
     with pytest.raises(OSError, match="'sometimes' is not one of"):
         root.write_text("/sys/kernel/mm/transparent_hugepage/enabled", "sometimes")
     assert (thp / "enabled").read_text() == "always [madvise] never\n"
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("board", sorted(p.name for p in FIXTURES.iterdir()
+                                         if (p / "sys").is_dir()))
+def test_cached_links_resolve_every_path_as_the_walk_does(board: str) -> None:
+    """Every path of a board tree (links and ``..`` included), both ways, the same answer."""
+    root = Root(FIXTURES / board)
+    paths = []
+    for directory, names, files in os.walk(FIXTURES / board / "sys"):
+        logical = "/" + str(Path(directory).relative_to(FIXTURES / board))
+        paths += [f"{logical}/{name}" for name in names + files][:40]
+    paths += ["/sys/devices/system/cpu/cpu0/../cpu1/online", "/sys/class/thermal/../block"]
+    walked = {(p, last): root.resolve(p, last) for p in paths for last in (True, False)}
+    with root.cached_links():
+        for _ in range(2):  # the first time fills the cache, the second reads it
+            assert {(p, last): root.resolve(p, last) for p, last in walked} == walked
+
+
+def test_cached_links_last_one_operation_on_one_thread(tree: Path) -> None:
+    import threading
+
+    root = Root(tree)
+    link = tree / "sys/devices/system/cpu/cpu0/cpufreq"
+    policy1 = tree / "sys/devices/system/cpu/cpufreq/policy1"
+    policy1.mkdir()
+    seen: list[str] = []
+    with root.cached_links():
+        assert root.resolve("/sys/devices/system/cpu/cpu0/cpufreq").endswith("policy0")
+        link.unlink()
+        os.symlink("../cpufreq/policy1", link)  # changed under the block
+        assert root.resolve("/sys/devices/system/cpu/cpu0/cpufreq").endswith("policy0")
+        other = threading.Thread(target=lambda: seen.append(
+            root.resolve("/sys/devices/system/cpu/cpu0/cpufreq")))
+        other.start()
+        other.join()
+    assert seen[0].endswith("policy1")  # another thread reads the tree as it is
+    assert root.resolve("/sys/devices/system/cpu/cpu0/cpufreq").endswith("policy1")  # after
+
+
+def test_cached_links_on_the_host_root_resolve_as_realpath_does() -> None:
+    root = Root("/")
+    paths = ["/sys/class/net/lo", "/sys/class/net/lo/mtu", "/proc/sys/vm/swappiness",
+             "/sys/devices/system/cpu/cpu0", "/sys/block", "/proc/self"]
+    walked = {(p, last): root.resolve(p, last) for p in paths for last in (True, False)}
+    with root.cached_links():
+        for _ in range(2):
+            assert {(p, last): root.resolve(p, last) for p, last in walked} == walked

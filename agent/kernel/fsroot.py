@@ -15,11 +15,14 @@ import fnmatch
 import glob as host_glob
 import os
 import re
+import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from agent.kernel import cgroup_model
+from agent.kernel.attributes import emulate_attribute_write
 
 # Tuning knobs the agent may change; everything else is read-only to it.  ``*`` matches
 # within one path component, ``**`` matches any number of components.
@@ -104,6 +107,13 @@ def _pattern_regex(patterns: Iterable[str]) -> re.Pattern[str]:
     return re.compile("(?:" + "|".join(alternatives) + ")\\Z" if alternatives else "(?!)")
 
 
+def _link_target(host_path: str) -> str | None:
+    try:
+        return os.readlink(host_path)
+    except OSError:
+        return None
+
+
 def _within(path: str, tree: str) -> bool:
     return path == tree or path.startswith(tree + "/")
 
@@ -121,6 +131,7 @@ class Root:
         self.writable = tuple(writable)
         self._writable_parts = [_components(p) for p in self.writable]
         self._writable_regex = _pattern_regex(self.writable)
+        self._cache = threading.local()  # .links: this thread's cached_links block, or None
 
     def __repr__(self) -> str:
         return f"Root({str(self.base)!r})"
@@ -130,17 +141,70 @@ class Root:
     def _host(self, logical: str) -> str:
         return logical if self.is_host else str(self.base) + logical
 
+    @contextmanager
+    def cached_links(self) -> Iterator[None]:
+        """Within the block, the calling thread reads each symbolic link once: one plan
+        resolves some 1,800 paths through the same few directories (a readlink per
+        component each), and links do not change under one plan or apply.  Another thread,
+        and any read after the block, sees the tree as it is; nested blocks share the
+        outermost one's cache."""
+        if getattr(self._cache, "links", None) is not None:
+            yield
+            return
+        self._cache.links = {}
+        try:
+            yield
+        finally:
+            self._cache.links = None
+
+    def _memo(self, key: str, work: Callable[[str], str | None], argument: str) -> str | None:
+        """``work(argument)``, once per cached_links block for ``key``."""
+        links: dict[str, str | None] | None = getattr(self._cache, "links", None)
+        if links is None:
+            return work(argument)
+        if key not in links:
+            links[key] = work(argument)
+        return links[key]
+
+    def _realpath(self, path: str) -> str:
+        return self._memo("real:" + path, os.path.realpath, path) or path
+
+    def _readlink(self, host_path: str) -> str | None:
+        """The link's target; None for anything that is not a link (or is missing)."""
+        return self._memo(host_path, _link_target, host_path)
+
     def resolve(self, path: str, follow_last: bool = True) -> str:
         """Return the logical path with every symlink resolved inside the root.
 
         Absolute link targets restart from the root; ``..`` above the root is refused.
         Missing components are kept as they are, so opening the result fails naturally.
         """
+        links: dict[str, str | None] | None = getattr(self._cache, "links", None)
+        if links is None:
+            return self._resolve(path, follow_last)
+        key = f"resolve:{follow_last:d}:{path}"
+        if key not in links:
+            links[key] = self._resolve_by_parent(path, follow_last)
+        return links[key] or path
+
+    def _resolve_by_parent(self, path: str, follow_last: bool) -> str:
+        """Within cached_links: the parent directory through the cache, then the last name
+        (walked in full only when it is itself a link, or ``..``)."""
+        parts = _components(path)
+        if self.is_host or len(parts) < 2 or parts[-1] == "..":
+            return self._resolve(path, follow_last)
+        parent = self.resolve("/" + "/".join(parts[:-1]))
+        joined = ("" if parent == "/" else parent) + "/" + parts[-1]
+        if follow_last and self._readlink(self._host(joined)) is not None:
+            return self._resolve(joined, True)
+        return joined
+
+    def _resolve(self, path: str, follow_last: bool) -> str:
         if self.is_host:
             parts = _components(path)  # validates; the host root cannot be escaped
             if follow_last:
-                return os.path.realpath("/" + "/".join(parts))
-            parent = os.path.realpath("/" + "/".join(parts[:-1]))
+                return self._realpath("/" + "/".join(parts))
+            parent = self._realpath("/" + "/".join(parts[:-1]))
             return os.path.join(parent, parts[-1]) if parts else "/"
         pending = deque(_components(path))
         resolved: list[str] = []
@@ -157,9 +221,8 @@ class Root:
             resolved.append(name)
             if not pending and not follow_last:
                 break
-            try:
-                target = os.readlink(self._host("/" + "/".join(resolved)))
-            except OSError:
+            target = self._readlink(self._host("/" + "/".join(resolved)))
+            if target is None:
                 continue  # not a symlink, or missing: keep the name as it is
             hops += 1
             if hops > _MAX_SYMLINK_HOPS:
@@ -258,10 +321,12 @@ class Root:
         """Write ``value`` in a single write(2), as sysfs, cgroup.procs and procfs expect.
 
         Below a fixture root the write behaves like a kernel attribute (see
-        :func:`emulate_attribute_write`), so a rollback restores the file byte for byte.
+        ``agent.kernel.attributes``), so a rollback restores the file byte for byte.
         """
-        target = self._host(self.check_writable(path))
-        if not self.is_host and cgroup_model.is_cgroup_dir(Path(target).parent):
+        logical = self.check_writable(path)
+        target = self._host(logical)
+        if (not self.is_host and logical.startswith("/sys/fs/cgroup/")
+                and cgroup_model.is_cgroup_dir(Path(target).parent)):
             cgroup_model.write(Path(target), value)  # cgroup v2's rules, not a plain file
             return
         if self.is_host:
@@ -313,33 +378,3 @@ class Root:
 
 def _has_wildcard(part: str) -> bool:
     return any(ch in part for ch in "*?[")
-
-
-_SELECTION = re.compile(r"\[([^\]\s]+)\]")
-
-
-def emulate_attribute_write(current: bytes, value: str, path: str) -> bytes:
-    """What a sysfs/procfs attribute reads after ``value`` is written to it.
-
-    A selection file (``always [madvise] never``) moves its brackets to the written word and
-    refuses words it does not offer (EINVAL, as the kernel does); ``cgroup.subtree_control``
-    takes ``+name``/``-name`` edits; any other attribute reads back the value and a newline.
-    """
-    text = current.decode(errors="replace")
-    if path.endswith("/cgroup.subtree_control"):  # "+cpu -io" edits the enabled set
-        enabled = text.split()
-        for token in value.split():
-            name = token[1:]
-            if token[0] == "+" and name not in enabled:
-                enabled.append(name)
-            elif token[0] == "-" and name in enabled:
-                enabled.remove(name)
-        return (" ".join(enabled) + "\n").encode()
-    if _SELECTION.search(text) is None:
-        return (value.strip() + "\n").encode()
-    word = value.strip()
-    options = [w.strip("[]") for w in text.split()]
-    if word not in options:
-        raise OSError(errno.EINVAL, f"{path}: {word!r} is not one of {options}")
-    unbracketed = _SELECTION.sub(lambda m: m.group(1), text)
-    return re.sub(rf"(?<!\S){re.escape(word)}(?!\S)", f"[{word}]", unbracketed, count=1).encode()

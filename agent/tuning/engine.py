@@ -15,8 +15,8 @@ from __future__ import annotations
 import errno
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any
+from functools import partial, update_wrapper
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from agent.discovery.model import Topology
 from agent.kernel import sched as rt
@@ -37,6 +37,23 @@ TUNERS: tuple[tuple[str, Planner], ...] = (
     ("thp", thp.plan), ("sysctl", sysctl.plan), ("rt", rt_tuner.plan),
     ("block", block.plan), ("nvme", block.plan_nvme), ("cpuidle", cpuidle.plan),
     ("dvfs", dvfs.plan))
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _links_read_once(method: Callable[Concatenate[Engine, _P], _R]
+                     ) -> Callable[Concatenate[Engine, _P], _R]:
+    """One engine operation reads each sysfs link once (Root.cached_links): a plan resolves
+    every path through the same few directories, which was most of its time."""
+
+    def within(self: Engine, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self.root.cached_links():
+            return method(self, *args, **kwargs)
+
+    update_wrapper(within, method)  # its name and docstring
+    return within
 
 
 class TuningError(RuntimeError):
@@ -80,6 +97,7 @@ class Engine:
     def planners(self) -> tuple[tuple[str, Planner], ...]:
         return (("cgroup", partial(cgroup.plan, placement=self.placement)), *TUNERS)
 
+    @_links_read_once
     def plan(self, name: str, force: bool = False,
              baseline: dict[str, str | None] | None = None) -> Plan:
         """Pure: load, validate, resolve against the hardware; nothing is written."""
@@ -105,6 +123,7 @@ class Engine:
         return Plan(profile=profile.name, changes=ctx.changes, warnings=ctx.warnings,
                     runtime=ctx.runtime, cpus=ctx.cpus)
 
+    @_links_read_once
     def apply(self, name: str, force: bool = False) -> ApplyResult:
         notes: list[str] = []
         old = _stale_journal(self.root, self.journal, notes)
@@ -181,6 +200,7 @@ class Engine:
             self.journal.clear()
         return failures
 
+    @_links_read_once
     def verify(self) -> list[tuple[Change, str | None]]:
         """Every journaled path that no longer holds its desired value, with what it holds."""
         state = self.journal.load()
@@ -213,6 +233,7 @@ class Engine:
             return self._units().show(unit, [name]).get(name)
         return read_normalised(self.root, change.path, change.compare)
 
+    @_links_read_once
     def rollback(self) -> tuple[str | None, list[str]]:
         """Restore every original in reverse order; returns (profile, notes)."""
         notes: list[str] = []
