@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -38,6 +38,7 @@ from agent.serving.shm import (
 )
 from agent.serving.shm_tensors import Window, read_input, region_ref, resolve, write_output
 from agent.serving.tensors import from_raw, from_values, to_raw
+from agent.serving.wire import SplitRequest, split_infer_request
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +81,12 @@ def _typed_input(tensor: Any) -> Tensor:
     return from_values(tensor.name, tensor.datatype, list(tensor.shape), values)
 
 
-def infer_request(message: Any, *, regions: RegionLookup) -> InferRequest:
+def infer_request(message: Any, *, regions: RegionLookup,
+                  raw_contents: Sequence[bytes | memoryview] | None = None) -> InferRequest:
     """A ``ModelInferRequest`` decoded and size-checked: inputs in shared memory copied out
     of ``regions``, the others either all raw, one ``raw_input_contents`` entry each in
-    their order (tritonclient sends none for an input in shared memory), or all typed."""
+    their order (tritonclient sends none for an input in shared memory), or all typed.
+    ``raw_contents``: those entries as ``wire.split_infer_request`` kept them (not copied)."""
     refs = [region_ref(parameter_values(t.parameters), f"input {t.name}")
             for t in message.inputs]
     in_shm = [t.name for t, ref in zip(message.inputs, refs, strict=True)
@@ -92,7 +95,7 @@ def infer_request(message: Any, *, regions: RegionLookup) -> InferRequest:
         raise invalid(f"inputs {', '.join(in_shm)} are in shared memory and carry contents: "
                       "use one or the other")
     by_value = [t for t, ref in zip(message.inputs, refs, strict=True) if ref is None]
-    raw = message.raw_input_contents
+    raw = message.raw_input_contents if raw_contents is None else raw_contents
     typed = [t.name for t in by_value if t.HasField("contents")]
     if raw and typed:
         raise invalid(f"inputs {', '.join(typed)} carry typed contents while the request "
@@ -229,10 +232,12 @@ class Service:
         return response
 
     def ModelInfer(self, request: Any, token: str | None = None) -> Any:
-        """A region in the request needs the token (see shm.CallerRegions)."""
+        """A region in the request needs the token (see shm.CallerRegions).  ``request`` is
+        a message, or what ``wire.split_infer_request`` made of one."""
+        message, raw = (request if isinstance(request, SplitRequest) else (request, None))
         regions = CallerRegions(self.regions, lambda: self.access.check(token, control=True))
-        targets = output_targets(request, regions)
-        decoded = infer_request(request, regions=regions)
+        targets = output_targets(message, regions)
+        decoded = infer_request(message, regions=regions, raw_contents=raw)
         return infer_response(self.models.infer(decoded), targets)
 
     def ModelConfig(self, request: Any) -> Any:
@@ -317,7 +322,8 @@ def build_grpc_server(models: Models, access: Access, *, max_request_bytes: int,
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             guarded(name, getattr(service, name), access),
-            request_deserializer=request.FromString,
+            request_deserializer=(split_infer_request if name == "ModelInfer"
+                                  else request.FromString),
             response_serializer=response.SerializeToString)
         for name, (request, response) in proto.METHODS.items()
     }

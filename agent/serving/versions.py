@@ -178,8 +178,9 @@ class Version:
                               f"{', '.join(self.output_names)})")
             if name in names[:index]:
                 raise invalid(f"output {name} is asked for twice")
+        key = signature(request.inputs) if self.policy.batching else ()  # runs alone
         return Pending(request.inputs, names, rows, self.policy.level(request.parameters),
-                       signature(request.inputs), self.policy.timeout(request.parameters))
+                       key, self.policy.timeout(request.parameters))
 
     def _batch(self, inputs: Sequence[Tensor]) -> int:
         """The batch size the request carries (1 without a batch dimension)."""
