@@ -51,13 +51,16 @@ def _inference_cpus(topology: Topology, inference_cpus: Sequence[int] | None) ->
 
 def session_options(intra_op: int, inter_op: int, graph_optimization: GraphOptimization = "all",
                     allow_spinning: bool | None = None,
-                    stop_spinning_after_run: bool = False) -> ort.SessionOptions:
+                    stop_spinning_after_run: bool = False,
+                    memory_arena: bool = True) -> ort.SessionOptions:
     """Sequential execution with explicit pools; spinning stays ORT's default unless set.
 
     Spinning trades idle CPU for wake-up latency: turn it off where inference shares cores.
     ``stop_spinning_after_run`` keeps the spin between a run's ops (without it each parallel
     op waits for a sleeping worker to wake: 0.5-2 ms a MobileNetV3 run on a busy 2-core box)
     but not past the run, where a server's front ends and clients need the cores.
+    ``memory_arena=False``: activations come from the C allocator rather than ORT's arena,
+    which never gives back what its largest batch took.
     """
     options = ort.SessionOptions()
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -68,6 +71,7 @@ def session_options(intra_op: int, inter_op: int, graph_optimization: GraphOptim
         options.add_session_config_entry(_SPINNING_KEY, "1" if allow_spinning else "0")
     if stop_spinning_after_run:
         options.add_session_config_entry(_SPINNING_STOP_KEY, "1")
+    options.enable_cpu_mem_arena = memory_arena
     return options
 
 

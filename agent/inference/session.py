@@ -63,12 +63,14 @@ def build_session(model_path: Path, *, providers: Sequence[str], intra_op: int, 
                   cache_dir: Path | None, expected_sha256: str | None = None,
                   graph_optimization: GraphOptimization = "all",
                   allow_spinning: bool | None = None,
-                  stop_spinning_after_run: bool = False) -> BuiltSession:
+                  stop_spinning_after_run: bool = False,
+                  memory_arena: bool = True) -> BuiltSession:
     """Load the (pinned) model and build its session, through the optimised-graph cache."""
     start = time.perf_counter()
     optimisation_level(graph_optimization)  # a typo fails before the model is read
     fresh = functools.partial(session_options, intra_op, inter_op, graph_optimization,
-                              allow_spinning, stop_spinning_after_run=stop_spinning_after_run)
+                              allow_spinning, stop_spinning_after_run=stop_spinning_after_run,
+                              memory_arena=memory_arena)
     model, digest = _read_model(model_path, expected_sha256)
     threads_before = _own_threads()
     session, cache = create_session(model_path, model, digest, list(providers), fresh,

@@ -101,7 +101,10 @@ def session_factory(settings: ServerSettings,
     (bench/serve.py: a MobileNetV3 run was 0.3-1.9 ms slower without the spin); under a
     realtime policy they do not spin at all, which a SCHED_FIFO thread's spin would turn
     into starving everything below it on its CPU.  A later switch to a realtime policy
-    keeps sessions built before it (their spin still ends with each run)."""
+    keeps sessions built before it (their spin still ends with each run).  Activations come
+    from the C allocator, not ORT's arena: with the data plane's allocator policy they are
+    reused as fast (bench/serve.py saw no difference at batch 1 or 8), and an idle data
+    plane gives a burst's batch-8 activations back where the arena would keep them."""
 
     def factory(path: Path, *, sha256: str | None, providers: Sequence[str] | None,
                 threads: int | None) -> BuiltSession:
@@ -109,7 +112,7 @@ def session_factory(settings: ServerSettings,
                               intra_op=threads or settings.threads[0],
                               inter_op=settings.threads[1], cache_dir=settings.cache_dir,
                               expected_sha256=sha256, allow_spinning=spinning_for(pool.wanted),
-                              stop_spinning_after_run=True)
+                              stop_spinning_after_run=True, memory_arena=False)
         pool.adopt(built.worker_tids)
         return built
 
