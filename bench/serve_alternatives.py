@@ -7,7 +7,8 @@ whose order rotates, so that the other load on the machine falls on every server
 
 1. Concurrency 1 on the model without batching: p50 and p99, each as a ratio
    server / edge-agent (bare ORT in this process beside them, for the floor).
-2. Concurrency 16 on the model with each server's own adaptive batching (up to BATCH rows):
+2. Concurrency 16 on the model with each server's own adaptive batching (up to BATCH rows;
+   edge-agent's on one single-threaded instance per core, as bench/serve.py runs it):
    throughput as edge-agent / server, p50 and p99 as server / edge-agent.
 
 The alternatives live in venvs of their own (they pin grpcio, protobuf and fastapi apart
@@ -41,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from serve import (  # the data-plane bench's helpers, not copies
     BATCH,
     CONCURRENCY,
+    SPLIT,
     THREADS,
     bare_session,
     concurrent_rate,
@@ -307,12 +309,13 @@ def main() -> None:
           f"{THREADS} intra-op threads everywhere, concurrency 1 and {CONCURRENCY}")
     with tempfile.TemporaryDirectory() as scratch_dir, ExitStack() as stack:
         scratch = Path(scratch_dir)
-        repository(scratch, model)
+        repository(scratch, model, SPLIT)  # batching on one 1-thread instance per core
         process, addresses = start_server(scratch)
         stack.callback(lambda: (process.terminate(), process.wait(30)))
         targets = [Target("edge-agent", f"dynamic_batching max_batch_size {BATCH}, "
-                          f"max_queue_delay_us 2000, preferred_batch_size [{BATCH}]; 1 "
-                          f"instance, {THREADS} intra-op threads", addresses["grpc"])]
+                          f"max_queue_delay_us 2000, preferred_batch_size [{BATCH}] on "
+                          f"{THREADS} instances of 1 thread; single: 1 instance of "
+                          f"{THREADS} threads", addresses["grpc"])]
         try:
             connect(targets[0], name, x, output, expected)
         except Skipped as why:
