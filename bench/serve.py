@@ -331,8 +331,8 @@ class SharedCall:
         self.shm.destroy_shared_memory_region(self.handle)
 
 
-def grpcio_call(target: str) -> Any:
-    """A plain grpcio unary call to ``/echo/Call`` (or any method) of ``target``."""
+def grpcio_channel(target: str) -> Any:
+    """A plain grpcio channel to ``target``, without message size limits."""
     import grpc
 
     return grpc.insecure_channel(target, options=[
@@ -360,12 +360,12 @@ def transport(addresses: dict[str, Any], model: Path, seconds: float,
     message.inputs.add(name=name, datatype="FP32", shape=list(x.shape))
     message.raw_input_contents.append(payload)
     request = message.SerializeToString()  # the same bytes, sent the way the floor's are
-    plain = grpcio_call(addresses["grpc"]).unary_unary(f"/{proto.SERVICE}/ModelInfer")
+    plain = grpcio_channel(addresses["grpc"]).unary_unary(f"/{proto.SERVICE}/ModelInfer")
     echo, echo_port = started(ECHO_SERVER, str(out_bytes))
     floor, floor_port = started(FLOOR_SERVER, str(model), str(THREADS))
     try:
-        echo_call = grpcio_call(f"127.0.0.1:{echo_port}").unary_unary("/echo/Call")
-        floor_call = grpcio_call(f"127.0.0.1:{floor_port}").unary_unary("/echo/Call")
+        echo_call = grpcio_channel(f"127.0.0.1:{echo_port}").unary_unary("/echo/Call")
+        floor_call = grpcio_channel(f"127.0.0.1:{floor_port}").unary_unary("/echo/Call")
         calls: dict[str, Callable[[], Any]] = {
             "bare": lambda: bare.run(None, {name: x}),
             "floor": lambda: floor_call(payload), "plain": lambda: plain(request),
