@@ -18,7 +18,7 @@ THP_DEFRAG = ("always", "defer", "defer+madvise", "madvise", "never")
 RT_POLICIES = ("other", "fifo", "rr", "batch", "idle")
 # vm.* (one file below /proc/sys/vm) plus the names in tuners/sysctl.ALLOWED, each with its
 # documented values there
-SYSCTL_KEY = re.compile(r"^(vm\.[a-z_]+|kernel\.(timer_migration|nmi_watchdog|numa_balancing)"
+SYSCTL_KEY = re.compile(r"^(vm\.[a-z_-]+|kernel\.(timer_migration|nmi_watchdog|numa_balancing)"
                         r"|net\.core\.(busy_poll|busy_read))$")
 # "performance|schedutil": the first governor the policy or devfreq node offers wins
 GOVERNORS = re.compile(r"^[a-z0-9_]+(\|[a-z0-9_]+)*$")

@@ -58,8 +58,9 @@ def pick_governor(ctx: PlanContext, key: str, directory: str, wanted: str,
     chosen = next((g for g in options if available is None or g in available), None)
     if chosen is None:
         offered = ", ".join(available or [])
-        asked = repr(options[0]) if len(options) == 1 else "none of " + ", ".join(options)
-        raise ctx.error(f"{key}.governor", f"{asked} is not available in {directory} "
+        asked = f"{options[0]!r} is not" if len(options) == 1 else \
+            f"none of {', '.join(options)} is"
+        raise ctx.error(f"{key}.governor", f"{asked} available in {directory} "
                         f"(available: {offered})")
     return chosen
 
