@@ -197,7 +197,13 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "scheduler": WORDS, "nr_requests": [1, 4, 64, 1023, 0, -1], "read_ahead_kb": [0, 128, -1],
     "io_poll": [0, 1, 2], "io_poll_delay": [-1, 0, -2], "rq_affinity": [0, 1, 2, 3],
     "default_ps_max_latency_us": [0, 100, 5500, -1],
-    "governor": WORDS, "min_khz": FREQS, "max_khz": FREQS, "min_hz": FREQS, "max_hz": FREQS,
+    "governor": [*WORDS, "performance|schedutil", "turbo|performance", "a|", "|b"],
+    "epp": ["performance", "balance_power", "power", "default", "turbo", 0],
+    "boost": [0, 1, 2, True], "no_turbo": [0, 1, -1, False],
+    "aspm_policy": ["default", "performance", "powersupersave", "fast", ""],
+    "power": ["on", "off", True, False, "maybe", 1],
+    "power_off_delay_ms": [0, 3000, 600000, 86_400_001, -1, "3000"],
+    "min_khz": FREQS, "max_khz": FREQS, "min_hz": FREQS, "max_hz": FREQS,
     "disable_deeper_than_us": [0, 1, 10, 100, 1000, 10**6],
     "dvfs": ["rk3588-oc", "../x", "Bad"],  # overlay.dvfs
     "irq_affinity": CPUS,  # the values of the map (its keys are in MAP_KEYS)
@@ -208,7 +214,9 @@ MAP_KEYS: dict[str, list[Any]] = {
               "nvme0n1/queue", "", "loop0", "mmcblk0boot0"],
     "irq_affinity": ["nvme*", "*", "eth0", "mmc0", "arch_timer", "nvme0q1", "a b", ""],
     "sysctl": ["vm.swappiness", "vm.dirty_ratio", "vm.nope", "vm.", "vm", "kernel.core_pattern",
-               "vm.stat_interval", "vm.SWAP", "vm/../kernel", "fs.file-max"],
+               "vm.stat_interval", "vm.SWAP", "vm/../kernel", "fs.file-max", "vm.page-cluster",
+               "kernel.timer_migration", "kernel.nmi_watchdog", "kernel.numa_balancing",
+               "net.core.busy_poll", "net.core.busy_read", "kernel.panic", "net.core"],
     "cpu": CPUS,
 }
 DOMAIN_STRINGS = sorted({v for pool in (*LEAF_VALUES.values(), *MAP_KEYS.values()) for v in pool

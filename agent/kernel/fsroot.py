@@ -63,6 +63,16 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/proc/irq/*/smp_affinity_list",
     "/proc/sys/kernel/sched_rt_runtime_us",
     "/proc/sys/vm/*",
+    # the sysctl tuner's allowlist beyond vm.* (agent/tuning/tuners/sysctl.py)
+    "/proc/sys/kernel/timer_migration",
+    "/proc/sys/kernel/nmi_watchdog",
+    "/proc/sys/kernel/numa_balancing",
+    "/proc/sys/net/core/busy_poll",
+    "/proc/sys/net/core/busy_read",
+    "/sys/module/pcie_aspm/parameters/policy",
+    # the vendor rknpu driver's power hold and idle power-off delay (debugfs)
+    "/sys/kernel/debug/rknpu/power",
+    "/sys/kernel/debug/rknpu/delayms",
 )
 
 # A symlink may redirect an allowlisted name, but never out of these kernel trees.
@@ -339,7 +349,7 @@ class Root:
         else:
             with open(target, "r+b") as handle:
                 old = handle.read()
-                data = emulate_attribute_write(old, value, path)
+                data = emulate_attribute_write(old, value, path, self._fixture_text)
                 handle.seek(0)
                 written = handle.write(data)
                 if len(data) < len(old):
@@ -347,6 +357,13 @@ class Root:
         if written != len(data):
             raise OSError(errno.EIO, f"{path}: short write ({written} of {len(data)} bytes)")
 
+
+    def _fixture_text(self, path: str) -> str | None:
+        """A sibling file's text for the write emulation (a governor, the command line)."""
+        try:
+            return self.read_text(path)
+        except OSError:
+            return None
 
     def mkdir(self, path: str) -> bool:
         """Create a cgroup directory (cgroupfs fills it in; below a fixture root the cgroup

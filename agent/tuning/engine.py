@@ -21,12 +21,13 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from agent.discovery.model import Topology
 from agent.kernel import sched as rt
 from agent.kernel.fsroot import Root
+from agent.tuning import coowners
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal, JournalState, current_boot_id
 from agent.tuning.placement import Placement, detect
 from agent.tuning.plan import Change, Plan, PlanContext, matches, read_normalised
 from agent.tuning.profiles import ProfileStore
-from agent.tuning.tuners import block, cgroup, cpuidle, dvfs, sysctl, thp
+from agent.tuning.tuners import block, cgroup, cpuidle, dvfs, pcie, rknpu, sysctl, thp
 from agent.tuning.tuners import rt as rt_tuner
 from agent.tuning.units import UnitError, Units
 
@@ -36,7 +37,7 @@ Planner = Callable[[dict[str, Any], PlanContext], None]
 TUNERS: tuple[tuple[str, Planner], ...] = (
     ("thp", thp.plan), ("sysctl", sysctl.plan), ("rt", rt_tuner.plan),
     ("block", block.plan), ("nvme", block.plan_nvme), ("cpuidle", cpuidle.plan),
-    ("dvfs", dvfs.plan))
+    ("dvfs", dvfs.plan), ("pcie", pcie.plan), ("rknpu", rknpu.plan))
 
 
 _P = ParamSpec("_P")
@@ -115,6 +116,7 @@ class Engine:
         if "dvfs" in profile.settings.get("overlay", {}):
             ctx.warnings.append(f"overlay.dvfs: {profile.settings['overlay']['dvfs']} is a "
                                 "device-tree overlay, installed only on request")
+        ctx.warnings += coowners.warnings(self.root, ctx.changes)  # Armbian's boot services
         seen: set[str] = set()
         for change in ctx.changes:
             if change.path in seen:
