@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agent.kernel import cgroup_model
+from agent.kernel import cgroup_model, jetson_model
 from agent.kernel.attributes import emulate_attribute_write
 
 # Tuning knobs the agent may change; everything else is read-only to it.  ``*`` matches
@@ -37,6 +37,10 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/sys/class/devfreq/*/governor",
     "/sys/class/devfreq/*/min_freq",
     "/sys/class/devfreq/*/max_freq",
+    "/sys/class/devfreq/*/device/railgate_enable",  # nvgpu (Jetson iGPU)
+    "/sys/kernel/debug/bpmp/debug/clk/emc/rate",  # Jetson BPMP clock debugfs
+    "/sys/kernel/debug/bpmp/debug/clk/emc/mrq_rate_locked",
+    "/sys/devices/platform/pwm-fan*/hwmon/hwmon*/pwm1",
     "/sys/kernel/mm/transparent_hugepage/enabled",
     "/sys/kernel/mm/transparent_hugepage/defrag",
     "/sys/kernel/mm/transparent_hugepage/khugepaged/defrag",
@@ -328,6 +332,9 @@ class Root:
         if (not self.is_host and logical.startswith("/sys/fs/cgroup/")
                 and cgroup_model.is_cgroup_dir(Path(target).parent)):
             cgroup_model.write(Path(target), value)  # cgroup v2's rules, not a plain file
+            return
+        if not self.is_host and jetson_model.handles(logical):
+            jetson_model.write(Path(target), logical, value)  # range checks, as the kernel
             return
         if self.is_host:
             data = value.encode()
