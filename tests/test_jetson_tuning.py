@@ -307,3 +307,15 @@ def test_run_command_uses_no_shell_and_a_timeout(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(OSError) as error:
         nvpmodel_mode.run_command(["/usr/sbin/nvpmodel", "-m", "1"])
     assert error.value.errno == errno.ETIMEDOUT
+
+
+def test_a_mode_with_other_online_cpus_is_said_in_the_plan(tmp_path: Path) -> None:
+    tree, engine = board_engine(tmp_path, "jetson-orin-nano-jp6", "nvpmodel: {mode: 15W}\n")
+    assert not any("runs CPUs" in w for w in engine.plan("p").warnings)  # 0-5 in every mode
+    conf = tree / "etc/nvpmodel/nvpmodel_p3767_0005_super.conf"
+    text = conf.read_text()
+    first = text.index("NAME=15W")
+    conf.write_text(text[:first] + text[first:].replace("CORE_4 1", "CORE_4 0", 1)
+                    .replace("CORE_5 1", "CORE_5 0", 1))
+    warning = next(w for w in engine.plan("p").warnings if "runs CPUs" in w)
+    assert warning.startswith("nvpmodel.mode: mode 0 (15W) runs CPUs 0-3, online now: 0-5")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.kernel import parsers
 from agent.tuning import nvpmodel
 from agent.tuning.nvpmodel import NvpmodelConf, PowerMode
 from agent.tuning.nvpmodel_mode import COMPARE, PATH, reboot_reason
@@ -51,6 +52,22 @@ def report_caps(ctx: PlanContext, conf: NvpmodelConf) -> None:
                                    "caps_hz": nvpmodel.engine_caps(mode)}
 
 
+def _warn_online_cpus(ctx: PlanContext, wanted: PowerMode) -> None:
+    """A mode onlines and offlines cores (CPU_ONLINE CORE_n); everything else in the plan
+    is resolved against the CPUs online now (hardware-reference: re-read the topology after
+    any mode change)."""
+    cores = {int(arg.removeprefix("CORE_")) for (param, arg), v in wanted.values.items()
+             if param == "CPU_ONLINE" and arg.startswith("CORE_") and v == 1}
+    online = set(ctx.topology.cpu.online)
+    if cores and cores != online:
+        ctx.warnings.append(
+            f"nvpmodel.mode: mode {wanted.id} ({wanted.name}) runs CPUs "
+            f"{parsers.format_cpulist(sorted(cores))}, online now: "
+            f"{parsers.format_cpulist(sorted(online))}; the per-CPU settings of this plan "
+            "follow the CPUs online now: switch first ('sudo nvpmodel -m "
+            f"{wanted.id}'), then plan the profile again")
+
+
 def plan(section: dict[str, Any], ctx: PlanContext) -> None:
     conf = jetson_conf(ctx, "nvpmodel")
     if conf is None:
@@ -69,6 +86,12 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
         original = ctx.baseline.get(PATH)  # switching profiles: the mode before tuning
         current = original if original is not None else (
             str(active_id) if active_id is not None else None)
+        if current is None:  # nothing to restore on rollback
+            raise ctx.error(key, f"neither {nvpmodel.STATUS} nor a DEFAULT in "
+                            f"{nvpmodel.CONF} says which mode is active; set one with "
+                            "'sudo nvpmodel -m N' first")
+        if active_id != wanted.id:
+            _warn_online_cpus(ctx, wanted)
         if current != str(wanted.id) or active_id != wanted.id:
             ctx.changes.append(Change(
                 tuner="nvpmodel", path=PATH, current=current, desired=str(wanted.id), key=key,
