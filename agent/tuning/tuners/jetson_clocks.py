@@ -122,8 +122,8 @@ def _emc(ctx: PlanContext, wanted: int | str) -> None:
     ctx.want(TUNER, f"{EMC}/mrq_rate_locked", "1", key,
              note="BPMP's EMC scaling no longer moves the rate")
     ctx.want(TUNER, f"{EMC}/rate", str(rate), key,
-             note=f"EMC floor: max_rate {high} Hz" + (f", nvpmodel {mode} cap {cap} Hz"
-                                                      if cap is not None else ""))
+             note=f"EMC held at {rate} Hz (max_rate {high} Hz" + (
+                 f", nvpmodel {mode} cap {cap} Hz)" if cap is not None else ")"))
 
 
 def _mode_name(ctx: PlanContext) -> str:
