@@ -27,17 +27,30 @@ from agent.tuning.journal import Journal, JournalState, current_boot_id
 from agent.tuning.placement import Placement, detect
 from agent.tuning.plan import Change, Plan, PlanContext, matches, read_normalised
 from agent.tuning.profiles import ProfileStore
-from agent.tuning.tuners import block, cgroup, cpuidle, dvfs, pcie, rknpu, sysctl, thp
+from agent.tuning.tuners import (
+    block,
+    cgroup,
+    cpuidle,
+    dvfs,
+    jetson,
+    jetson_clocks,
+    pcie,
+    rknpu,
+    sysctl,
+    thp,
+)
 from agent.tuning.tuners import rt as rt_tuner
 from agent.tuning.units import UnitError, Units
 
 Planner = Callable[[dict[str, Any], PlanContext], None]
 # Order of application; rollback runs in reverse.  The cgroup tuner comes first and is bound
-# to the engine's placement (see ``Engine.planners``).
+# to the engine's placement (see ``Engine.planners``).  The nvpmodel mode is switched before
+# any clock is set (a switch rewrites the limits); jetson_clocks comes after dvfs.
 TUNERS: tuple[tuple[str, Planner], ...] = (
-    ("thp", thp.plan), ("sysctl", sysctl.plan), ("rt", rt_tuner.plan),
+    ("nvpmodel", jetson.plan), ("thp", thp.plan), ("sysctl", sysctl.plan), ("rt", rt_tuner.plan),
     ("block", block.plan), ("nvme", block.plan_nvme), ("cpuidle", cpuidle.plan),
-    ("dvfs", dvfs.plan), ("pcie", pcie.plan), ("rknpu", rknpu.plan))
+    ("dvfs", dvfs.plan), ("jetson_clocks", jetson_clocks.plan), ("pcie", pcie.plan),
+    ("rknpu", rknpu.plan))
 
 
 _P = ParamSpec("_P")

@@ -30,6 +30,7 @@ class Change:
     write: str | None = None  # what to write when it differs from ``desired``
     restore: str | None = None  # what rollback writes when it differs from ``current``
     note: str | None = None
+    persistent: bool = False
 
     @property
     def write_value(self) -> str:

@@ -75,6 +75,30 @@ def _string_list(value: Any) -> str | None:
     return None if ok else "a string or a list of strings"
 
 
+def _power_mode(value: Any) -> str | None:
+    ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (
+        isinstance(value, str) and bool(re.fullmatch(r"[A-Za-z0-9_.-]+", value)))
+    return None if ok else ("a power mode id (0, 1, ...) or name (MAXN, 15W, ...) of "
+                            "/etc/nvpmodel.conf")
+
+
+def _emc_rate(value: Any) -> str | None:
+    ok = value == "max" or (isinstance(value, int) and not isinstance(value, bool)
+                            and value > 0)
+    return None if ok else "max, or an EMC rate in Hz such as 2133000000"
+
+
+def _fan_pwm(value: Any) -> str | None:
+    ok = value == "max" or (isinstance(value, int) and not isinstance(value, bool)
+                            and 0 <= value <= 255)
+    return None if ok else "max, or a PWM duty 0..255"
+
+
+def _railgate(value: Any) -> str | None:
+    return None if value == "off" or value is False else (
+        "off (YAML also reads a bare off as false)")
+
+
 GOVERNOR = text(GOVERNORS, "a governor name, or fallbacks such as performance|schedutil")
 DEVFREQ = {"governor": GOVERNOR, "min_hz": _frequency, "max_hz": _frequency}
 RT_THREAD = {"policy": choice(*RT_POLICIES), "priority": integer(0, 99), "cpus": _cpus}
@@ -119,6 +143,9 @@ SCHEMA: dict[str, Any] = {
     "rknpu": {"power": choice("on", "off", True, False),  # YAML 1.1 reads a bare on as true
                "power_off_delay_ms": integer(0, 86_400_000)},
     "cpuidle": {"disable_deeper_than_us": integer(0)},
+    "nvpmodel": {"mode": _power_mode},
+    "jetson_clocks": {"gpu": choice("max"), "railgate": _railgate, "emc": _emc_rate,
+                      "fan": _fan_pwm},
     "sysctl": ("map", text(SYSCTL_KEY, "a vm.* sysctl name such as vm.swappiness, or one of "
                         "kernel.timer_migration, kernel.nmi_watchdog, kernel.numa_balancing, "
                         "net.core.busy_poll, net.core.busy_read"),

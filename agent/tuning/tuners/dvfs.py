@@ -138,8 +138,11 @@ def _devfreq(ctx: PlanContext, kind: str, wanted: dict[str, Any]) -> None:
 
 
 def _warn_beyond_nvpmodel(ctx: PlanContext, first_change: int) -> None:
-    """On Jetson the power mode stays the base policy: say when a limit exceeds its cap."""
-    mode = nvpmodel.active_caps(ctx.root)
+    """On Jetson the power mode stays the base policy: say when a limit exceeds its cap.
+    A profile that switches the mode (``nvpmodel.mode``, planned first) is held to the
+    wanted mode's caps: ``nvpmodel -m`` rewrites the limits to them."""
+    wanted = next((c.desired for c in ctx.changes if c.compare == "nvpmodel"), None)
+    mode = nvpmodel.active_caps(ctx.root, int(wanted) if wanted is not None else None)
     if mode is None:
         return
     name, caps = mode
