@@ -1,4 +1,4 @@
-"""Boot-loader files below ``<root>/boot``: confined, and written atomically.
+"""Boot-loader files below ``<root>/boot`` (and other confined config files): written atomically.
 
 Boot files are not kernel knobs, so they stay out of :class:`agent.kernel.fsroot.Root`'s sysfs
 allowlist and its single-write(2) semantics: a boot config must be replaced whole (temp file,
@@ -14,6 +14,7 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 
 from agent.kernel.fsroot import PathEscapesRoot, Root, WriteRefused
 
@@ -28,20 +29,24 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-class BootFiles:
-    """Reads and atomically replaces files below ``/boot`` of a root, and nothing else."""
+class ConfinedFiles:
+    """Reads and atomically replaces the files of a root that ``allowed`` admits, before and
+    after resolving links inside the root, and nothing else."""
 
-    def __init__(self, root: Root) -> None:
+    def __init__(self, root: Root, allowed: Callable[[str], bool], what: str) -> None:
         self.root = root
+        self._allowed = allowed
+        self._what = what  # "/boot", for the refusals
 
     def host_path(self, path: str) -> str:
-        """The host path of a logical ``/boot/...`` path; refused if it leaves ``/boot``."""
-        if ".." in path.split("/") or not path.startswith(BOOT + "/"):
-            raise WriteRefused(errno.EPERM, f"{path}: only files below {BOOT} are boot files")
+        """The host path of an admitted logical path; refused if it leaves the admitted set."""
+        if ".." in path.split("/") or not self._allowed(path):
+            raise WriteRefused(errno.EPERM, f"{path}: edge-agent writes nothing outside "
+                               f"{self._what}")
         resolved = self.root.resolve(path)
-        if not resolved.startswith(BOOT + "/"):
+        if not self._allowed(resolved):
             raise PathEscapesRoot(errno.EACCES, f"{path}: resolves to {resolved}, outside "
-                                  f"{BOOT}")
+                                  f"{self._what}")
         return self.root.host_path(resolved)
 
     def read(self, path: str) -> bytes | None:
@@ -88,3 +93,10 @@ class BootFiles:
             return False
         _fsync_dir(os.path.dirname(target))
         return True
+
+
+class BootFiles(ConfinedFiles):
+    """Files below ``/boot`` of a root, and nothing else."""
+
+    def __init__(self, root: Root) -> None:
+        super().__init__(root, lambda path: path.startswith(BOOT + "/"), BOOT)
