@@ -21,7 +21,8 @@ from agent.kernel.fsroot import PathEscapesRoot, Root, WriteRefused
 BOOT = "/boot"
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make a rename or unlink in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -81,7 +82,7 @@ class ConfinedFiles:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
             raise
-        _fsync_dir(directory)
+        fsync_dir(directory)
         return True
 
     def remove(self, path: str) -> bool:
@@ -91,7 +92,7 @@ class ConfinedFiles:
             os.unlink(target)
         except FileNotFoundError:
             return False
-        _fsync_dir(os.path.dirname(target))
+        fsync_dir(os.path.dirname(target))
         return True
 
 

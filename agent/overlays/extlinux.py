@@ -271,8 +271,8 @@ def set_argument(text: str, name: str, token: str) -> str:
     start, end = blocks[LABEL]
     entry = lines[start:end]
     mark = MARK_PATTERN.match(lines[start - 1]) if start else None
-    source = blocks.get(mark.group(1)) if mark else None
-    source_has_append = source is None or _append_line(lines, source) is not None
+    block = blocks.get(mark.group(1)) if mark else None
+    source_has_append = block is None or _append_line(lines, block) is not None
     _set_in_entry(entry, name, token, source_has_append)
     _set_default(lines, LABEL)
     return _drop_copy_if_unchanged([*lines[:start], *entry, *lines[end:]])
