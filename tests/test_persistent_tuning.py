@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_overlays import ARMBIAN_ENV, JETSON_EXTLINUX, JETSON_RELEASE, RADXA_EXTLINUX
+from test_overlays import ARMBIAN_ENV, JETSON_EXTLINUX, RADXA_EXTLINUX
 from tuning_helpers import copy_board, snapshot, write_profile
 
 from agent.cli import main
@@ -403,3 +403,30 @@ def test_cli_plan_apply_status_and_after_failure_rollback(
     assert "nohz_full=4-5" in (tree / "boot/extlinux/extlinux.conf").read_text()
     assert main(["profile", "rollback", *state]) == 0
     assert (tree / "boot/extlinux/extlinux.conf").read_text() == JETSON_EXTLINUX
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("cmdline: {transparent_hugepage: sometimes}", "allowed: always, madvise, never"),
+    ("cmdline: {nvme.poll_queues: many}", "allowed: an integer >= 0"),
+    ("cmdline: {nohz_full: cpus:40-47}", "names CPUs this device does not have"),
+    ("cmdline: {init: /bin/sh}", "one of isolcpus, nohz_full"),
+])
+def test_bad_argument_values_name_the_key_and_what_is_allowed(
+        text: str, message: str, tmp_path: Path) -> None:
+    tree = _jetson(tmp_path)
+    write_profile(tmp_path / "profiles", "bad", text + "\n")
+    with pytest.raises(ProfileError, match=message):
+        engine(tree, tmp_path / "state", tmp_path / "profiles").plan("bad")
+
+
+def test_arguments_without_an_editable_boot_config_are_an_error_unless_optional(
+        tmp_path: Path) -> None:
+    tree = copy_board("x86-server-nvidia", tmp_path)  # GRUB: no layout edge-agent edits
+    profiles = tmp_path / "profiles"
+    write_profile(profiles, "args", "cmdline: {nohz_full: cpus:1}\n")
+    write_profile(profiles, "maybe", "cmdline: {nohz_full: cpus:1}\noptional: [cmdline]\n")
+    cli = engine(tree, tmp_path / "state", profiles)
+    with pytest.raises(ProfileError, match="no boot config edge-agent can edit"):
+        cli.plan("args")
+    assert any(w.startswith("cmdline: skipped: no boot config") for w in
+               cli.plan("maybe").warnings)

@@ -41,7 +41,7 @@ def _cpus(ctx: PlanContext, key: str, selector: str) -> list[int]:
 def split_flags(value: str) -> tuple[list[str], str]:
     """``managed_irq,domain,cluster:big`` -> (flags, selector)."""
     parts = value.split(",")
-    flags = []
+    flags: list[str] = []
     while len(parts) > 1 and parts[0] in ISOLCPUS_FLAGS:
         flags.append(parts.pop(0))
     return flags, ",".join(parts)
@@ -61,6 +61,11 @@ def _token(ctx: PlanContext, name: str, value: Any) -> str:
             ctx.warnings.append(f"{key}: CPU 0 (the boot CPU) stays a housekeeping CPU "
                                 "(Documentation/timers/no_hz.rst)")
         return f"{name}={','.join([*flags, format_cpulist(cpus)])}"
+    if name == "transparent_hugepage" and value not in THP_MODES:
+        raise ctx.error(key, f"{value!r} is not a THP mode; allowed: {', '.join(THP_MODES)}")
+    if name == "nvme.poll_queues" and not (isinstance(value, int) and value >= 0):
+        raise ctx.error(key, f"{value!r} is not a queue count; allowed: an integer >= 0 (0 "
+                        "turns polling off; the driver caps it at the CPU count)")
     return f"{name}={value}"
 
 
