@@ -430,3 +430,23 @@ def test_arguments_without_an_editable_boot_config_are_an_error_unless_optional(
         cli.plan("args")
     assert any(w.startswith("cmdline: skipped: no boot config") for w in
                cli.plan("maybe").warnings)
+
+
+def test_the_service_logs_pending_persistent_settings_with_the_command(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from agent.service.tuning import Tuning
+
+    tree = _jetson(tmp_path)
+    profiles = tree / "etc/edge-agent/profiles"
+    write_profile(profiles, "lasting", PROFILE)
+    before = (tree / "boot/extlinux/extlinux.conf").read_bytes()
+    root = Root(tree)
+    tuning = Tuning(root, discover(root), tmp_path / "state", "lasting", True,
+                    lambda *a, **k: None)
+    with caplog.at_level("WARNING"):
+        tuning.start()
+    assert tuning.applied and tuning.error is None
+    assert "5 persistent setting(s) of lasting pending" in caplog.text
+    assert "run `sudo edge-agent profile apply lasting`" in caplog.text
+    assert (tree / "boot/extlinux/extlinux.conf").read_bytes() == before
+    tuning.rollback()
