@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_overlays import ARMBIAN_ENV, JETSON_EXTLINUX, RADXA_EXTLINUX
+from test_overlays import ARMBIAN_ENV, JETSON_EXTLINUX, RADXA_EXTLINUX, TEGRA
 from tuning_helpers import copy_board, snapshot, write_profile
 
 from agent.cli import main
@@ -450,3 +450,33 @@ def test_the_service_logs_pending_persistent_settings_with_the_command(
     assert "run `sudo edge-agent profile apply lasting`" in caplog.text
     assert (tree / "boot/extlinux/extlinux.conf").read_bytes() == before
     tuning.rollback()
+
+
+@pytest.mark.parametrize("overlay_last", [False, True])
+def test_the_overlay_installer_and_the_engine_share_the_copy_in_either_order(
+        overlay_last: bool, tmp_path: Path) -> None:
+    from agent.overlays import build, installer
+
+    tree = _jetson(tmp_path)
+    dt = tree / "sys/firmware/devicetree/base"  # /proc/device-tree, as check_board reads it
+    (dt / "compatible").write_text(TEGRA)
+    (dt / "__symbols__").mkdir(exist_ok=True)
+    (dt / "thermal-zones/cpu-thermal").mkdir(parents=True, exist_ok=True)
+    before = snapshot(tree)
+    write_profile(tmp_path / "profiles", "args", "cmdline: {nohz_full: cpus:4-5}\n")
+    cli = engine(tree, tmp_path / "state", tmp_path / "profiles")
+    root = Root(tree)
+    overlay = build.from_entry("jetson-orin-cpu-alert")
+    installer.install(root, overlay)
+    cli.apply("args")
+    text = (tree / "boot/extlinux/extlinux.conf").read_text()
+    assert text.count("LABEL edge-agent") == 1 and "nohz_full=4-5" in text
+    assert "OVERLAYS /boot/jetson-orin-cpu-alert.dtbo" in text
+    if overlay_last:
+        cli.rollback()
+        installer.remove(root, "jetson-orin-cpu-alert")
+    else:
+        installer.remove(root, "jetson-orin-cpu-alert")
+        assert "nohz_full=4-5" in (tree / "boot/extlinux/extlinux.conf").read_text()
+        cli.rollback()
+    assert snapshot(tree) == before

@@ -202,6 +202,10 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "dvfs": ["rk3588-oc", "../x", "Bad"],  # overlay.dvfs
     "irq_affinity": CPUS,  # the values of the map (its keys are in MAP_KEYS)
     "sysctl": [0, 1, 10, 60, 100, -1, 2**40, "10"],
+    "cmdline": [*CPUS, "managed_irq,domain,cluster:big", "domain,cpus:4-7", 4, 0, -1, "madvise",
+                "never", "sometimes", "4-7 init=/bin/sh", "'x'", "$X", "1\ninit=/x"],
+    "banned_cpus": CPUS,
+    "value": ["64M", "infinity", 65536, "90%", -1, "x", "max"],  # io_uring.limit_memlock
 }
 MAP_KEYS: dict[str, list[Any]] = {
     "block": ["nvme*", "nvme0n1", "mmcblk0", "mmcblk*", "*", "vd?", "sd[a-z]", "../sda",
@@ -210,6 +214,8 @@ MAP_KEYS: dict[str, list[Any]] = {
     "sysctl": ["vm.swappiness", "vm.dirty_ratio", "vm.nope", "vm.", "vm", "kernel.core_pattern",
                "vm.stat_interval", "vm.SWAP", "vm/../kernel", "fs.file-max"],
     "cpu": CPUS,
+    "cmdline": ["isolcpus", "nohz_full", "rcu_nocbs", "irqaffinity", "nvme.poll_queues",
+                "transparent_hugepage", "init", "root", "", "a b"],
 }
 DOMAIN_STRINGS = sorted({v for pool in (*LEAF_VALUES.values(), *MAP_KEYS.values()) for v in pool
                          if isinstance(v, str)})
