@@ -208,6 +208,15 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "dvfs": ["rk3588-oc", "../x", "Bad"],  # overlay.dvfs
     "irq_affinity": CPUS,  # the values of the map (its keys are in MAP_KEYS)
     "sysctl": [0, 1, 10, 60, 100, -1, 2**40, "10"],
+    "cmdline": [*CPUS, "managed_irq,domain,cluster:big", "domain,cpus:4-7", 4, 0, -1, "madvise",
+                "never", "sometimes", "4-7 init=/bin/sh", "'x'", "$X", "1\ninit=/x"],
+    "banned_cpus": CPUS,
+    "value": ["64M", "infinity", 65536, "90%", -1, "x", "max"],  # io_uring.limit_memlock
+    "mode": [0, 1, 2, "MAXN", "15W", "7W", "MODE_30W", -1, "a b", True],  # nvpmodel.mode
+    "gpu": ["max", "min", 1],  # jetson_clocks
+    "railgate": ["off", False, "on", True, 0],
+    "emc": ["max", 2133000000, 0, -1, "2133000000"],
+    "fan": ["max", 0, 128, 255, 256, -1],
 }
 MAP_KEYS: dict[str, list[Any]] = {
     "block": ["nvme*", "nvme0n1", "mmcblk0", "mmcblk*", "*", "vd?", "sd[a-z]", "../sda",
@@ -218,6 +227,8 @@ MAP_KEYS: dict[str, list[Any]] = {
                "kernel.timer_migration", "kernel.nmi_watchdog", "kernel.numa_balancing",
                "net.core.busy_poll", "net.core.busy_read", "kernel.panic", "net.core"],
     "cpu": CPUS,
+    "cmdline": ["isolcpus", "nohz_full", "rcu_nocbs", "irqaffinity", "nvme.poll_queues",
+                "transparent_hugepage", "init", "root", "", "a b"],
 }
 DOMAIN_STRINGS = sorted({v for pool in (*LEAF_VALUES.values(), *MAP_KEYS.values()) for v in pool
                          if isinstance(v, str)})

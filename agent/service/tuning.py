@@ -2,7 +2,12 @@
 
 Hot-plug retargets it from the main thread while fleet commands switch and roll it back from
 the controller's worker: one reentrant lock makes each operation whole (a switch's rollback
-and verify run inside it)."""
+and verify run inside it).
+
+The service applies and rolls back runtime settings only: the unit's ProtectSystem=full makes
+/etc and /boot read-only to it, so a profile's persistent settings (kernel arguments,
+irqbalance's config, systemd drop-ins) are logged as pending, for ``sudo edge-agent profile
+apply`` to write."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from agent.discovery.model import Topology
 from agent.kernel.fsroot import Root
 from agent.kernel.sched import ThreadSched
-from agent.tuning.engine import Engine, TuningError
+from agent.tuning.engine import ApplyResult, Engine, TuningError
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal
 from agent.tuning.placement import Placement
@@ -70,7 +75,7 @@ class Tuning:
             self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
                 plan.runtime
             if self.apply_wanted:
-                self.engine.apply(self.requested)
+                self._pending(self.engine.apply(self.requested))
                 self.applied = True
                 self.on_event("tuning_applied", profile=plan.profile, changes=len(plan.changes))
                 self.verify()
@@ -85,7 +90,7 @@ class Tuning:
         with self._lock:
             self._stop_thp_controller()
             plan = self.engine.plan(name, force=force)
-            self.engine.apply(name, force=force)
+            self._pending(self.engine.apply(name, force=force))
             self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
                 plan.runtime
             self.applied, self.error = True, None
@@ -119,13 +124,25 @@ class Tuning:
         """Every original value back; returns the profile that was rolled back."""
         with self._lock:
             self._stop_thp_controller()
-            profile, _notes = self.engine.rollback()
+            profile, notes = self.engine.rollback()
+            for note in notes:
+                logger.info("tuning: %s", note)
             # nothing is applied or planned any more: telemetry and birth must not name it
             self.applied, self.drift, self.verified_at = False, None, None
             self.profile, self.changes, self.runtime = None, 0, {}
             self._sched_changed()
             self.on_event("tuning_rolled_back", profile=profile)
             return profile
+
+    @staticmethod
+    def _pending(result: ApplyResult) -> None:
+        """Persistent settings the service does not write: said once per apply."""
+        if result.pending:
+            logger.warning("tuning: %d persistent setting(s) of %s pending (%s): the service "
+                           "does not write /etc or /boot (ProtectSystem=full); run `sudo "
+                           "edge-agent profile apply %s`", len(result.pending),
+                           result.plan.profile, ", ".join(c.path for c in result.pending),
+                           result.plan.profile)
 
     def _sched_changed(self) -> None:
         if self.on_sched is not None:
