@@ -33,7 +33,8 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/sys/devices/system/cpu/cpufreq/policy*/energy_performance_preference",
     "/sys/devices/system/cpu/cpufreq/boost",
     "/sys/devices/system/cpu/intel_pstate/no_turbo",
-    "/sys/devices/system/cpu/cpu*/cpuidle/state*/disable",
+    "/sys/devices/system/cpu/cpu*/cpuidle/state*/disable",  # journals from before PM QoS
+    "/sys/devices/system/cpu/cpu*/power/pm_qos_resume_latency_us",
     "/sys/class/devfreq/*/governor",
     "/sys/class/devfreq/*/min_freq",
     "/sys/class/devfreq/*/max_freq",
@@ -61,6 +62,7 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/sys/fs/cgroup/**/cpuset.cpus.partition",
     "/proc/irq/*/smp_affinity",
     "/proc/irq/*/smp_affinity_list",
+    "/proc/irq/default_smp_affinity",
     "/proc/sys/kernel/sched_rt_runtime_us",
     "/proc/sys/vm/*",
 )
@@ -339,7 +341,7 @@ class Root:
         else:
             with open(target, "r+b") as handle:
                 old = handle.read()
-                data = emulate_attribute_write(old, value, path)
+                data = emulate_attribute_write(old, value, path, self.base)
                 handle.seek(0)
                 written = handle.write(data)
                 if len(data) < len(old):
