@@ -92,6 +92,7 @@ SCHEMA: dict[str, Any] = {
     "rt": {"inference": RT_THREAD, "threads": ("list", THREAD_SELECTOR),
            "housekeeping_cpus": _housekeeping,
            "sched_rt_runtime_us": integer(-1, 1_000_000),
+           "default_irq_affinity": _cpus,
            "irq_affinity": ("map", text(IRQ_PATTERN, "an IRQ action-name pattern such as "
                                          "nvme*"), _cpus)},
     "block": ("map", text(BLOCK_PATTERN, "a device-name pattern such as nvme*"),
@@ -102,7 +103,8 @@ SCHEMA: dict[str, Any] = {
     "dvfs": {"cpu": ("map", _cpus, {"governor": text(), "min_khz": _frequency,
                                     "max_khz": _frequency}),
              "gpu": DEVFREQ, "npu": DEVFREQ, "dmc": DEVFREQ},
-    "cpuidle": {"disable_deeper_than_us": integer(0)},
+    "cpuidle": {"disable_deeper_than_us": integer(0, 2**31 - 2),
+                "dma_latency_us": integer(0, 2_000_000_000)},
     "sysctl": ("map", text(SYSCTL_KEY, "a vm.* sysctl name such as vm.swappiness"),
                lambda v: None if isinstance(v, int) and not isinstance(v, bool)
                else "an integer"),
