@@ -218,3 +218,17 @@ def test_eio_outside_an_irq_affinity_file_is_not_taken_for_a_managed_irq(
         engine.apply("irqs")
     assert snapshot(tree) == before
     assert not (tmp_path / "state" / FILE_NAME).exists()
+
+
+def test_rollback_of_an_apply_cut_short_passes_over_managed_irqs(tmp_path: Path) -> None:
+    """An apply killed before it journaled its skips leaves a managed IRQ in the journal;
+    the kernel never let it change, so its EIO on rollback is no failure."""
+    tree, engine = _engine("x86-edge-npu", tmp_path, "rt: {irq_affinity: {'*': 'cpus:0'}}\n")
+    before = snapshot(tree)
+    engine.apply("irqs")
+    state = engine.journal.load()
+    assert state is not None and state.runtime["skipped"] == ["/proc/irq/131/smp_affinity_list"]
+    state.status, state.runtime = "applying", {}
+    engine.journal.save(state)
+    assert engine.rollback()[0] == "irqs"
+    assert snapshot(tree) == before

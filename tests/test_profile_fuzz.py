@@ -199,6 +199,8 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "default_ps_max_latency_us": [0, 100, 5500, -1],
     "governor": WORDS, "min_khz": FREQS, "max_khz": FREQS, "min_hz": FREQS, "max_hz": FREQS,
     "disable_deeper_than_us": [0, 1, 10, 100, 1000, 10**6],
+    "dma_latency_us": [0, 1, 20, 2_000_000_000, 2_000_000_001, -1],
+    "default_irq_affinity": CPUS,
     "dvfs": ["rk3588-oc", "../x", "Bad"],  # overlay.dvfs
     "irq_affinity": CPUS,  # the values of the map (its keys are in MAP_KEYS)
     "sysctl": [0, 1, 10, 60, 100, -1, 2**40, "10"],

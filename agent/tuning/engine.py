@@ -196,6 +196,9 @@ class Engine:
             except ProcessLookupError:
                 continue  # the thread is gone: nothing is left to restore
             except (OSError, rt.RtError) as error:
+                if isinstance(error, OSError) and _managed_irq(change, error):
+                    continue  # the kernel never let it change (an apply cut short before
+                    # it journaled the skip): the original still stands
                 failures.append(f"{change.path}: {error}")
         if not failures:
             self.journal.clear()
