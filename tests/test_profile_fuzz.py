@@ -205,6 +205,8 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "power_off_delay_ms": [0, 3000, 600000, 86_400_001, -1, "3000"],
     "min_khz": FREQS, "max_khz": FREQS, "min_hz": FREQS, "max_hz": FREQS,
     "disable_deeper_than_us": [0, 1, 10, 100, 1000, 10**6],
+    "dma_latency_us": [0, 1, 20, 2_000_000_000, 2_000_000_001, -1],
+    "default_irq_affinity": CPUS,
     "dvfs": ["rk3588-oc", "../x", "Bad"],  # overlay.dvfs
     "irq_affinity": CPUS,  # the values of the map (its keys are in MAP_KEYS)
     "sysctl": [0, 1, 10, 60, 100, -1, 2**40, "10"],

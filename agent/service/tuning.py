@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.discovery.model import Topology
 from agent.kernel.fsroot import Root
+from agent.kernel.pm_qos import DMA_LATENCY, LatencyHold
 from agent.kernel.sched import ThreadSched
 from agent.tuning.engine import ApplyResult, Engine, TuningError
 from agent.tuning.errors import ProfileError
@@ -51,6 +52,8 @@ class Tuning:
         self.verified_at: float | None = None
         self._thp: ThpDynamicController | None = None
         self._thp_stop = threading.Event()
+        self._hold: LatencyHold | None = None  # cpuidle.dma_latency_us, while applied
+        self.hold_warning: str | None = None
         self._lock = threading.RLock()
         # told the inference threads' scheduling after each switch and rollback (the data
         # plane's supervisor), so no thread keeps an old profile's policy or CPUs
@@ -78,6 +81,7 @@ class Tuning:
                 self._pending(self.engine.apply(self.requested))
                 self.applied = True
                 self.on_event("tuning_applied", profile=plan.profile, changes=len(plan.changes))
+                self._hold_latency()
                 self.verify()
                 self._start_thp_controller()
         except (ProfileError, TuningError, OSError) as error:
@@ -94,6 +98,7 @@ class Tuning:
             self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
                 plan.runtime
             self.applied, self.error = True, None
+            self._hold_latency()
             self._sched_changed()
             self.on_event("tuning_applied", profile=plan.profile, changes=len(plan.changes))
             self.verify()
@@ -127,6 +132,7 @@ class Tuning:
             profile, notes = self.engine.rollback()
             for note in notes:
                 logger.info("tuning: %s", note)
+            self._release_latency()
             # nothing is applied or planned any more: telemetry and birth must not name it
             self.applied, self.drift, self.verified_at = False, None, None
             self.profile, self.changes, self.runtime = None, 0, {}
@@ -143,6 +149,28 @@ class Tuning:
                            "edge-agent profile apply %s`", len(result.pending),
                            result.plan.profile, ", ".join(c.path for c in result.pending),
                            result.plan.profile)
+
+    def _hold_latency(self) -> None:
+        """Hold /dev/cpu_dma_latency for the applied profile's ``cpuidle.dma_latency_us``
+        (a new hold before the old one goes, so a switch leaves no gap); none if it asks for
+        none.  A missing or refused device is a warning: the rest of the profile stands."""
+        wanted = self.runtime.get("dma_latency_us")
+        old, self._hold, self.hold_warning = self._hold, None, None
+        if wanted is not None:
+            try:
+                self._hold = LatencyHold(self.engine.root, int(wanted))
+            except OSError as error:
+                self.hold_warning = (f"cpuidle.dma_latency_us: {DMA_LATENCY} cannot be held "
+                                     f"({error.strerror or error}); idle states are not "
+                                     "bounded system-wide")
+                logger.warning("tuning: %s", self.hold_warning)
+        if old is not None:
+            old.release()
+
+    def _release_latency(self) -> None:
+        if self._hold is not None:
+            self._hold.release()
+        self._hold, self.hold_warning = None, None
 
     def _sched_changed(self) -> None:
         if self.on_sched is not None:
@@ -182,6 +210,7 @@ class Tuning:
     def stop(self, ending: Ending) -> None:
         with self._lock:
             self._stop_thp_controller()
+            self._release_latency()  # the process ends: the kernel would drop it anyway
             if self.applied and ending.rollback:
                 try:
                     self.rollback()
@@ -195,4 +224,4 @@ class Tuning:
         return {"profile": self.profile, "applied": self.applied, "planned_changes":
                 self.changes, "drift": self.drift, "last_verify_ms": None if
                 self.verified_at is None else int(self.verified_at * 1000),
-                "error": self.error}
+                "error": self.error, "dma_latency_us": self._hold.us if self._hold else None}

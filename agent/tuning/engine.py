@@ -26,6 +26,7 @@ from functools import partial, update_wrapper
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from agent.discovery.model import Topology
+from agent.kernel import irqs
 from agent.kernel import sched as rt
 from agent.kernel.fsroot import Root
 from agent.tuning import coowners
@@ -98,8 +99,9 @@ class ApplyResult:
 
 
 def _managed_irq(change: Change, error: OSError) -> bool:
-    """Managed (multi-queue) IRQs refuse affinity writes with EIO: reported, not fatal."""
-    return error.errno == errno.EIO and change.path.startswith("/proc/irq/")
+    """EIO from an IRQ's affinity file: a managed IRQ (the plan already skipped per-CPU ones),
+    reported, not fatal.  EIO anywhere else, /proc/irq/default_smp_affinity included, is."""
+    return error.errno == errno.EIO and irqs.affinity_irq(change.path) is not None
 
 
 def _stale_journal(root: Root, journal: Journal, notes: list[str]) -> JournalState | None:
@@ -200,8 +202,7 @@ class Engine:
                 continue
             except (OSError, rt.RtError) as error:
                 if isinstance(error, OSError) and _managed_irq(change, error):
-                    result.skipped.append(f"{change.path}: managed IRQ, the kernel refuses "
-                                          "affinity changes (EIO)")
+                    result.skipped.append(f"{change.path}: {irqs.MANAGED}")
                     continue
                 self._undo_apply(every[:index], every[index:])
                 raise TuningError(f"applying {plan.profile} failed at {change.path} "
@@ -254,6 +255,9 @@ class Engine:
             except ProcessLookupError:
                 continue  # the thread is gone: nothing is left to restore
             except (OSError, rt.RtError) as error:
+                if isinstance(error, OSError) and _managed_irq(change, error):
+                    continue  # the kernel never let it change (an apply cut short before
+                    # it journaled the skip): the original still stands
                 failures[change.path] = f"{change.path}: {error}"
         return failures
 

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent.discovery.model import Topology
-from agent.kernel import parsers
+from agent.kernel import irqs, parsers
 from agent.kernel import sched as rt
 from agent.kernel.fsroot import Root
 from agent.tuning.errors import ProfileError
@@ -18,7 +18,7 @@ from agent.tuning.kinds import KINDS
 from agent.tuning.profiles import Profile
 
 # and every key of agent.tuning.kinds.KINDS (boot-config arguments, config files)
-COMPARISONS = ("value", "selection", "cpulist", "controllers", "sched", "unit")
+COMPARISONS = ("value", "selection", "cpulist", "cpumask", "controllers", "sched", "unit")
 
 
 @dataclass
@@ -79,6 +79,8 @@ def read_normalised(root: Root, path: str, compare: str) -> str | None:
         return parsers.parse_selection(text)[0] if "[" in text else text
     if compare == "cpulist":
         return parsers.format_cpulist(parsers.parse_cpulist(text))
+    if compare == "cpumask":  # a hex mask file, compared as the CPU list it holds
+        return parsers.format_cpulist(irqs.parse_mask(text))
     return " ".join(text.split())
 
 

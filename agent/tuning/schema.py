@@ -144,6 +144,7 @@ SCHEMA: dict[str, Any] = {
     "rt": {"inference": RT_THREAD, "threads": ("list", THREAD_SELECTOR),
            "housekeeping_cpus": _housekeeping,
            "sched_rt_runtime_us": integer(-1, 1_000_000),
+           "default_irq_affinity": _cpus,
            "irq_affinity": ("map", text(IRQ_PATTERN, "an IRQ action-name pattern such as "
                                          "nvme*"), _cpus)},
     "block": ("map", text(BLOCK_PATTERN, "a device-name pattern such as nvme*"),
@@ -160,7 +161,8 @@ SCHEMA: dict[str, Any] = {
     # idle power-off delay
     "rknpu": {"power": choice("on", "off", True, False),  # YAML 1.1 reads a bare on as true
                "power_off_delay_ms": integer(0, 86_400_000)},
-    "cpuidle": {"disable_deeper_than_us": integer(0)},
+    "cpuidle": {"disable_deeper_than_us": integer(0, 2**31 - 2),
+                "dma_latency_us": integer(0, 2_000_000_000)},
     "nvpmodel": {"mode": _power_mode},
     "jetson_clocks": {"gpu": choice("max"), "railgate": _railgate, "emc": _emc_rate,
                       "fan": _fan_pwm},
