@@ -39,6 +39,7 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
 
     from agent.discovery import discover
     from agent.inference.loader import model_cache_dir
+    from agent.inference.provider_options import RuntimeVersions
     from agent.inference.options import thread_plan
     from agent.inference.providers import choose_providers
     from agent.kernel.fsroot import Root
@@ -65,5 +66,7 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
         tls_cert=s.tls.cert if s.tls else None, tls_key=s.tls.key if s.tls else None,
         tls_client_ca=s.tls.client_ca if s.tls else None,
         sched_file=sched_file, ready_file=ready_file, metrics=s.metrics,
-        shm_prefix=s.shm_prefix)
+        shm_prefix=s.shm_prefix, topology=topology, state_dir=state_dir,
+        available=ort.get_available_providers(),
+        versions=RuntimeVersions(onnxruntime=ort.__version__))
     return run_server(settings)
