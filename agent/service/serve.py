@@ -39,8 +39,8 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
 
     from agent.discovery import discover
     from agent.inference.loader import model_cache_dir
-    from agent.inference.provider_options import RuntimeVersions
     from agent.inference.options import thread_plan
+    from agent.inference.provider_options import RuntimeVersions
     from agent.inference.providers import choose_providers
     from agent.kernel.fsroot import Root
     from agent.serving.server import ServerSettings
