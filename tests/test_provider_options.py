@@ -102,10 +102,15 @@ def test_a_cpu_instance_runs_on_the_cpu_only_even_on_a_jetson() -> None:
     assert plan("jetson-agx-orin-jp6", "cpu").providers == ((CPU, {}),)
 
 
-def test_fp16_on_the_cpu_is_refused_naming_what_it_needs() -> None:
-    with pytest.raises(SessionError, match="precision fp16 needs TensorRT or OpenVINO, and "
-                                           "this instance runs on CPUExecutionProvider"):
-        plan("jetson-agx-orin-jp6", "cpu", "fp16")
+def test_a_cpu_instance_computes_fp32_whatever_the_models_precision() -> None:
+    built = plan("rk3588-vendor", "cpu", "int8", available=[CPU])
+    assert (built.names, built.precision) == ([CPU], "fp32")
+
+
+def test_fp16_where_only_the_cpu_runs_is_refused_naming_what_it_needs() -> None:
+    with pytest.raises(SessionError, match="auto: precision fp16 needs TensorRT or OpenVINO, "
+                                           "and this instance runs on CPUExecutionProvider"):
+        plan("bare-vm", "auto", "fp16", available=[CPU])
 
 
 def test_the_intel_npu_runs_openvino_npu_with_its_cache() -> None:

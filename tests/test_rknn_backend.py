@@ -4,8 +4,6 @@ x86 wheel, so the real one is never here."""
 
 from __future__ import annotations
 
-import json
-import struct
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +13,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx_models import conv_net
+from rknn_helpers import rknn_bytes, use_fake_rknnlite
 
 from agent.inference.backends import rknn
 from agent.inference.backends.rknn_file import (
@@ -26,32 +25,12 @@ from agent.inference.backends.rknn_file import (
 from agent.inference.devices import parse_device
 from agent.inference.errors import SessionError
 
-FAKE = Path(__file__).parent / "fake_rknnlite"
-
-
-def rknn_bytes(toolkit: str | None = "1.6.0+81f21f4d", fmt: int = 6,
-               model: bytes = b"\x01" * 32) -> bytes:
-    """A .rknn as rknn-toolkit2 lays one out: header, model, JSON metadata."""
-    header = b"RKNN" + b"\0" * 4 + struct.pack("<QQ", fmt, len(model))
-    if fmt <= 1:
-        header += b"\0" * 40
-    meta = json.dumps({"version": toolkit, "target_platform": ["rk3588"]}
-                      if toolkit else {}).encode()
-    return header + model + struct.pack("<Q", len(meta)) + meta
-
 
 @pytest.fixture()
 def lite(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The fake rknnlite importable as ``rknnlite``, fresh for each test."""
-    monkeypatch.syspath_prepend(str(FAKE))
-    for name in [m for m in sys.modules if m == "rknnlite" or m.startswith("rknnlite.")]:
-        monkeypatch.delitem(sys.modules, name)
-    from rknnlite.api import RKNNLite
-
-    RKNNLite.made.clear()
-    RKNNLite.fail_init = RKNNLite.fail_inference = False
-    yield RKNNLite
-    RKNNLite.made.clear()
+    made = use_fake_rknnlite(monkeypatch)
+    yield made
+    made.made.clear()
 
 
 @pytest.fixture()

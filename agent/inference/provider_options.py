@@ -84,6 +84,10 @@ def plan_instance(device: Device, precision: str, topology: Topology,
                           _silicon(topology, device), str(device), precision)
         kind = "tensorrt" if TENSORRT in names else "openvino"
         cache = state_dir / "engine-cache" / kind / key
+    if device.kind == "cpu":
+        # the model's precision is its accelerators': beside NPU or DLA instances a CPU one
+        # runs the fp32 ONNX model, and says so
+        return ProviderPlan("onnxruntime", ((CPU, {}),), "fp32")
     _check_precision(device, precision, names)
     built = tuple(_options(name, device, precision, topology, cache) for name in names)
     return ProviderPlan("onnxruntime", built, precision, cache)
