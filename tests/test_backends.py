@@ -202,3 +202,27 @@ def test_a_compiling_build_reports_it_is_still_going(tmp_path: Path,
     session.build_session(model, providers=[CPU], intra_op=1, inter_op=1, cache_dir=None,
                           building=building)
     assert seen == []  # a CPU session builds in milliseconds: nothing to report
+
+
+class _Heard:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, object]] = []
+
+    def notify(self, **fields: object) -> None:
+        self.messages.append(fields)
+
+
+def test_each_building_report_extends_systemds_start_timeout(tmp_path: Path) -> None:
+    from agent.service.building import BuildWatch
+    from agent.serving.building import BUILDING_FILE, write_building
+
+    heard = _Heard()
+    watch = BuildWatch(tmp_path / BUILDING_FILE, heard)  # type: ignore[arg-type]
+    assert not watch.check()  # nothing building
+    write_building(tmp_path / BUILDING_FILE, 12.34)
+    assert watch.check() and not watch.check()  # one report, one extension
+    assert heard.messages == [{"EXTEND_TIMEOUT_USEC": 60_000_000,
+                               "STATUS": "starting: the data plane is building engines "
+                                         "(12 s so far)"}]
+    watch.reset()
+    assert not (tmp_path / BUILDING_FILE).exists() and not watch.check()
