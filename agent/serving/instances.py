@@ -4,9 +4,11 @@ precision, and the RKNN backend for a Rockchip NPU's cores (the data plane's fac
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agent.discovery.model import Topology
 from agent.inference.devices import parse_device
 from agent.inference.provider_options import ProviderPlan, RuntimeVersions, plan_instance
 from agent.serving.repository import RKNN_FILE
@@ -14,41 +16,46 @@ from agent.serving.versions import file_sha256
 
 if TYPE_CHECKING:
     from agent.inference.backends.rknn import RknnBackend
-    from agent.serving.server import ServerSettings
 
 
-def _versions(settings: ServerSettings) -> RuntimeVersions:
-    if settings.versions is not None:
-        return settings.versions
-    import onnxruntime as ort
+@dataclass(frozen=True)
+class Board:
+    """What the factory knows of the board: discovery, ORT's providers, the runtimes."""
 
-    return RuntimeVersions(onnxruntime=ort.__version__)
+    topology: Topology
+    available: Sequence[str]  # empty: onnxruntime.get_available_providers()
+    versions: RuntimeVersions | None
+    state_dir: Path | None
+    providers: Sequence[str]  # the server's (discovered or configured) order
 
-
-def plan_for(settings: ServerSettings, path: Path, sha256: str | None,
-             providers: Sequence[str] | None, device: str, precision: str) -> ProviderPlan:
-    """The plan of one instance of ``path``; the model's digest keys its engine cache."""
-    assert settings.topology is not None
-    available = list(settings.available)
-    if not available:
+    def runtime_versions(self) -> RuntimeVersions:
+        if self.versions is not None:
+            return self.versions
         import onnxruntime as ort
 
-        available = ort.get_available_providers()
-    state = settings.state_dir or Path(".")
-    plan = plan_instance(parse_device(device), precision, settings.topology, available,
-                         _versions(settings), model_sha256=sha256 or file_sha256(path),
-                         state_dir=state, override=providers or settings.providers)
-    if path.name == RKNN_FILE and plan.backend != "rknn":
-        raise ValueError(f"{path} runs on the NPU only (instances[].device: npu:N), and "
-                         f"this instance is on {device}: add the model.onnx it was "
-                         "converted from for the others")
-    return plan
+        return RuntimeVersions(onnxruntime=ort.__version__)
 
+    def plan(self, path: Path, sha256: str | None, providers: Sequence[str] | None,
+             device: str, precision: str) -> ProviderPlan:
+        """The plan of one instance of ``path``; the model's digest keys its engine cache."""
+        available = list(self.available)
+        if not available:
+            import onnxruntime as ort
 
-def rknn_instance(settings: ServerSettings, path: Path, device: str,
-                  precision: str) -> RknnBackend:
-    """The .rknn beside (or at) ``path`` on the NPU cores ``device`` names."""
-    from agent.inference.backends import rknn
+            available = ort.get_available_providers()
+        plan = plan_instance(parse_device(device), precision, self.topology, available,
+                             self.runtime_versions(), model_sha256=sha256 or file_sha256(path),
+                             state_dir=self.state_dir or Path("."),
+                             override=providers or self.providers)
+        if path.name == RKNN_FILE and plan.backend != "rknn":
+            raise ValueError(f"{path} runs on the NPU only (instances[].device: npu:N), and "
+                             f"this instance is on {device}: add the model.onnx it was "
+                             "converted from for the others")
+        return plan
 
-    return rknn.load(path.with_name(RKNN_FILE), parse_device(device), precision,
-                     runtime_version=_versions(settings).librknnrt)
+    def rknn(self, path: Path, device: str, precision: str) -> RknnBackend:
+        """The .rknn beside (or at) ``path`` on the NPU cores ``device`` names."""
+        from agent.inference.backends import rknn
+
+        return rknn.load(path.with_name(RKNN_FILE), parse_device(device), precision,
+                         runtime_version=self.runtime_versions().librknnrt)

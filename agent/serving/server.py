@@ -27,6 +27,7 @@ from agent.inference.options import spinning_for
 from agent.inference.session import Building, build_session
 from agent.kernel.process import keep_freed_buffers, release_freed_memory
 from agent.serving.access import Access, is_loopback
+from agent.serving.instances import Board
 from agent.serving.registry import ModelRegistry
 from agent.serving.shm import bounded_regions
 from agent.serving.threads import InferenceThreads, read_sched_file
@@ -120,17 +121,19 @@ def session_factory(settings: ServerSettings,
     An instance's device picks its backend and providers (provider_options.plan_instance);
     an ``auto`` instance without a discovered topology runs on ``settings.providers``."""
 
+    board = None if settings.topology is None else Board(
+        settings.topology, settings.available, settings.versions, settings.state_dir,
+        settings.providers)
+
     def factory(path: Path, *, sha256: str | None, providers: Sequence[str] | None,
                 threads: int | None, device: str = "auto",
                 precision: str = "fp32") -> Backend:
         chosen: list[Any] = list(providers or settings.providers)
         compiles = False
-        if settings.topology is not None:
-            from agent.serving.instances import plan_for, rknn_instance
-
-            plan = plan_for(settings, path, sha256, providers, device, precision)
+        if board is not None:
+            plan = board.plan(path, sha256, providers, device, precision)
             if plan.backend == "rknn":
-                return rknn_instance(settings, path, device, precision)
+                return board.rknn(path, device, precision)
             # options only where there are any: a CPU session is built as it always was
             chosen = [(name, options) if options else name for name, options in plan.providers]
             compiles, precision = plan.compiles, plan.precision
