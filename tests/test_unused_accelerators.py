@@ -26,8 +26,9 @@ HERE = ort.get_available_providers()
 HERE_TEXT = ", ".join(HERE)
 ORIN = "jetson-agx-orin-jp6"
 JETPACK_WHEEL = "install the onnxruntime-gpu wheel built for JetPack 6.2"
-RKNN = ("no ONNX Runtime provider drives the Rockchip NPU: it needs edge-agent's RKNN backend "
-        "(a .rknn model), which is not built yet")
+RKNN = ("no ONNX Runtime provider drives the Rockchip NPU: edge-agent's RKNN backend runs a "
+        "model there whose version holds a model.rknn (beside its model.onnx) and whose "
+        "instances name npu:N")
 EDGE_TPU = "no ONNX Runtime provider drives the Edge TPU"
 
 needs_cpu_only_ort = pytest.mark.skipif(

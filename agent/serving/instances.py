@@ -3,6 +3,7 @@ precision, and the RKNN backend for a Rockchip NPU's cores (the data plane's fac
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,17 @@ from agent.serving.versions import file_sha256
 
 if TYPE_CHECKING:
     from agent.inference.backends.rknn import RknnBackend
+
+
+def _digest(path: Path) -> str:
+    """The file's sha256, hashed once for all the instances of a version."""
+    stat = path.stat()
+    return _digest_of(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_of(path: Path, mtime_ns: int, size: int) -> str:
+    return file_sha256(path)
 
 
 @dataclass(frozen=True)
@@ -44,7 +56,7 @@ class Board:
 
             available = ort.get_available_providers()
         plan = plan_instance(parse_device(device), precision, self.topology, available,
-                             self.runtime_versions(), model_sha256=sha256 or file_sha256(path),
+                             self.runtime_versions(), model_sha256=sha256 or _digest(path),
                              state_dir=self.state_dir or Path("."),
                              override=providers or self.providers)
         if path.name == RKNN_FILE and plan.backend != "rknn":
