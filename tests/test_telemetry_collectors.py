@@ -569,17 +569,17 @@ def test_pynvml_init_failure_is_retried_and_reported_as_none() -> None:
 def test_rknpu_per_core_load() -> None:
     assert NpuCollector(reader(VENDOR), topology(VENDOR)).collect() == [
         {"name": "rknpu", "util_pct": 5.667, "core_util_pct": [12.0, 0.0, 5.0],
-         "freq_hz": 1_000_000_000, "active": True}]
+         "freq_hz": 1_000_000_000, "active": False}]  # debugfs power reads "off"
 
 
 def test_rknpu_load_from_procfs(tmp_path: Path) -> None:
     tree = copy_board(VENDOR, tmp_path)
     shutil.move(tree / "sys/kernel/debug/rknpu", tree / "proc/rknpu")
     write(tree, "/proc/rknpu/load", "NPU load:  Core0: 90%, Core1: 60%, Core2: 30%,\n")
-    write(tree, "/proc/rknpu/power", "off\n")
+    write(tree, "/proc/rknpu/power", "on\n")
     (npu,) = NpuCollector(SysReader(Root(tree)), discover(Root(tree))).collect()
     assert npu == {"name": "rknpu", "util_pct": 60.0, "core_util_pct": [90.0, 60.0, 30.0],
-                   "freq_hz": 1_000_000_000, "active": False}
+                   "freq_hz": 1_000_000_000, "active": True}
 
 
 @pytest.mark.parametrize(("line", "cores", "util"), [
