@@ -642,6 +642,15 @@ def test_dla_engine_activity_from_debugfs_clocks(tmp_path: Path) -> None:
         ("dla0", None, 1_600_000_000), ("dla1", False, None)]
 
 
+def test_dla_clock_rate_from_bpmp_debugfs(tmp_path: Path) -> None:
+    tree = copy_board(AGX, tmp_path)
+    (tree / "sys/kernel/debug/bpmp/debug/clk/dla0_core").mkdir(parents=True)
+    write(tree, "/sys/kernel/debug/bpmp/debug/clk/dla0_core/rate", "1369600000\n")
+    collector = NpuCollector(SysReader(Root(tree)), topology(AGX))
+    assert [(n["name"], n["active"], n["freq_hz"]) for n in collector.collect()] == [
+        ("dla0", False, 1_369_600_000), ("dla1", False, None)]
+
+
 def test_intel_npu_busy_time_over_wall_time(tmp_path: Path) -> None:
     tree = copy_board(EDGE, tmp_path)
     clock = Clock()

@@ -10,7 +10,8 @@ The Intel NPU counts busy microseconds, so its utilisation is the busy time over
 time between two samples; ``active`` is its runtime-PM state (rknpu: its ``power`` file).
 A Jetson DLA has no load counter: ``active`` is its runtime-PM state, or, where debugfs
 shows its clock (``/sys/kernel/debug/clk/dla<N>_core/{clk_enable_count,clk_rate}``),
-whether the engine is clocked, with the rate.  Other NPUs (Hailo, Coral, Rocket)
+whether the engine is clocked, with the rate; BPMP's ``bpmp/debug/clk/dla<N>_core/rate``
+(Orin) gives the rate alone.  Other NPUs (Hailo, Coral, Rocket)
 expose no load: their values are None.
 """
 
@@ -28,6 +29,7 @@ from agent.telemetry.collectors.base import Clock, Interval, percent, rate, reso
 
 FIELDS = ("name", "util_pct", "core_util_pct", "freq_hz", "active")
 DEBUGFS_CLK = "/sys/kernel/debug/clk"
+BPMP_CLK = "/sys/kernel/debug/bpmp/debug/clk"
 MAX_CORE_PCT = 100
 # rknpu's debugfs ``power`` and runtime PM's ``runtime_status`` words; others (resuming,
 # error, unsupported, garbage) say nothing about whether the engine is up: None.
@@ -77,7 +79,8 @@ def _sources(reader: SysReader, npu: Npu, rknpu_load: str | None) -> _Sources:
     if reader.exists(clk):
         return _Sources(npu.name, freq=f"{clk}/clk_rate", clk_enables=f"{clk}/clk_enable_count",
                         power=power)
-    return _Sources(npu.name, power=power)
+    bpmp = f"{BPMP_CLK}/{npu.name}_core/rate"  # Orin: the clock is BPMP's, not the kernel's
+    return _Sources(npu.name, freq=bpmp if reader.exists(bpmp) else None, power=power)
 
 
 class NpuCollector:
