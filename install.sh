@@ -9,6 +9,13 @@
 # Options: --prefix DIR (default /opt/edge-agent), --no-start, DESTDIR=... in the
 # environment for packaging (files only: systemd is not touched; the venv is built below
 # DESTDIR and relocated to --prefix, so it runs once the tree is copied to /).
+#   --onnxruntime DIST          the onnxruntime distribution (default auto: the one whose
+#                               providers this board can use: onnxruntime-gpu from the
+#                               Jetson AI Lab index on JetPack 6, onnxruntime-gpu on x86
+#                               with an NVIDIA GPU, onnxruntime-openvino on x86 with an
+#                               Intel NPU/GPU, onnxruntime elsewhere; --dev and DESTDIR
+#                               builds take onnxruntime); env EDGE_AGENT_ONNXRUNTIME
+#   --onnxruntime-index URL     the pip index it comes from (env EDGE_AGENT_ONNXRUNTIME_INDEX)
 # Python packages are pinned by constraints/<os>-<arch>-py<X.Y>.txt (the versions CI tested)
 # when one exists for this platform, and by pyproject.toml's ranges otherwise.
 # Idempotent: a second run changes nothing. Only pip and apt packages are fetched.
@@ -37,9 +44,15 @@ while [ $# -gt 0 ]; do
         --no-start) start=no ;;
         --prefix) prefix="${2:?--prefix needs a directory}"; shift ;;
         --prefix=*) prefix="${1#--prefix=}" ;;
+        --onnxruntime) export EDGE_AGENT_ONNXRUNTIME="${2:?--onnxruntime needs a distribution}"
+                       shift ;;
+        --onnxruntime=*) export EDGE_AGENT_ONNXRUNTIME="${1#--onnxruntime=}" ;;
+        --onnxruntime-index) export EDGE_AGENT_ONNXRUNTIME_INDEX="${2:?--onnxruntime-index needs a URL}"
+                             shift ;;
+        --onnxruntime-index=*) export EDGE_AGENT_ONNXRUNTIME_INDEX="${1#--onnxruntime-index=}" ;;
         -h|--help) usage; exit 0 ;;
         *) echo "install.sh: unknown option '$1' (allowed: --dev, --prefix DIR, --no-start," \
-                "--uninstall, --purge, --help)" >&2
+                "--onnxruntime DIST, --onnxruntime-index URL, --uninstall, --purge, --help)" >&2
            exit 2 ;;
     esac
     shift
@@ -116,6 +129,104 @@ pinned() {  # the step's wording: which versions pip installs
     fi
 }
 
+# The onnxruntime distribution whose providers this board can use, and why: decided by
+# agent/discovery/onnxruntime_choice.py from the hardware (the standard library only, so the
+# system python runs it from the checkout before any venv exists).
+case "${EDGE_AGENT_ONNXRUNTIME:-auto}" in
+    auto|onnxruntime|onnxruntime-*) ;;
+    *) echo "install.sh: --onnxruntime must be auto or an onnxruntime distribution" \
+            "(onnxruntime, onnxruntime-gpu, onnxruntime-openvino), not" \
+            "'$EDGE_AGENT_ONNXRUNTIME'" >&2
+       exit 2 ;;
+esac
+ort_dist=onnxruntime ort_index=- ort_reason=""
+if [ "${EDGE_AGENT_ONNXRUNTIME:-auto}" = auto ] && [ "$mode" = dev ]; then
+    ort_reason="--dev: the CPU build the tests run on; --onnxruntime picks another"
+elif [ "${EDGE_AGENT_ONNXRUNTIME:-auto}" = auto ] && [ -n "$destdir" ]; then
+    ort_reason="a DESTDIR build is not the board it will run on; --onnxruntime picks one"
+elif [ "$mode" != uninstall ]; then
+    if ! choice="$(PYTHONPATH="$here" "$python" -m agent.discovery.onnxruntime_choice \
+                   --root / 2>/dev/null)"; then
+        choice=$'onnxruntime\n-\nthe board could not be read: the CPU build'
+    fi
+    { read -r ort_dist; read -r ort_index; read -r ort_reason; } <<< "$choice"
+fi
+
+# install_package PYTHON PIP-ARGS...: edge-agent and its dependencies, with the chosen
+# onnxruntime distribution in place of pyproject.toml's plain onnxruntime; one that does
+# not install falls back to plain onnxruntime, and says so.
+install_package() {
+    local py="$1"; shift
+    local index=() requirements=()
+    remove_other_onnxruntimes "$py"
+    if [ "$ort_dist" = onnxruntime ] && [ "$ort_index" = - ]; then
+        step "onnxruntime: onnxruntime from PyPI ($ort_reason)"
+        "$py" -m pip install -q "${pip_constraints[@]}" "$@"
+        repair_onnxruntime "$py"
+        return
+    fi
+    step "onnxruntime: $ort_dist from $([ "$ort_index" = - ] && echo PyPI || echo "$ort_index")" \
+         "($ort_reason)"
+    "$py" -m pip install -q --no-deps "${pip_constraints[@]}" "$@"
+    # the package's requirements (with its dev extra for --dev), less onnxruntime itself
+    mapfile -t requirements < <("$py" -c '
+import sys
+from importlib.metadata import requires
+
+from pip._vendor.packaging.requirements import Requirement
+
+extras = ["dev"] if sys.argv[1] == "dev" else [""]
+for text in requires("edge-agent") or []:
+    requirement = Requirement(text)
+    marker = requirement.marker
+    if requirement.name.lower() != "onnxruntime" and (
+            marker is None or any(marker.evaluate({"extra": e}) for e in extras)):
+        print(text)
+' "$mode")
+    "$py" -m pip install -q "${pip_constraints[@]}" "${requirements[@]}"
+    [ "$ort_index" = - ] || index=(--extra-index-url "$ort_index")
+    if ! "$py" -m pip install -q "${pip_constraints[@]}" "${index[@]}" "$ort_dist"; then
+        echo "install.sh: $ort_dist did not install; falling back to PyPI's onnxruntime" \
+             "(CPU provider only)" >&2
+        ort_reason="$ort_dist did not install"
+        ort_dist=onnxruntime ort_index=-
+        "$py" -m pip install -q "${pip_constraints[@]}" onnxruntime
+    fi
+    repair_onnxruntime "$py"
+}
+
+# Two onnxruntime builds in one venv write the same onnxruntime/ directory, and removing one
+# deletes the other's files: the ones not chosen go first, and the chosen one is then
+# reinstalled over what their removal took.
+ort_removed=no
+remove_other_onnxruntimes() {
+    local other
+    for other in onnxruntime onnxruntime-gpu onnxruntime-openvino; do
+        [ "$other" != "$ort_dist" ] || continue
+        if "$1" -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "$other" \
+                2>/dev/null; then
+            step "onnxruntime: removing $other, which $ort_dist replaces"
+            "$1" -m pip uninstall -y -q "$other"
+            ort_removed=yes
+        fi
+    done
+}
+repair_onnxruntime() {
+    if [ "$ort_removed" = yes ]; then
+        "$1" -m pip install -q --force-reinstall --no-deps "${pip_constraints[@]}" \
+            "${index[@]}" "$ort_dist"
+    fi
+}
+
+# report_onnxruntime PYTHON: which build was installed and the providers it has
+report_onnxruntime() {
+    local found
+    found="$("$1" -c 'import onnxruntime as o
+print(o.__version__ + ", providers: " + " ".join(o.get_available_providers()))' \
+             2>/dev/null || echo "(not importable)")"
+    step "onnxruntime: installed $ort_dist $found"
+}
+
 # make_venv DIR: create it, or reuse the one a previous run made
 make_venv() {
     if [ -x "$1/bin/python" ]; then
@@ -133,7 +244,8 @@ if [ "$mode" = dev ]; then
     make_venv "$venv"
     step "installing edge-agent (editable), its dependencies and the test tools with pip" \
          "($(pinned)); onnxruntime and onnx are large, this can take a minute"
-    "$venv/bin/python" -m pip install -q "${pip_constraints[@]}" -e "$here[dev]"
+    install_package "$venv/bin/python" -e "$here[dev]"
+    report_onnxruntime "$venv/bin/python"
     echo "edge-agent (dev) installed in $venv"
     exit 0
 fi
@@ -168,14 +280,16 @@ make_venv "$venv"
 step "installing edge-agent and its dependencies with pip ($(pinned));" \
      "onnxruntime is large, this can take a minute"
 if [ -z "$destdir" ]; then
-    "$venv/bin/python" -m pip install -q "${pip_constraints[@]}" "$here"
+    install_package "$venv/bin/python" "$here"
+    report_onnxruntime "$venv/bin/python"
 else
     # Packaging: the venv is built in $DESTDIR$prefix but must run from $prefix. A venv
     # records its own path (script shebangs, activate, pyvenv.cfg; the source paths in
     # compiled .pyc files), and Python offers no relocatable venv, so every record of
     # $DESTDIR$prefix becomes $prefix: text files are rewritten and the .pyc files are
     # compiled with the final paths (pip's own compile step would record the staging ones).
-    "$venv/bin/python" -m pip install -q --no-compile "${pip_constraints[@]}" "$here"
+    install_package "$venv/bin/python" --no-compile "$here"
+    report_onnxruntime "$venv/bin/python"
     step "relocating the venv from $venv to $prefix (DESTDIR)"
     "$venv/bin/python" - "$venv" "$prefix" <<'EOF'
 import sys

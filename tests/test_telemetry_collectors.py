@@ -25,6 +25,7 @@ from agent.kernel import counters as p
 from agent.kernel.fsroot import Root
 from agent.kernel.parsers import parse_psi
 from agent.kernel.reader import SysReader
+from agent.telemetry.backends import BACKENDS_KEY, instance_backends
 from agent.telemetry.collectors import (
     NvmlGpuSample,
     PynvmlTelemetry,
@@ -567,23 +568,87 @@ def test_pynvml_init_failure_is_retried_and_reported_as_none() -> None:
 
 def test_rknpu_per_core_load() -> None:
     assert NpuCollector(reader(VENDOR), topology(VENDOR)).collect() == [
-        {"name": "rknpu", "util_pct": 5.667, "core_util_pct": [12.0, 0.0, 5.0]}]
+        {"name": "rknpu", "util_pct": 5.667, "core_util_pct": [12.0, 0.0, 5.0],
+         "freq_hz": 1_000_000_000, "active": False}]  # debugfs power reads "off"
 
 
 def test_rknpu_load_from_procfs(tmp_path: Path) -> None:
     tree = copy_board(VENDOR, tmp_path)
     shutil.move(tree / "sys/kernel/debug/rknpu", tree / "proc/rknpu")
     write(tree, "/proc/rknpu/load", "NPU load:  Core0: 90%, Core1: 60%, Core2: 30%,\n")
+    write(tree, "/proc/rknpu/power", "on\n")
     (npu,) = NpuCollector(SysReader(Root(tree)), discover(Root(tree))).collect()
-    assert npu == {"name": "rknpu", "util_pct": 60.0, "core_util_pct": [90.0, 60.0, 30.0]}
+    assert npu == {"name": "rknpu", "util_pct": 60.0, "core_util_pct": [90.0, 60.0, 30.0],
+                   "freq_hz": 1_000_000_000, "active": True}
+
+
+@pytest.mark.parametrize(("line", "cores", "util"), [
+    # the driver's own padding: "%2.d%%," after " Core%d: "
+    ("NPU load:  Core0:  0%, Core1:  0%, Core2:  0%,", [0.0, 0.0, 0.0], 0.0),
+    ("NPU load:  Core0:100%, Core1: 7%, Core2:  0%,", [100.0, 7.0, 0.0], 35.667),
+    # the known glitch: a busy time counted past the window, not clamped by older drivers
+    ("NPU load:  Core0: 250%, Core1: 40%, Core2: 20%,", [None, 40.0, 20.0], 30.0),
+    ("NPU load:  Core0: 101%, Core1: 4294967295%, Core2: 999%,", [None, None, None], None),
+    ("NPU load:  37%", [37.0], 37.0),  # single-core parts print no CoreN
+    ("NPU load:  Core2:  5%, Core0: 10%, Core1:  0%,", [10.0, 0.0, 5.0], 5.0),
+])
+def test_rknpu_load_formats_and_impossible_values_are_null_not_clamped(
+        tmp_path: Path, line: str, cores: list[float | None], util: float | None) -> None:
+    tree = copy_board(VENDOR, tmp_path)
+    write(tree, "/sys/kernel/debug/rknpu/load", line + "\n")
+    rknpu_reader = SysReader(Root(tree))
+    (npu,) = NpuCollector(rknpu_reader, topology(VENDOR)).collect()
+    assert (npu["core_util_pct"], npu["util_pct"]) == (cores, util)
+    glitch = [w for w in rknpu_reader.warnings if "outside 0..100 %" in w]
+    assert bool(glitch) == (None in cores)
+
+
+@pytest.mark.parametrize("content", ["garbage\n", "", "NPU load:\n", "NPU load: Core0: %,\n",
+                                     "\x00\xff\n"])
+def test_rknpu_load_garbage_is_none(tmp_path: Path, content: str) -> None:
+    tree = copy_board(VENDOR, tmp_path)
+    write(tree, "/sys/kernel/debug/rknpu/load", content)
+    write(tree, "/sys/kernel/debug/rknpu/power", "garbage\n")
+    (npu,) = NpuCollector(SysReader(Root(tree)), topology(VENDOR)).collect()
+    assert (npu["util_pct"], npu["core_util_pct"], npu["active"]) == (None, None, None)
+    shutil.rmtree(tree / "sys/kernel/debug/rknpu")  # debugfs unmounted after start
+    (npu,) = NpuCollector(SysReader(Root(tree)), topology(VENDOR)).collect()
+    assert (npu["util_pct"], npu["core_util_pct"], npu["active"]) == (None, None, None)
 
 
 def test_npus_without_a_load_counter() -> None:
     assert NpuCollector(reader(AGX), topology(AGX)).collect() == [
-        {"name": "dla0", "util_pct": None, "core_util_pct": None},
-        {"name": "dla1", "util_pct": None, "core_util_pct": None}]
+        {"name": "dla0", "util_pct": None, "core_util_pct": None, "freq_hz": None,
+         "active": False},
+        {"name": "dla1", "util_pct": None, "core_util_pct": None, "freq_hz": None,
+         "active": False}]  # runtime-suspended: idle
     assert NpuCollector(reader(MAINLINE), topology(MAINLINE)).collect() == [
-        {"name": "rocket", "util_pct": None, "core_util_pct": None}]
+        {"name": "rocket", "util_pct": None, "core_util_pct": None, "freq_hz": None,
+         "active": None}]
+
+
+def test_dla_engine_activity_from_debugfs_clocks(tmp_path: Path) -> None:
+    tree = copy_board(AGX, tmp_path)
+    for core, enables, hz in (("dla0_core", "1", "1600000000"), ("dla1_core", "0", "0")):
+        (tree / f"sys/kernel/debug/clk/{core}").mkdir(parents=True)
+        write(tree, f"/sys/kernel/debug/clk/{core}/clk_enable_count", f"{enables}\n")
+        write(tree, f"/sys/kernel/debug/clk/{core}/clk_rate", f"{hz}\n")
+    collector = NpuCollector(SysReader(Root(tree)), topology(AGX))
+    assert [(n["name"], n["active"], n["freq_hz"]) for n in collector.collect()] == [
+        ("dla0", True, 1_600_000_000), ("dla1", False, 0)]
+    write(tree, "/sys/kernel/debug/clk/dla0_core/clk_enable_count", "garbage\n")
+    (tree / "sys/kernel/debug/clk/dla1_core/clk_rate").unlink()
+    assert [(n["name"], n["active"], n["freq_hz"]) for n in collector.collect()] == [
+        ("dla0", None, 1_600_000_000), ("dla1", False, None)]
+
+
+def test_dla_clock_rate_from_bpmp_debugfs(tmp_path: Path) -> None:
+    tree = copy_board(AGX, tmp_path)
+    (tree / "sys/kernel/debug/bpmp/debug/clk/dla0_core").mkdir(parents=True)
+    write(tree, "/sys/kernel/debug/bpmp/debug/clk/dla0_core/rate", "1369600000\n")
+    collector = NpuCollector(SysReader(Root(tree)), topology(AGX))
+    assert [(n["name"], n["active"], n["freq_hz"]) for n in collector.collect()] == [
+        ("dla0", False, 1_369_600_000), ("dla1", False, None)]
 
 
 def test_intel_npu_busy_time_over_wall_time(tmp_path: Path) -> None:
@@ -591,12 +656,51 @@ def test_intel_npu_busy_time_over_wall_time(tmp_path: Path) -> None:
     clock = Clock()
     collector = NpuCollector(SysReader(Root(tree)), topology(EDGE), clock=clock)
     assert [n["util_pct"] for n in collector.collect()] == [None, None, None]
-    write(tree, "/sys/devices/pci0000:00/0000:00:0b.0/npu_busy_time_us", "183576541\n")
+    device = "/sys/devices/pci0000:00/0000:00:0b.0"
+    write(tree, f"{device}/npu_busy_time_us", "183576541\n")
+    write(tree, f"{device}/npu_current_frequency_mhz", "1400\n")
+    write(tree, f"{device}/power/runtime_status", "active\n")
     clock.now += 1.0  # 250000 µs busy in 1 s
     assert collector.collect() == [
-        {"name": "intel-npu", "util_pct": 25.0, "core_util_pct": None},
-        {"name": "hailo8", "util_pct": None, "core_util_pct": None},
-        {"name": "coral-edgetpu-usb", "util_pct": None, "core_util_pct": None}]
+        {"name": "intel-npu", "util_pct": 25.0, "core_util_pct": None,
+         "freq_hz": 1_400_000_000, "active": True},
+        {"name": "hailo8", "util_pct": None, "core_util_pct": None, "freq_hz": None,
+         "active": None},
+        {"name": "coral-edgetpu-usb", "util_pct": None, "core_util_pct": None,
+         "freq_hz": None, "active": None}]
+
+
+# -- which backend each model instance runs ------------------------------------------------
+
+def test_instance_backends_from_the_data_planes_describe_hook() -> None:
+    entry = {"name": "m", "version": "1", "edge_agent": {
+        "providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"],
+        "instances": [{"index": 0}, {"index": 1}],
+        BACKENDS_KEY: [
+            {"backend": "onnxruntime", "device": "gpu:0", "precision": "fp16",
+             "providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"],
+             "threads": 1},
+            {"backend": "onnxruntime", "device": "dla:1", "precision": "int8",
+             "providers": ["TensorrtExecutionProvider"]},
+            "garbage"]}}
+    assert instance_backends(entry) == [
+        {"instance": 0, "backend": "onnxruntime", "device": "gpu:0", "precision": "fp16",
+         "providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"]},
+        {"instance": 1, "backend": "onnxruntime", "device": "dla:1", "precision": "int8",
+         "providers": ["TensorrtExecutionProvider"]},
+        {"instance": 2, "backend": None, "device": None, "precision": None,
+         "providers": None}]
+
+
+def test_instance_backends_before_the_hook_are_onnxruntime_with_unknown_precision() -> None:
+    entry = {"edge_agent": {"providers": ["CPUExecutionProvider"],
+                            "instances": [{"index": 0}, {"index": 1}]}}
+    assert instance_backends(entry) == [
+        {"instance": index, "backend": "onnxruntime", "device": None, "precision": None,
+         "providers": ["CPUExecutionProvider"]} for index in (0, 1)]
+    for entry in ({}, {"edge_agent": None}, {"edge_agent": {"providers": "x"}},
+                  {"edge_agent": {"providers": [], "instances": 3}}):
+        assert instance_backends(entry) is None
 
 
 # -- block, net ----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from agent.discovery.npu import discover_npus
 from agent.discovery.nvml import NvmlSource, PynvmlSource
 from agent.discovery.pci import discover_pci
 from agent.discovery.power import discover_power
+from agent.discovery.runtimes import discover_runtimes
 from agent.discovery.thermal import discover_thermal
 from agent.kernel import parsers
 from agent.kernel.fsroot import Root
@@ -55,4 +56,5 @@ def discover(root: Root, nvml: NvmlSource | None = None) -> Topology:
         gpus=discover_gpus(reader, pci, nvml), npus=discover_npus(reader, board.soc, pci),
         thermal=discover_thermal(reader), power_rails=rails, fans=fans,
         block=discover_block(reader), pci=pci, kernel=discover_kernel(reader),
-        udev=_udev(reader), root=str(root.base), warnings=reader.warnings)
+        udev=_udev(reader), root=str(root.base), warnings=reader.warnings,
+        runtimes=discover_runtimes(reader))

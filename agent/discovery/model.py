@@ -124,6 +124,7 @@ class Npu:
     limit_min_hz: int | None = None
     limit_max_hz: int | None = None
     cur_hz: int | None = None
+    core_sysfs: list[str] = field(default_factory=list)  # one device per core (Rocket)
 
 
 @dataclass
@@ -220,6 +221,24 @@ class Udev:
 
 
 @dataclass
+class RuntimeVersion:
+    """An inference runtime found on the root: its version and the file that said so."""
+    version: str | None
+    path: str
+    source: str  # library | dpkg | version.json | version.txt | dist-info
+
+
+@dataclass
+class Runtimes:
+    """Vendor runtimes the backends need; null where absent."""
+    librknnrt: RuntimeVersion | None = None
+    tensorrt: RuntimeVersion | None = None
+    cuda: RuntimeVersion | None = None
+    openvino: RuntimeVersion | None = None
+    onnxruntime: RuntimeVersion | None = None  # this interpreter's distribution (host only)
+
+
+@dataclass
 class Topology:
     board: Board
     cpu: Cpu
@@ -236,6 +255,7 @@ class Topology:
     root: str
     warnings: list[str]
     schema: str = SCHEMA
+    runtimes: Runtimes = field(default_factory=Runtimes)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON contract: ``schema`` first, ``class_`` spelled ``class``."""

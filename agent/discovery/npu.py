@@ -1,10 +1,14 @@
 """NPUs: RK3588 rknpu (vendor) and Rocket (mainline), Jetson DLA, Intel NPU, Hailo, Coral.
 
-Each kind has its own small finder, reading what its driver exposes: rknpu's devfreq node
-and debugfs/procfs status, /sys/class/accel (Rocket, intel_vpu;
+Devices are found by the driver bound to them (``/sys/bus/<bus>/drivers/<driver>/<device>``
+links), wherever they sit in /sys/devices, and then by what their driver exposes: rknpu's
+devfreq node and debugfs/procfs status, /sys/class/accel (Rocket, intel_vpu;
 https://docs.kernel.org/accel/introduction.html), host1x's ``nvdla`` children,
-/sys/class/hailo_chardev, /sys/class/apex.  All of them tolerate the device vanishing
-(runtime PM, driver reload) between two reads.
+/sys/class/hailo_chardev, /sys/class/apex.  Mainline Rocket binds one platform device per
+NPU core (``rockchip,rk3588-rknn-core``) and hangs its one accel node on a driverless
+facade platform device (``rknn``, drivers/accel/rocket/rocket_drv.c), so the cores are
+counted from the driver, never from the accel node's parent.  All of them tolerate the
+device vanishing (runtime PM, driver reload) between two reads.
 """
 
 from __future__ import annotations
@@ -19,10 +23,31 @@ from agent.kernel.reader import SysReader
 
 RKNPU_DIRS = ("/sys/kernel/debug/rknpu", "/proc/rknpu")
 RKNPU_CORES_BY_SOC = {"rk3588": 3, "rk3588s": 3, "rk3576": 2, "rk3568": 1, "rk3566": 1}
+RKNPU_DRIVERS = ("RKNPU", "rknpu")  # the vendor driver registers "RKNPU"
+ROCKET_DRIVER = "rocket"
+DLA_DRIVERS = ("nvdla", "NVDLA")  # L4T nvhost "nvdla"; the open-source port "NVDLA"
+INTEL_NPU_DRIVER = "intel_vpu"
 HOST1X_GLOBS = ("/sys/devices/platform/*host1x/*.nvdla*",
                 "/sys/devices/platform/bus@0/*host1x/*.nvdla*")
 CORAL_USB_IDS = {("1a6e", "089a"), ("18d1", "9302")}  # before / after firmware load
-_PLATFORM_DEVICE = re.compile(r"^[0-9a-f]+\.\w+$")
+_DRIVER_FILES = {"bind", "unbind", "uevent", "new_id", "remove_id", "module"}
+
+
+def bound_devices(reader: SysReader, bus: str, *drivers: str) -> list[str]:
+    """The sysfs device directories bound to any of ``drivers`` on ``bus``, resolved,
+    sorted and without duplicates: where the device sits in /sys/devices does not matter."""
+    found: set[str] = set()
+    for driver in drivers:
+        base = f"/sys/bus/{bus}/drivers/{driver}"
+        if not reader.exists(base):
+            continue
+        for name in reader.listdir(base):
+            if name in _DRIVER_FILES:
+                continue
+            path = reader.realpath(f"{base}/{name}")
+            if path is not None and path.startswith("/sys/devices/"):
+                found.add(path)
+    return sorted(found)
 
 
 def _drm_render_node(reader: SysReader, device: str | None) -> str | None:
@@ -35,22 +60,41 @@ def _drm_render_node(reader: SysReader, device: str | None) -> str | None:
     return None
 
 
-def _rknpu(reader: SysReader, soc: str | None) -> list[Npu]:
-    npus = []
+def _devfreq_of(reader: SysReader, device: str) -> str | None:
+    """The devfreq node whose device is ``device``, or None."""
     for node in reader.listdir(DEVFREQ):
-        device_link = f"{DEVFREQ}/{node}/device"
-        compatible = reader.dt_strings(f"{device_link}/of_node/compatible") or []
-        if reader.of_node_name(device_link) != "npu" and not any(
-                "rknpu" in entry for entry in compatible):
-            continue
-        device = reader.realpath(device_link)
-        freq = read_devfreq(reader, f"{DEVFREQ}/{node}")
-        npu = Npu(name="rknpu", driver=(reader.driver(device_link) or "rknpu").lower(),
+        if reader.realpath(f"{DEVFREQ}/{node}/device") == device:
+            return node
+    return None
+
+
+def _is_rknpu_devfreq(reader: SysReader, node: str) -> bool:
+    device_link = f"{DEVFREQ}/{node}/device"
+    compatible = reader.dt_strings(f"{device_link}/of_node/compatible") or []
+    mainline_core = any("rknn-core" in entry for entry in compatible)  # Rocket's, not ours
+    return (reader.of_node_name(device_link) == "npu" and not mainline_core) or any(
+        "rknpu" in entry for entry in compatible)
+
+
+def _rknpu(reader: SysReader, soc: str | None) -> list[Npu]:
+    """Vendor rknpu devices: bound to RKNPU, plus any rknpu devfreq node (an unbound one
+    still says the NPU is there)."""
+    devices: dict[str, str | None] = {d: _devfreq_of(reader, d) for d in bound_devices(
+        reader, "platform", *RKNPU_DRIVERS)}
+    for name in reader.listdir(DEVFREQ):
+        found = reader.realpath(f"{DEVFREQ}/{name}/device")
+        if found is not None and found not in devices and _is_rknpu_devfreq(reader, name):
+            devices[found] = name
+    npus = []
+    for device, node in sorted(devices.items()):
+        npu = Npu(name="rknpu", driver=(reader.driver(device) or "rknpu").lower(),
                   cores=RKNPU_CORES_BY_SOC.get(soc or ""), devfreq=node,
-                  device=_drm_render_node(reader, device), min_hz=freq.min_hz,
-                  max_hz=freq.max_hz, vendor="rockchip", available_hz=freq.available_hz,
-                  governor=freq.governor, limit_min_hz=freq.limit_min_hz,
-                  limit_max_hz=freq.limit_max_hz, cur_hz=freq.cur_hz, sysfs=device)
+                  device=_drm_render_node(reader, device), vendor="rockchip", sysfs=device)
+        if node is not None:
+            freq = read_devfreq(reader, f"{DEVFREQ}/{node}")
+            npu.min_hz, npu.max_hz, npu.available_hz = freq.min_hz, freq.max_hz, freq.available_hz
+            npu.governor, npu.cur_hz = freq.governor, freq.cur_hz
+            npu.limit_min_hz, npu.limit_max_hz = freq.limit_min_hz, freq.limit_max_hz
         _read_rknpu_status(reader, npu)
         npus.append(npu)
     return npus
@@ -72,50 +116,64 @@ def _read_rknpu_status(reader: SysReader, npu: Npu) -> None:
                     "NPU load unavailable")
 
 
+def _rocket(reader: SysReader, devnode: str | None, facade: str | None) -> Npu | None:
+    cores = bound_devices(reader, "platform", ROCKET_DRIVER)
+    if not cores:
+        return None
+    return Npu(name="rocket", driver=ROCKET_DRIVER, vendor="rockchip", device=devnode,
+               cores=len(cores), sysfs=facade or cores[0], core_sysfs=cores)
+
+
+def _intel_npu(reader: SysReader, device: str, devnode: str | None) -> Npu:
+    mhz = reader.integer(f"{device}/npu_max_frequency_mhz")
+    return Npu(name="intel-npu", driver=INTEL_NPU_DRIVER, vendor="intel", cores=None,
+               device=devnode, max_hz=mhz * 1_000_000 if mhz else None, sysfs=device)
+
+
 def _accel(reader: SysReader, known: list[Npu]) -> list[Npu]:
-    npus = []
+    """One entry per /sys/class/accel node; a driverless parent is Rocket's facade when
+    Rocket has cores bound.  Rocket cores and Intel NPUs without an accel node (an older
+    kernel, a node gone on a driver reload) are still reported from their driver."""
+    npus: list[Npu] = []
     for name in reader.listdir("/sys/class/accel"):
-        device_link = f"/sys/class/accel/{name}/device"
-        device = reader.realpath(device_link)
-        driver = reader.driver(device_link)
+        device = reader.realpath(f"/sys/class/accel/{name}/device")
+        driver = reader.driver(device) if device else None
         devnode = f"/dev/accel/{name}"
-        existing = next((n for n in known if n.sysfs and n.sysfs == device), None)
+        existing = next((n for n in known + npus if n.sysfs and n.sysfs == device), None)
         if existing is not None:
             existing.device = devnode
             continue
-        if driver == "rocket":
-            npus.append(Npu(name="rocket", driver=driver, vendor="rockchip", device=devnode,
-                            cores=_rocket_cores(reader), sysfs=device))
-        elif driver == "intel_vpu":
-            mhz = reader.integer(f"{device_link}/npu_max_frequency_mhz")
-            npus.append(Npu(name="intel-npu", driver=driver, vendor="intel", cores=None,
-                            device=devnode, max_hz=mhz * 1_000_000 if mhz else None,
-                            sysfs=device))
+        rocket = _rocket(reader, devnode, device) if driver in (None, ROCKET_DRIVER) else None
+        if rocket is not None and not any(n.name == "rocket" for n in npus):
+            npus.append(rocket)
+        elif driver == INTEL_NPU_DRIVER and device is not None:
+            npus.append(_intel_npu(reader, device, devnode))
         else:
             npus.append(Npu(name=driver or name, driver=driver, cores=None, device=devnode,
                             sysfs=device))
+    if not any(n.name == "rocket" for n in npus):
+        rocket = _rocket(reader, None, None)
+        npus += [rocket] if rocket is not None else []
+    reported = {n.sysfs for n in known + npus}
+    npus += [_intel_npu(reader, device, None) for device in bound_devices(
+        reader, "pci", INTEL_NPU_DRIVER) if device not in reported]
     return npus
 
 
-def _rocket_cores(reader: SysReader) -> int | None:
-    """Rocket binds one platform device per NPU core (three on RK3588)."""
-    bound = [n for n in reader.listdir("/sys/bus/platform/drivers/rocket")
-             if _PLATFORM_DEVICE.match(n)]
-    return len(bound) or None
-
-
 def _jetson_dla(reader: SysReader) -> list[Npu]:
-    paths = sorted({p for pattern in HOST1X_GLOBS for p in reader.glob(pattern)})
+    """DLA cores bound to nvdla wherever host1x sits, plus unbound host1x children."""
+    globbed = {reader.realpath(p) for pattern in HOST1X_GLOBS for p in reader.glob(pattern)}
+    paths = sorted(set(bound_devices(reader, "platform", *DLA_DRIVERS)) | {
+        p for p in globbed if p is not None})
     npus = []
-    for path in paths:
-        match = re.search(r"\.nvdla(\d+)$", path)
-        if match is None:
-            continue
+    for ordinal, path in enumerate(paths):
+        match = re.search(r"nvdla(\d+)$", path)
+        index = match.group(1) if match else str(ordinal)
         # nvpmodel caps the DLA clocks through <dev>/acm/clk_cap/<clock> (Hz): the limit of
         # the active power mode, as limit_max_hz is for a devfreq node; u64 max: no cap
-        cap = reader.integer(f"{path}/acm/clk_cap/dla{match.group(1)}_core")
+        cap = reader.integer(f"{path}/acm/clk_cap/dla{index}_core")
         cap = None if cap is not None and cap >= 2**63 else cap
-        npus.append(Npu(name=f"dla{match.group(1)}", driver=reader.driver(path) or "nvdla",
+        npus.append(Npu(name=f"dla{index}", driver=reader.driver(path) or "nvdla",
                         cores=1, vendor="nvidia", sysfs=path,
                         limit_max_hz=cap if cap is not None and cap > 0 else None))
     return npus

@@ -98,6 +98,11 @@ def render_summary(topology: Topology) -> str:
         + (f" {_mhz(n.min_hz, n.max_hz, 1_000_000)}" if n.max_hz else "")
         + (f" load {'/'.join(map(str, n.load_pct))} %" if n.load_pct else "")
         for n in topology.npus] or ["none"]))
+    runtimes = [f"{name} {found.version or '?'}" for name, found in (
+        ("librknnrt", topology.runtimes.librknnrt), ("TensorRT", topology.runtimes.tensorrt),
+        ("CUDA", topology.runtimes.cuda), ("OpenVINO", topology.runtimes.openvino),
+        ("onnxruntime", topology.runtimes.onnxruntime)) if found is not None]
+    rows.append(("Runtimes", [" · ".join(runtimes) or "none"]))
     rows.append(("Thermal", [" · ".join(
         f"{z.name} {z.temp_c:.1f} °C" if z.temp_c is not None else f"{z.name} off"
         for z in topology.thermal) or "none"]))

@@ -18,6 +18,7 @@ from agent.kernel.sched import ThreadSched
 from agent.service.dataplane import Supervisor
 from agent.service.intervals import Intervals, key
 from agent.service.serve import builtin_models, default_model
+from agent.telemetry.backends import instance_backends
 
 if TYPE_CHECKING:
     from agent.inference.stats import Window
@@ -51,6 +52,7 @@ class Inference:
         self.repository = Path(config.serve.repository or state_dir / "repository")
         self.error: str | None = None
         self.providers: list[str] = []
+        self.available: list[str] = []  # onnxruntime.get_available_providers() of this install
         self.unused: list[Any] = []  # UnusedAccelerator: discovered, not reached by providers
         self.driver: LoadDriver | None = None
         self.intervals = Intervals()  # what the last telemetry sample reported
@@ -68,7 +70,7 @@ class Inference:
         from agent.inference.errors import SessionError
         from agent.inference.providers import choose_providers
 
-        available = ort.get_available_providers()
+        available = self.available = list(ort.get_available_providers())
         try:  # what the data plane will choose, named here for birth and selftest
             self.providers = choose_providers(available, self.topology,
                                               self.config.inference.providers)
@@ -115,7 +117,8 @@ class Inference:
         stats = self.supervisor.stats  # one read: the supervisor replaces the list
         figures = self.intervals.advance(plane["pid"], stats)
         models = [{"name": s["name"], "version": s["version"],
-                   **figures.get(key(s), {})} for s in stats]
+                   "backends": instance_backends(s), **figures.get(key(s), {})}
+                  for s in stats]
         entry = max((s for s in stats if s.get("name") == self.default),
                     key=lambda s: int(s.get("version") or 0), default=None)
         if entry is None:

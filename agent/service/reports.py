@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent import __version__
+from agent.discovery.runtimes import ORT_DISTRIBUTIONS
 from agent.telemetry.records import encode, stamp
 
 if TYPE_CHECKING:  # `edge-agent status` reads the file without loading the agent's parts
@@ -46,7 +47,10 @@ def birth(config: Config, topology: Topology, tuning: Tuning, inference: Inferen
                       "preempt_rt": topology.kernel.preempt_rt,
                       "cgroup_v2": topology.kernel.cgroup_v2,
                       "unused_accelerators": [accelerator.to_dict() for accelerator
-                                              in inference.unused]},
+                                              in inference.unused],
+                      "providers_available": inference.available,
+                      "runtimes": {name: found.version if found else None for name, found
+                                   in vars(topology.runtimes).items()}},
         commands=list(config.control.allow) if config.control.enabled
         else [],
         telemetry={"interval_s": config.telemetry.interval_s,
@@ -58,11 +62,15 @@ def _library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for name in ("onnxruntime", "paho-mqtt"):
+    for name in ("paho-mqtt", *ORT_DISTRIBUTIONS):
         try:
-            found[name] = version(name)
+            installed = version(name)
         except PackageNotFoundError:
             continue
+        if name not in ORT_DISTRIBUTIONS:
+            found[name] = installed
+        elif "onnxruntime" not in found:  # which build: CPU, -gpu (Jetson, CUDA), -openvino
+            found["onnxruntime"], found["onnxruntime_distribution"] = installed, name
     return found
 
 
