@@ -23,8 +23,7 @@ import onnxruntime as ort
 from agent.discovery import discover
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.inference.devices import parse_device
-from agent.inference.provider_options import plan_instance
-from agent.inference.runtimes import installed_versions
+from agent.inference.provider_options import plan_instance, runtime_versions
 from agent.inference.session import build_session
 from agent.kernel.fsroot import Root
 from agent.serving.versions import file_sha256
@@ -41,8 +40,8 @@ def _run(providers: list[object], image: np.ndarray) -> tuple[float, np.ndarray,
 
 def main(state: Path) -> int:
     available = ort.get_available_providers()
-    versions = installed_versions(ort.__version__)
     topology = discover(Root("/"))
+    versions = runtime_versions(ort.__version__, topology.runtimes)
     image = np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32)
     _, reference, _ = _run(["CPUExecutionProvider"], image)
     failed = False

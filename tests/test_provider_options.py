@@ -160,14 +160,3 @@ def test_a_device_the_board_lacks_names_what_it_has() -> None:
         "npu:0-1, npu:0-2)")
 
 
-def test_runtime_versions_are_read_from_cuda_files_and_library_names(tmp_path: Path) -> None:
-    from agent.inference.runtimes import _library, parse_cuda_version
-
-    assert parse_cuda_version('{"cuda": {"name": "CUDA SDK", "version": "12.6.68"}}') == \
-        "12.6.68"
-    assert parse_cuda_version("CUDA Version 10.2.89\n") == "10.2.89"
-    assert parse_cuda_version("nonsense") is None
-    for name in ("libnvinfer.so.8.6.2", "libnvinfer.so.10.3.0", "libnvinfer.so.10"):
-        (tmp_path / name).touch()
-    assert _library("libnvinfer", (str(tmp_path),)) == "10.3.0"
-    assert _library("libcudart", (str(tmp_path),)) is None

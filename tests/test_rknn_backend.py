@@ -19,7 +19,6 @@ from agent.inference.backends import rknn
 from agent.inference.backends.rknn_file import (
     RknnFileError,
     parse_rknn,
-    parse_runtime_version,
     skew,
 )
 from agent.inference.devices import parse_device
@@ -42,8 +41,7 @@ def version(tmp_path: Path) -> Path:
 
 
 def load(path: Path, device: str = "npu:0", runtime: str | None = "2.3.0") -> rknn.RknnBackend:
-    return rknn.load(path, parse_device(device), "int8", runtime_version=runtime,
-                     read_runtime=lambda: None)
+    return rknn.load(path, parse_device(device), "int8", runtime_version=runtime)
 
 
 def test_the_header_names_the_toolkit_in_both_layouts() -> None:
@@ -53,12 +51,6 @@ def test_the_header_names_the_toolkit_in_both_layouts() -> None:
         1, "1.2.0", ("rk3588",))
     with pytest.raises(RknnFileError, match="does not start with"):
         parse_rknn(b"\x08\x01onnx")
-
-
-def test_the_runtime_version_comes_from_the_library_string() -> None:
-    blob = b"\0junk\0librknnrt version: 1.4.0 (a10f100eb@2022-09-09T09:07:14)\0more"
-    assert parse_runtime_version(blob) == "1.4.0"
-    assert parse_runtime_version(b"nothing") is None
 
 
 def test_a_model_newer_than_librknnrt_is_refused_naming_both(lite: Any, version: Path) -> None:

@@ -507,3 +507,13 @@ def test_a_version_being_built_shows_loading(repo: Path) -> None:
     finally:
         release.set()
         made.stop()
+
+
+def test_telemetry_reads_each_instances_backend_from_the_statistics(
+        registry: ModelRegistry) -> None:
+    """What the control plane's telemetry reads comes from the real data plane's entry."""
+    from agent.telemetry.backends import instance_backends
+
+    (row,) = instance_backends(registry.statistics("mlp", "1")[0]) or []
+    assert (row["instance"], row["backend"], row["precision"]) == (0, "onnxruntime", "fp32")
+    assert row["device"] and "CPUExecutionProvider" in (row["providers"] or [])

@@ -25,7 +25,7 @@ from agent.kernel import counters as p
 from agent.kernel.fsroot import Root
 from agent.kernel.parsers import parse_psi
 from agent.kernel.reader import SysReader
-from agent.telemetry.backends import BACKENDS_KEY, instance_backends
+from agent.telemetry.backends import instance_backends
 from agent.telemetry.collectors import (
     NvmlGpuSample,
     PynvmlTelemetry,
@@ -672,15 +672,14 @@ def test_intel_npu_busy_time_over_wall_time(tmp_path: Path) -> None:
 
 # -- which backend each model instance runs ------------------------------------------------
 
-def test_instance_backends_from_the_data_planes_describe_hook() -> None:
+def test_instance_backends_come_from_each_instance_entry() -> None:
     entry = {"name": "m", "version": "1", "edge_agent": {
         "providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"],
-        "instances": [{"index": 0}, {"index": 1}],
-        BACKENDS_KEY: [
-            {"backend": "onnxruntime", "device": "gpu:0", "precision": "fp16",
+        "instances": [
+            {"index": 0, "backend": "onnxruntime", "device": "gpu:0", "precision": "fp16",
              "providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"],
              "threads": 1},
-            {"backend": "onnxruntime", "device": "dla:1", "precision": "int8",
+            {"index": 1, "backend": "onnxruntime", "device": "dla:1", "precision": "int8",
              "providers": ["TensorrtExecutionProvider"]},
             "garbage"]}}
     assert instance_backends(entry) == [
@@ -689,14 +688,14 @@ def test_instance_backends_from_the_data_planes_describe_hook() -> None:
         {"instance": 1, "backend": "onnxruntime", "device": "dla:1", "precision": "int8",
          "providers": ["TensorrtExecutionProvider"]},
         {"instance": 2, "backend": None, "device": None, "precision": None,
-         "providers": None}]
+         "providers": ["TensorrtExecutionProvider", "CUDAExecutionProvider"]}]
 
 
-def test_instance_backends_before_the_hook_are_onnxruntime_with_unknown_precision() -> None:
+def test_instance_backends_of_an_entry_with_figures_only_leave_the_rest_unknown() -> None:
     entry = {"edge_agent": {"providers": ["CPUExecutionProvider"],
                             "instances": [{"index": 0}, {"index": 1}]}}
     assert instance_backends(entry) == [
-        {"instance": index, "backend": "onnxruntime", "device": None, "precision": None,
+        {"instance": index, "backend": None, "device": None, "precision": None,
          "providers": ["CPUExecutionProvider"]} for index in (0, 1)]
     for entry in ({}, {"edge_agent": None}, {"edge_agent": {"providers": "x"}},
                   {"edge_agent": {"providers": [], "instances": 3}}):

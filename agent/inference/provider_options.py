@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.discovery.model import Topology
+from agent.discovery.model import Runtimes, RuntimeVersion, Topology
 from agent.inference.devices import Device, intel_gpu, intel_npu, rockchip_npu_cores
 from agent.inference.errors import SessionError
 from agent.inference.providers import CPU, CUDA, OPENVINO, TENSORRT, choose_providers
@@ -31,6 +31,18 @@ class RuntimeVersions:
     cuda: str | None = None
     openvino: str | None = None
     librknnrt: str | None = None
+
+
+def runtime_versions(onnxruntime: str, found: Runtimes) -> RuntimeVersions:
+    """The versions discovery read (``topology.runtimes``), for this process's onnxruntime:
+    one reading of the installed runtimes for the topology, the fingerprint and the RKNN
+    version check."""
+    def version(runtime: RuntimeVersion | None) -> str | None:
+        return runtime.version if runtime else None
+
+    return RuntimeVersions(onnxruntime=onnxruntime, tensorrt=version(found.tensorrt),
+                           cuda=version(found.cuda), openvino=version(found.openvino),
+                           librknnrt=version(found.librknnrt))
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
     from agent.discovery import discover
     from agent.inference.loader import model_cache_dir
     from agent.inference.options import thread_plan
+    from agent.inference.provider_options import runtime_versions
     from agent.inference.providers import choose_providers
-    from agent.inference.runtimes import installed_versions
     from agent.kernel.fsroot import Root
     from agent.serving.building import BUILDING_FILE, write_building
     from agent.serving.server import ServerSettings
@@ -70,7 +70,7 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
         sched_file=sched_file, ready_file=ready_file, metrics=s.metrics,
         shm_prefix=s.shm_prefix, topology=topology, state_dir=state_dir,
         available=ort.get_available_providers(),
-        versions=installed_versions(ort.__version__),
+        versions=runtime_versions(ort.__version__, topology.runtimes),
         building=functools.partial(write_building, ready_file.with_name(BUILDING_FILE))
         if ready_file is not None else None)
     return run_server(settings)

@@ -40,7 +40,7 @@ from agent.serving.tensors import ORT_DATATYPES, check_inputs, ort_message
 AUTO_MAX_BATCH_SIZE = 4
 RELEASE_WAIT_S = 60.0  # a dropped version's queued runs finish before its backends go
 # what each instance's statistics say of its backend: the status and Prometheus labels
-INSTANCE_KEYS = ("backend", "device", "precision")
+INSTANCE_KEYS = ("backend", "device", "precision", "providers")
 logger = logging.getLogger(__name__)
 
 

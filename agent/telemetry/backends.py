@@ -1,24 +1,22 @@
 """Which backend, device and precision each model instance runs, for telemetry.
 
 The data plane's statistics entry for a model version (Triton's model_stats entry plus
-``edge_agent``) is the source.  The hook is ``edge_agent.backends``: one
-``Backend.describe()`` dict per instance, in instance order (``backend``, ``device``,
-``precision``, ``providers``).  Until the data plane sends it, each instance is reported
-from what it does send: ``edge_agent.providers`` (the instances' ORT providers) and
-``edge_agent.instances`` (one entry per instance), with backend ``onnxruntime`` and the
-device and precision unknown (None) rather than guessed.
+``edge_agent``) is the source: ``edge_agent.instances`` has one entry per instance, in
+instance order, carrying its ``backend``, ``device``, ``precision`` and ``providers`` (from
+the instance's ``Backend.describe()``).  An entry from a data plane that sent only the
+figures reports what it does say, ``edge_agent.providers``, and leaves the rest unknown
+(None) rather than guessed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-BACKENDS_KEY = "backends"  # edge_agent.<this>: [Backend.describe(), ...] per instance
 FIELDS = ("instance", "backend", "device", "precision", "providers")
 
 
-def _row(index: int, described: dict[str, Any]) -> dict[str, Any]:
-    providers = described.get("providers")
+def _row(index: int, described: dict[str, Any], providers: Any) -> dict[str, Any]:
+    providers = described.get("providers", providers)
     return {"instance": index, "backend": described.get("backend"),
             "device": described.get("device"), "precision": described.get("precision"),
             "providers": list(providers) if isinstance(providers, list) else None}
@@ -29,13 +27,8 @@ def instance_backends(entry: dict[str, Any]) -> list[dict[str, Any]] | None:
     ours = entry.get("edge_agent")
     if not isinstance(ours, dict):
         return None
-    described = ours.get(BACKENDS_KEY)
-    if isinstance(described, list):
-        return [_row(index, item if isinstance(item, dict) else {})
-                for index, item in enumerate(described)]
-    providers = ours.get("providers")
     instances = ours.get("instances")
-    if not isinstance(providers, list) or not isinstance(instances, list):
+    if not isinstance(instances, list):
         return None
-    return [_row(index, {"backend": "onnxruntime", "providers": providers})
-            for index in range(len(instances))]
+    return [_row(index, item if isinstance(item, dict) else {}, ours.get("providers"))
+            for index, item in enumerate(instances)]

@@ -15,7 +15,7 @@ are run row by row.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ from agent.inference.backends import TensorInfo
 from agent.inference.backends.rknn_file import (
     RknnFileError,
     parse_rknn,
-    read_runtime_version,
     skew,
 )
 from agent.inference.devices import Device, core_mask
@@ -124,8 +123,8 @@ class RknnBackend:
                 self.runtime.release()
 
 
-def load(path: Path, device: Device, precision: str, *, runtime_version: str | None = None,
-         read_runtime: Callable[[], str | None] = read_runtime_version) -> RknnBackend:
+def load(path: Path, device: Device, precision: str, *,
+         runtime_version: str | None = None) -> RknnBackend:
     """Check the model against librknnrt, then load it on ``device``'s cores.  Every step
     that fails raises SessionError naming the file; nothing is left initialised."""
     try:
@@ -134,7 +133,7 @@ def load(path: Path, device: Device, precision: str, *, runtime_version: str | N
         raise model_error(path, f"cannot read it: {error.strerror or error}") from None
     except RknnFileError as error:
         raise model_error(path, f"not an RKNN model: it {error}") from None
-    runtime = runtime_version or read_runtime()
+    runtime = runtime_version  # discovery read it (topology.runtimes.librknnrt)
     refused = skew(info.toolkit_version, runtime)
     if refused:
         raise model_error(path, f"refused: {refused}")

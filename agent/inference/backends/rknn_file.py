@@ -15,14 +15,10 @@ import json
 import re
 import struct
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 MAGIC = b"RKNN"
 _VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
-_RUNTIME = re.compile(rb"librknnrt version: (\d+\.\d+\.\d+[^\x00\s]*)")
-LIBRARY_PATHS = ("/usr/lib/librknnrt.so", "/usr/lib/aarch64-linux-gnu/librknnrt.so",
-                 "/usr/local/lib/librknnrt.so")
 
 
 class RknnFileError(ValueError):
@@ -59,22 +55,6 @@ def parse_rknn(data: bytes) -> RknnInfo:
     platform = document.get("target_platform") or []
     platforms = tuple(platform) if isinstance(platform, list) else (str(platform),)
     return RknnInfo(fmt, str(version) if version else None, platforms, document)
-
-
-def parse_runtime_version(data: bytes) -> str | None:
-    """librknnrt's version from the library's bytes (or the line it logs)."""
-    found = _RUNTIME.search(data)
-    return found.group(1).decode("ascii", "replace") if found else None
-
-
-def read_runtime_version(paths: tuple[str, ...] = LIBRARY_PATHS) -> str | None:
-    """The installed librknnrt's version; None when no library is found or it names none."""
-    for path in paths:
-        try:
-            return parse_runtime_version(Path(path).read_bytes())
-        except OSError:
-            continue
-    return None
 
 
 def version_tuple(text: str) -> tuple[int, int, int] | None:
