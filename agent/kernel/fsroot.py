@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agent.kernel import cgroup_model
+from agent.kernel import block_queue, cgroup_model
 from agent.kernel.attributes import emulate_attribute_write
 
 # Tuning knobs the agent may change; everything else is read-only to it.  ``*`` matches
@@ -46,6 +46,10 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/sys/block/*/queue/io_poll",
     "/sys/block/*/queue/io_poll_delay",
     "/sys/block/*/queue/rq_affinity",
+    "/sys/block/*/queue/wbt_lat_usec",
+    "/sys/block/*/queue/nomerges",
+    "/sys/block/*/queue/add_random",
+    "/sys/block/*/queue/max_sectors_kb",
     "/sys/module/nvme/parameters/poll_queues",
     "/sys/module/nvme_core/parameters/default_ps_max_latency_us",
     "/sys/fs/cgroup/**/cgroup.subtree_control",
@@ -62,6 +66,8 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/proc/irq/*/smp_affinity",
     "/proc/irq/*/smp_affinity_list",
     "/proc/sys/kernel/sched_rt_runtime_us",
+    "/proc/sys/kernel/io_uring_disabled",
+    "/proc/sys/kernel/io_uring_group",
     "/proc/sys/vm/*",
 )
 
@@ -328,6 +334,11 @@ class Root:
         if (not self.is_host and logical.startswith("/sys/fs/cgroup/")
                 and cgroup_model.is_cgroup_dir(Path(target).parent)):
             cgroup_model.write(Path(target), value)  # cgroup v2's rules, not a plain file
+            return
+        if not self.is_host and block_queue.handles(path):  # the block layer's rules
+            text = block_queue.write(self.base, Path(target), value)
+            if text is not None:  # None: a write the kernel ignores
+                Path(target).write_text(text)
             return
         if self.is_host:
             data = value.encode()
