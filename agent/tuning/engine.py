@@ -26,7 +26,7 @@ from agent.tuning.journal import Journal, JournalState, current_boot_id
 from agent.tuning.placement import Placement, detect
 from agent.tuning.plan import Change, Plan, PlanContext, matches, read_normalised
 from agent.tuning.profiles import ProfileStore
-from agent.tuning.tuners import block, cgroup, cpuidle, dvfs, sysctl, thp
+from agent.tuning.tuners import block, cgroup, cpuidle, dvfs, io_uring, sysctl, thp
 from agent.tuning.tuners import rt as rt_tuner
 from agent.tuning.units import UnitError, Units
 
@@ -34,7 +34,8 @@ Planner = Callable[[dict[str, Any], PlanContext], None]
 # Order of application; rollback runs in reverse.  The cgroup tuner comes first and is bound
 # to the engine's placement (see ``Engine.planners``).
 TUNERS: tuple[tuple[str, Planner], ...] = (
-    ("thp", thp.plan), ("sysctl", sysctl.plan), ("rt", rt_tuner.plan),
+    ("thp", thp.plan), ("sysctl", sysctl.plan), ("io_uring", io_uring.plan),
+    ("rt", rt_tuner.plan),
     ("block", block.plan), ("nvme", block.plan_nvme), ("cpuidle", cpuidle.plan),
     ("dvfs", dvfs.plan))
 
@@ -71,6 +72,15 @@ class ApplyResult:
 def _managed_irq(change: Change, error: OSError) -> bool:
     """Managed (multi-queue) IRQs refuse affinity writes with EIO: reported, not fatal."""
     return error.errno == errno.EIO and change.path.startswith("/proc/irq/")
+
+
+def _refused_affinity(change: Change, error: OSError | rt.RtError) -> str | None:
+    """An io_uring thread the kernel pins itself refuses sched_setaffinity (EINVAL):
+    reported, not fatal, with io_uring's own way to place it."""
+    what = rt.io_uring_thread(change.note) if change.compare == "sched" else None
+    if what is None or not isinstance(error, rt.AffinityRefused):
+        return None
+    return f"kernel refuses affinity ({what})"
 
 
 def _stale_journal(root: Root, journal: Journal, notes: list[str]) -> JournalState | None:
@@ -151,6 +161,10 @@ class Engine:
                     result.skipped.append(f"{change.path}: managed IRQ, the kernel refuses "
                                           "affinity changes (EIO)")
                     continue
+                refused = _refused_affinity(change, error)
+                if refused is not None:
+                    result.skipped.append(f"{change.path}: {refused}")
+                    continue
                 self._undo(entries[:index])
                 raise TuningError(f"applying {plan.profile} failed at {change.path} "
                                   f"({change.key}): {error}; every earlier write was rolled "
@@ -168,8 +182,9 @@ class Engine:
         planned = {c.path for c in plan.changes}
         entries = [Change(tuner=c.tuner, path=c.path, current=c.current, desired=c.current or "",
                           key=c.key, compare=c.compare, write=c.restore, restore=c.restore,
-                          note="restored: the new profile leaves it alone")
-                   for c in reversed(list(originals.values())) if c.path not in planned]
+                          note="restored: the new profile leaves it alone", resets=c.resets)
+                   for c in Engine._restore_order(list(originals.values()))
+                   if c.path not in planned]
         for change in plan.changes:
             old = originals.get(change.path)
             if old is not None:
@@ -187,9 +202,22 @@ class Engine:
         else:
             self.root.write_text(change.path, value)
 
+    @staticmethod
+    def _restore_order(written: list[Change]) -> list[Change]:
+        """Reverse order, except that a change another one resets as a side effect is
+        restored right after that one (the scheduler, then nr_requests), not before it."""
+        order = list(reversed(written))
+        for change in list(order):
+            for path in change.resets:
+                dependent = next((c for c in order if c.path == path), None)
+                if dependent is not None and order.index(dependent) < order.index(change):
+                    order.remove(dependent)
+                    order.insert(order.index(change) + 1, dependent)
+        return order
+
     def _undo(self, written: list[Change]) -> list[str]:
         failures = []
-        for change in reversed(written):
+        for change in self._restore_order(written):
             try:
                 self._write(change, change.restore_value)
             except ProcessLookupError:
