@@ -7,12 +7,11 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tuning_helpers import copy_board, engine_for, snapshot, write_profile
+from tuning_helpers import copy_board, engine_for, named_thread, snapshot, write_profile
 
 from agent.discovery import discover
 from agent.discovery.kernel import IO_URING_SETUP, probe_io_uring_errno
@@ -175,26 +174,15 @@ def test_io_wq_worker_refusing_affinity_is_reported_not_fatal(
     """An io-wq worker is PF_NO_SETAFFINITY on older kernels: sched_setaffinity is EINVAL.
     A thread of this test named like one stands in; the kernel's refusal is emulated."""
     name = f"iou-wrk-{os.getpid()}"
-    ready, release, tids = threading.Event(), threading.Event(), []
-
-    def worker() -> None:
-        tids.append(threading.get_native_id())
-        Path(f"/proc/self/task/{tids[0]}/comm").write_text(name)
-        ready.set()
-        release.wait(30)
-
-    thread = threading.Thread(target=worker, daemon=True)
-    thread.start()
-    ready.wait(10)
     real = os.sched_setaffinity
 
     def no_setaffinity(pid: int, cpus: object) -> None:
-        if pid == tids[0]:
+        if pid == tid:
             raise OSError(errno.EINVAL, "Invalid argument")
         real(pid, cpus)  # type: ignore[arg-type]
 
-    try:
-        original = rt.read_thread_sched(tids[0])
+    with named_thread(name) as tid:
+        original = rt.read_thread_sched(tid)
         engine = _thread_profile(tmp_path, name, min(os.sched_getaffinity(0)))
         plan = engine.plan("threads")
         assert any("IORING_REGISTER_IOWQ_AFF" in w for w in plan.warnings)
@@ -203,14 +191,11 @@ def test_io_wq_worker_refusing_affinity_is_reported_not_fatal(
         monkeypatch.setattr(os, "sched_setaffinity", no_setaffinity)
         result = engine.apply("threads")
         assert result.written == []
-        assert result.skipped == [f"/proc/{os.getpid()}/task/{tids[0]}: kernel refuses "
+        assert result.skipped == [f"/proc/{os.getpid()}/task/{tid}: kernel refuses "
                                   "affinity (io-wq worker; use IORING_REGISTER_IOWQ_AFF)"]
         assert engine.verify() == []  # a skipped thread is not drift
         engine.rollback()
-        assert rt.read_thread_sched(tids[0]) == original
-    finally:
-        release.set()
-        thread.join()
+        assert rt.read_thread_sched(tid) == original
 
 
 def test_other_threads_refusing_affinity_still_fail_the_apply(
@@ -219,31 +204,17 @@ def test_other_threads_refusing_affinity_still_fail_the_apply(
     from agent.tuning.engine import TuningError
 
     name = f"eatest-{os.getpid() % 10000}"
-    ready, release, tids = threading.Event(), threading.Event(), []
-
-    def worker() -> None:
-        tids.append(threading.get_native_id())
-        Path(f"/proc/self/task/{tids[0]}/comm").write_text(name)
-        ready.set()
-        release.wait(30)
-
-    thread = threading.Thread(target=worker, daemon=True)
-    thread.start()
-    ready.wait(10)
 
     def refuse(pid: int, cpus: object) -> None:
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    try:
+    with named_thread(name):
         engine = _thread_profile(tmp_path, name, min(os.sched_getaffinity(0)))
         if not engine.plan("threads").changes:
             pytest.skip("the thread already runs on that CPU only")
         monkeypatch.setattr(os, "sched_setaffinity", refuse)
         with pytest.raises(TuningError, match="refused for thread"):
             engine.apply("threads")
-    finally:
-        release.set()
-        thread.join()
 
 
 def test_io_uring_thread_names() -> None:
