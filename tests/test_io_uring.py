@@ -4,9 +4,13 @@ this test creates (only its own iou-sqp thread is touched; the ring is closed af
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import mmap
 import os
+import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,6 +143,62 @@ def sqpoll_ring() -> Iterator[tuple[int, int]]:
         os.close(fd)
 
 
+IORING_OP_OPENAT, IOSQE_ASYNC, AT_FDCWD = 18, 1 << 4, -100
+IORING_OFF_SQES = 0x10000000
+IO_URING_ENTER = IO_URING_SETUP + 1  # 426 on x86_64 and arm64
+
+
+@pytest.fixture
+def io_wq_worker(tmp_path: Path) -> Iterator[int]:
+    """A real io-wq worker (iou-wrk-<pid>) of this process: an openat of a FIFO with no
+    writer, forced to io-wq (IOSQE_ASYNC), blocks in it.  Yields its TID; afterwards a writer
+    lets the open finish, its fd and the ring are closed."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = (ctypes.c_uint32 * 30)()
+    fd = libc.syscall(IO_URING_SETUP, 4, ctypes.byref(params))
+    if fd < 0:
+        code = ctypes.get_errno()
+        pytest.skip(f"io_uring_setup is not permitted here: {errno.errorcode.get(code, code)}")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    name = ctypes.create_string_buffer(str(fifo).encode())
+    sq_entries, tail, array = params[0], params[11], params[16]  # io_sqring_offsets
+    ring = mmap.mmap(fd, array + 4 * sq_entries, offset=0)
+    sqes = mmap.mmap(fd, 64 * sq_entries, offset=IORING_OFF_SQES)
+    try:  # struct io_uring_sqe: opcode, flags, ioprio, fd, off, addr, len, open_flags, data
+        sqes[0:64] = struct.pack("=BBHiQQIIQ24x", IORING_OP_OPENAT, IOSQE_ASYNC, 0, AT_FDCWD,
+                                 0, ctypes.addressof(name), 0, os.O_RDONLY, 1)
+        struct.pack_into("=I", ring, array, 0)
+        struct.pack_into("=I", ring, tail, struct.unpack_from("=I", ring, tail)[0] + 1)
+        assert libc.syscall(IO_URING_ENTER, fd, 1, 0, 0, None, 0) == 1
+        comm, tids = f"iou-wrk-{os.getpid()}", []
+        for _ in range(100):
+            tids = [t for _p, t, _c in rt.threads_matching(Root("/"), comm, pid=os.getpid())]
+            if tids:
+                break
+            time.sleep(0.02)
+        assert tids, f"no {comm} thread in /proc/self/task"
+        yield tids[0]
+    finally:
+        os.close(os.open(fifo, os.O_WRONLY))  # the worker's open completes
+        time.sleep(0.1)
+        for entry in Path("/proc/self/fd").iterdir():  # the fd that open gave us
+            with contextlib.suppress(OSError):
+                if os.readlink(entry) == str(fifo):
+                    os.close(int(entry.name))
+        sqes.close()
+        ring.close()
+        os.close(fd)
+
+
+def test_a_real_io_wq_worker_is_pinned_or_reported(io_wq_worker: int, tmp_path: Path) -> None:
+    """On 6.3+ an io-wq worker takes an affinity (held while it lives); before, it is
+    PF_NO_SETAFFINITY and the apply reports the refusal instead of failing."""
+    warnings = _pin_and_restore(tmp_path, io_wq_worker, "iou-wrk",
+                                "io-wq worker; use IORING_REGISTER_IOWQ_AFF")
+    assert any("IORING_REGISTER_IOWQ_AFF" in w for w in warnings)
+
+
 def _thread_profile(tmp_path: Path, comm: str, cpu: int) -> Engine:
     profiles = tmp_path / "profiles"
     write_profile(profiles, "threads", f"rt: {{threads: [{{comm: '{comm}', pid: {os.getpid()},"
@@ -150,23 +210,29 @@ def _thread_profile(tmp_path: Path, comm: str, cpu: int) -> Engine:
 
 def test_sqpoll_thread_is_pinned_verified_and_restored(
         sqpoll_ring: tuple[int, int], tmp_path: Path) -> None:
-    _fd, tid = sqpoll_ring
+    _pin_and_restore(tmp_path, sqpoll_ring[1], "iou-sqp",
+                     "SQPOLL thread; use IORING_SETUP_SQ_AFF with sq_thread_cpu")
+
+
+def _pin_and_restore(tmp_path: Path, tid: int, kind: str, refusal: str) -> list[str]:
+    """Pin a real io_uring thread of this process to one CPU through rt.threads, verify,
+    roll back; a kernel that refuses (PF_NO_SETAFFINITY before 6.3/6.4) is reported."""
     original = rt.read_thread_sched(tid)
     cpu = max(os.sched_getaffinity(0))
     if original.cpus == [cpu]:
-        pytest.skip("the SQPOLL thread already runs on one CPU only: nothing to change")
-    engine = _thread_profile(tmp_path, f"iou-sqp-{os.getpid()}", cpu)
+        pytest.skip(f"the {kind} thread already runs on one CPU only: nothing to change")
+    engine = _thread_profile(tmp_path, f"{kind}-{os.getpid()}", cpu)
     result = engine.apply("threads")
     path = f"/proc/{os.getpid()}/task/{tid}"
-    if result.skipped:  # a kernel before 6.3/6.4: PF_NO_SETAFFINITY on SQPOLL threads
-        assert result.skipped == [f"{path}: kernel refuses affinity (SQPOLL thread; use "
-                                  "IORING_SETUP_SQ_AFF with sq_thread_cpu)"]
+    if result.skipped:
+        assert result.skipped == [f"{path}: kernel refuses affinity ({refusal})"]
     else:
         assert [c.path for c in result.written] == [path]
         assert sorted(os.sched_getaffinity(tid)) == [cpu]
-        assert engine.verify() == []
+    assert engine.verify() == []
     engine.rollback()
     assert rt.read_thread_sched(tid) == original
+    return result.plan.warnings
 
 
 def test_io_wq_worker_refusing_affinity_is_reported_not_fatal(
