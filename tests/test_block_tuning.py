@@ -131,6 +131,17 @@ def test_a_scheduler_switch_journals_nr_requests_it_resets(tmp_path: Path) -> No
     assert _read(tree, "mmcblk0", "nr_requests") == "64\n"
 
 
+def test_a_switch_by_one_pattern_and_nr_requests_by_another(tmp_path: Path) -> None:
+    """'*' switches the scheduler (journaling nr_requests), 'nvme*' sets nr_requests: one
+    nr_requests change, after the switch, limited by the new scheduler."""
+    tree, engine = _engine(tmp_path, "rk3588-vendor",
+                           "block: {'*': {scheduler: kyber}, 'nvme*': {nr_requests: 1500}}\n")
+    changes = _round_trip(tree, engine)
+    assert [(c.path.split("/")[3], c.path.rsplit("/", 1)[1], c.desired) for c in changes] == [
+        ("mmcblk0", "scheduler", "kyber"), ("mmcblk0", "nr_requests", "128"),
+        ("nvme0n1", "scheduler", "kyber"), ("nvme0n1", "nr_requests", "1500")]
+
+
 @pytest.mark.parametrize(("board", "profile", "allowed"), [
     ("jetson-xavier-nx-jp5-rt", "{nvme0n1: {nr_requests: 1024}}", "4..1023"),
     ("rk3588-vendor", "{nvme0n1: {scheduler: mq-deadline, nr_requests: 4096}}", "4..2048"),

@@ -25,6 +25,7 @@ from agent.tuning.plan import Change, PlanContext
 
 NVME_PS_LATENCY = "/sys/module/nvme_core/parameters/default_ps_max_latency_us"
 ORDER = ("scheduler", "nr_requests")  # then the rest, as the profile lists them
+RESET_NOTE = "switching to"
 POLL_QUEUES_HINT = "boot with nvme.poll_queues=N (the cmdline: section) to get poll queues"
 
 
@@ -40,7 +41,9 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
 def _plan_device(ctx: PlanContext, prefix: str, device: BlockDevice,
                  wanted: dict[str, Any]) -> None:
     queue = f"/sys/block/{device.name}/queue"
-    scheduler, switched = device.scheduler, False
+    planned = [c.desired for c in ctx.changes if c.path == f"{queue}/scheduler"]
+    scheduler = planned[-1] if planned else device.scheduler  # another pattern's switch
+    switched = False
     names = sorted(wanted, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
     for name in names:
         value, key = wanted[name], f"{prefix}.{name}"
@@ -83,7 +86,7 @@ def _plan_scheduler(ctx: PlanContext, key: str, device: BlockDevice, value: str,
         # journal nr_requests, so rollback puts its original back after the original
         # scheduler (writing the value the switch leaves is a no-op)
         reset = bq.default_nr_requests(value, device.tag_depth)
-        _journal(ctx, nr_path, str(reset), key, f"switching to {value} resets nr_requests "
+        _journal(ctx, nr_path, str(reset), key, f"{RESET_NOTE} {value} resets nr_requests "
                  f"to {reset}; journaled so rollback restores it")
     return switched
 
@@ -111,7 +114,11 @@ def _plan_nr_requests(ctx: PlanContext, key: str, device: BlockDevice, value: in
                             f"{bq.BLKDEV_MIN_RQ} (BLKDEV_MIN_RQ); planned as "
                             f"{bq.BLKDEV_MIN_RQ}")
         number = bq.BLKDEV_MIN_RQ
-    if switched:  # written after the switch that resets it, whatever it holds now
+    journaled = [c for c in ctx.changes if c.path == path and c.note and
+                 c.note.startswith(RESET_NOTE)]  # another pattern's switch journaled it
+    for change in journaled:
+        ctx.changes.remove(change)
+    if switched or journaled:  # written after the switch that resets it, whatever it holds
         _journal(ctx, path, str(number), key, f"written after the switch to {scheduler}")
     else:
         ctx.want("block", path, str(number), key)
