@@ -200,8 +200,17 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "wbt_lat_usec": [-1, 0, 2000, -2], "nomerges": [0, 1, 2, 3], "add_random": [0, 1, 2],
     "max_sectors_kb": [4, 512, 1280, 2048, 4096, 2],
     "disabled": [0, 1, 2, 3, -1], "group": [-1, 0, 1001, -2, 2**31],  # io_uring.*
+    "mode": [0, 2, "MAXN", "15W", "a b", -1, ""],  # nvpmodel.mode
+    "gpu": ["max", "min", 1], "railgate": ["off", False, "on", True],  # jetson_clocks.*
+    "emc": ["max", 2133000000, 0, -1], "fan": ["max", 0, 128, 255, 256, -1],
     "default_ps_max_latency_us": [0, 100, 5500, -1],
-    "governor": WORDS, "min_khz": FREQS, "max_khz": FREQS, "min_hz": FREQS, "max_hz": FREQS,
+    "governor": [*WORDS, "performance|schedutil", "turbo|performance", "a|", "|b"],
+    "epp": ["performance", "balance_power", "power", "default", "turbo", 0],
+    "boost": [0, 1, 2, True], "no_turbo": [0, 1, -1, False],
+    "aspm_policy": ["default", "performance", "powersupersave", "fast", ""],
+    "power": ["on", "off", True, False, "maybe", 1],
+    "power_off_delay_ms": [0, 3000, 600000, 86_400_001, -1, "3000"],
+    "min_khz": FREQS, "max_khz": FREQS, "min_hz": FREQS, "max_hz": FREQS,
     "disable_deeper_than_us": [0, 1, 10, 100, 1000, 10**6],
     "dvfs": ["rk3588-oc", "../x", "Bad"],  # overlay.dvfs
     "irq_affinity": CPUS,  # the values of the map (its keys are in MAP_KEYS)
@@ -212,7 +221,9 @@ MAP_KEYS: dict[str, list[Any]] = {
               "nvme0n1/queue", "", "loop0", "mmcblk0boot0"],
     "irq_affinity": ["nvme*", "*", "eth0", "mmc0", "arch_timer", "nvme0q1", "a b", ""],
     "sysctl": ["vm.swappiness", "vm.dirty_ratio", "vm.nope", "vm.", "vm", "kernel.core_pattern",
-               "vm.stat_interval", "vm.SWAP", "vm/../kernel", "fs.file-max"],
+               "vm.stat_interval", "vm.SWAP", "vm/../kernel", "fs.file-max", "vm.page-cluster",
+               "kernel.timer_migration", "kernel.nmi_watchdog", "kernel.numa_balancing",
+               "net.core.busy_poll", "net.core.busy_read", "kernel.panic", "net.core"],
     "cpu": CPUS,
 }
 DOMAIN_STRINGS = sorted({v for pool in (*LEAF_VALUES.values(), *MAP_KEYS.values()) for v in pool

@@ -111,8 +111,13 @@ def _jetson_dla(reader: SysReader) -> list[Npu]:
         match = re.search(r"\.nvdla(\d+)$", path)
         if match is None:
             continue
+        # nvpmodel caps the DLA clocks through <dev>/acm/clk_cap/<clock> (Hz): the limit of
+        # the active power mode, as limit_max_hz is for a devfreq node; u64 max: no cap
+        cap = reader.integer(f"{path}/acm/clk_cap/dla{match.group(1)}_core")
+        cap = None if cap is not None and cap >= 2**63 else cap
         npus.append(Npu(name=f"dla{match.group(1)}", driver=reader.driver(path) or "nvdla",
-                        cores=1, vendor="nvidia", sysfs=path))
+                        cores=1, vendor="nvidia", sysfs=path,
+                        limit_max_hz=cap if cap is not None and cap > 0 else None))
     return npus
 
 

@@ -1,22 +1,60 @@
 """How a kernel attribute file reads after a write, for fixture roots: a board tree's plain
 files then behave like sysfs/procfs where tuning depends on it (a selection file, a cgroup's
-subtree_control), so a plan, apply and rollback there is judged as on a device."""
+subtree_control, the refusals below), so a plan, apply and rollback there is judged as on a
+device."""
 
 from __future__ import annotations
 
 import errno
 import re
+from collections.abc import Callable
 
 _SELECTION = re.compile(r"\[([^\]\s]+)\]")
+Reader = Callable[[str], "str | None"]
 
 
-def emulate_attribute_write(current: bytes, value: str, path: str) -> bytes:
+def _no_files(_path: str) -> str | None:
+    return None
+
+
+def _refusal(path: str, value: str, read: Reader) -> OSError | None:
+    """The errno the kernel answers a write with, where tuning depends on it."""
+    word = value.strip()
+    directory = path.rsplit("/", 1)[0]
+    if path.endswith("/energy_performance_preference"):
+        # intel_pstate (and amd-pstate-epp) refuse any EPP but performance while the policy
+        # runs the performance governor (EBUSY; Documentation/admin-guide/pm/intel_pstate.rst)
+        governor = (read(f"{directory}/scaling_governor") or "").strip()
+        if governor == "performance" and word != "performance":
+            return OSError(errno.EBUSY, f"{path}: EPP is fixed under the performance governor")
+        offered = (read(f"{directory}/energy_performance_available_preferences") or "").split()
+        if offered and word not in offered:
+            return OSError(errno.EINVAL, f"{path}: {word!r} is not one of {offered}")
+    # drivers/pci/pcie/aspm.c pcie_aspm_set_policy: EPERM while ASPM is disabled
+    # (pcie_aspm=off, or the firmware did not grant ASPM control)
+    if path == "/sys/module/pcie_aspm/parameters/policy" and "pcie_aspm=off" in (
+            read("/proc/cmdline") or "").split():
+        return OSError(errno.EPERM, f"{path}: ASPM is disabled (pcie_aspm=off)")
+    if path.endswith("/rknpu/delayms") and not word.isdigit():
+        # rknpu_power_put_delay_set: kstrtoul failure answers EFAULT, not EINVAL
+        return OSError(errno.EFAULT, f"{path}: {word!r} is not a number of milliseconds")
+    return None
+
+
+def emulate_attribute_write(current: bytes, value: str, path: str,
+                            read: Reader = _no_files) -> bytes:
     """What a sysfs/procfs attribute reads after ``value`` is written to it.
 
     A selection file (``always [madvise] never``) moves its brackets to the written word and
     refuses words it does not offer (EINVAL, as the kernel does); ``cgroup.subtree_control``
-    takes ``+name``/``-name`` edits; any other attribute reads back the value and a newline.
+    takes ``+name``/``-name`` edits; rknpu's ``power`` ignores words other than on/off (the
+    driver logs them and returns success); any other attribute reads back the value and a
+    newline.  ``read`` gives sibling files (a policy's governor, the command line) for the
+    kernel's refusals.
     """
+    refusal = _refusal(path, value, read)
+    if refusal is not None:
+        raise refusal
     text = current.decode(errors="replace")
     if path == "/proc/sys/kernel/io_uring_disabled" and value.strip() not in ("0", "1", "2"):
         raise OSError(errno.EINVAL, f"{path}: {value.strip()!r} is outside 0..2")  # minmax
@@ -29,6 +67,8 @@ def emulate_attribute_write(current: bytes, value: str, path: str) -> bytes:
             elif token[0] == "-" and name in enabled:
                 enabled.remove(name)
         return (" ".join(enabled) + "\n").encode()
+    if path.endswith("/rknpu/power") and value.strip() not in ("on", "off"):
+        return current
     if _SELECTION.search(text) is None:
         return (value.strip() + "\n").encode()
     word = value.strip()

@@ -21,58 +21,9 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agent.kernel import block_queue, cgroup_model
+from agent.kernel import block_queue, cgroup_model, jetson_model
+from agent.kernel.allowlist import WRITABLE_PATTERNS, WRITABLE_TREES
 from agent.kernel.attributes import emulate_attribute_write
-
-# Tuning knobs the agent may change; everything else is read-only to it.  ``*`` matches
-# within one path component, ``**`` matches any number of components.
-WRITABLE_PATTERNS: tuple[str, ...] = (
-    "/sys/devices/system/cpu/cpufreq/policy*/scaling_governor",
-    "/sys/devices/system/cpu/cpufreq/policy*/scaling_min_freq",
-    "/sys/devices/system/cpu/cpufreq/policy*/scaling_max_freq",
-    "/sys/devices/system/cpu/cpufreq/policy*/energy_performance_preference",
-    "/sys/devices/system/cpu/cpufreq/boost",
-    "/sys/devices/system/cpu/intel_pstate/no_turbo",
-    "/sys/devices/system/cpu/cpu*/cpuidle/state*/disable",
-    "/sys/class/devfreq/*/governor",
-    "/sys/class/devfreq/*/min_freq",
-    "/sys/class/devfreq/*/max_freq",
-    "/sys/kernel/mm/transparent_hugepage/enabled",
-    "/sys/kernel/mm/transparent_hugepage/defrag",
-    "/sys/kernel/mm/transparent_hugepage/khugepaged/defrag",
-    "/sys/block/*/queue/scheduler",
-    "/sys/block/*/queue/nr_requests",
-    "/sys/block/*/queue/read_ahead_kb",
-    "/sys/block/*/queue/io_poll",
-    "/sys/block/*/queue/io_poll_delay",
-    "/sys/block/*/queue/rq_affinity",
-    "/sys/block/*/queue/wbt_lat_usec",
-    "/sys/block/*/queue/nomerges",
-    "/sys/block/*/queue/add_random",
-    "/sys/block/*/queue/max_sectors_kb",
-    "/sys/module/nvme/parameters/poll_queues",
-    "/sys/module/nvme_core/parameters/default_ps_max_latency_us",
-    "/sys/fs/cgroup/**/cgroup.subtree_control",
-    "/sys/fs/cgroup/**/cgroup.procs",
-    "/sys/fs/cgroup/**/cgroup.threads",
-    "/sys/fs/cgroup/**/cgroup.type",
-    "/sys/fs/cgroup/**/memory.max",
-    "/sys/fs/cgroup/**/memory.high",
-    "/sys/fs/cgroup/**/cpu.max",
-    "/sys/fs/cgroup/**/cpu.weight",
-    "/sys/fs/cgroup/**/cpuset.cpus",
-    "/sys/fs/cgroup/**/cpuset.mems",
-    "/sys/fs/cgroup/**/cpuset.cpus.partition",
-    "/proc/irq/*/smp_affinity",
-    "/proc/irq/*/smp_affinity_list",
-    "/proc/sys/kernel/sched_rt_runtime_us",
-    "/proc/sys/kernel/io_uring_disabled",
-    "/proc/sys/kernel/io_uring_group",
-    "/proc/sys/vm/*",
-)
-
-# A symlink may redirect an allowlisted name, but never out of these kernel trees.
-WRITABLE_TREES: tuple[str, ...] = ("/sys", "/proc/sys", "/proc/irq")
 
 _MAX_SYMLINK_HOPS = 40
 
@@ -340,6 +291,9 @@ class Root:
             if text is not None:  # None: a write the kernel ignores
                 Path(target).write_text(text)
             return
+        if not self.is_host and jetson_model.handles(logical):
+            jetson_model.write(Path(target), logical, value)  # range checks, as the kernel
+            return
         if self.is_host:
             data = value.encode()
             fd = os.open(target, os.O_WRONLY)
@@ -350,7 +304,7 @@ class Root:
         else:
             with open(target, "r+b") as handle:
                 old = handle.read()
-                data = emulate_attribute_write(old, value, path)
+                data = emulate_attribute_write(old, value, path, self._fixture_text)
                 handle.seek(0)
                 written = handle.write(data)
                 if len(data) < len(old):
@@ -358,6 +312,13 @@ class Root:
         if written != len(data):
             raise OSError(errno.EIO, f"{path}: short write ({written} of {len(data)} bytes)")
 
+
+    def _fixture_text(self, path: str) -> str | None:
+        """A sibling file's text for the write emulation (a governor, the command line)."""
+        try:
+            return self.read_text(path)
+        except OSError:
+            return None
 
     def mkdir(self, path: str) -> bool:
         """Create a cgroup directory (cgroupfs fills it in; below a fixture root the cgroup

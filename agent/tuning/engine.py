@@ -21,23 +21,38 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from agent.discovery.model import Topology
 from agent.kernel import sched as rt
 from agent.kernel.fsroot import Root
+from agent.tuning import coowners
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal, JournalState, current_boot_id
 from agent.tuning.placement import Placement, detect
 from agent.tuning.plan import Change, Plan, PlanContext, matches, read_normalised
 from agent.tuning.profiles import ProfileStore
-from agent.tuning.tuners import block, cgroup, cpuidle, dvfs, io_uring, sysctl, thp
+from agent.tuning.tuners import (
+    block,
+    cgroup,
+    cpuidle,
+    dvfs,
+    io_uring,
+    jetson,
+    jetson_clocks,
+    pcie,
+    rknpu,
+    sysctl,
+    thp,
+)
 from agent.tuning.tuners import rt as rt_tuner
 from agent.tuning.units import UnitError, Units
 
 Planner = Callable[[dict[str, Any], PlanContext], None]
 # Order of application; rollback runs in reverse.  The cgroup tuner comes first and is bound
-# to the engine's placement (see ``Engine.planners``).
+# to the engine's placement (see ``Engine.planners``).  The nvpmodel mode is switched before
+# any clock is set (a switch rewrites the limits); jetson_clocks comes after dvfs.
 TUNERS: tuple[tuple[str, Planner], ...] = (
-    ("thp", thp.plan), ("sysctl", sysctl.plan), ("io_uring", io_uring.plan),
-    ("rt", rt_tuner.plan),
+    ("nvpmodel", jetson.plan), ("thp", thp.plan), ("sysctl", sysctl.plan),
+    ("io_uring", io_uring.plan), ("rt", rt_tuner.plan),
     ("block", block.plan), ("nvme", block.plan_nvme), ("cpuidle", cpuidle.plan),
-    ("dvfs", dvfs.plan))
+    ("dvfs", dvfs.plan), ("jetson_clocks", jetson_clocks.plan), ("pcie", pcie.plan),
+    ("rknpu", rknpu.plan))
 
 
 _P = ParamSpec("_P")
@@ -125,6 +140,7 @@ class Engine:
         if "dvfs" in profile.settings.get("overlay", {}):
             ctx.warnings.append(f"overlay.dvfs: {profile.settings['overlay']['dvfs']} is a "
                                 "device-tree overlay, installed only on request")
+        ctx.warnings += coowners.warnings(self.root, ctx.changes)  # Armbian's boot services
         seen: set[str] = set()
         for change in ctx.changes:
             if change.path in seen:

@@ -30,6 +30,7 @@ class Change:
     write: str | None = None  # what to write when it differs from ``desired``
     restore: str | None = None  # what rollback writes when it differs from ``current``
     note: str | None = None
+    persistent: bool = False
     # paths this write resets as a side effect (a scheduler switch resets nr_requests):
     # rollback restores them after this change, whatever their place in the journal
     resets: list[str] = field(default_factory=list)

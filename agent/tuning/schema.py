@@ -16,7 +16,16 @@ from agent.validation import choice, integer, number, text, validate
 THP_ENABLED = ("always", "madvise", "never")
 THP_DEFRAG = ("always", "defer", "defer+madvise", "madvise", "never")
 RT_POLICIES = ("other", "fifo", "rr", "batch", "idle")
-SYSCTL_KEY = re.compile(r"^vm\.[a-z_]+$")  # vm.* only: one file below /proc/sys/vm
+# vm.* (one file below /proc/sys/vm) plus the names in tuners/sysctl.ALLOWED, each with its
+# documented values there
+SYSCTL_KEY = re.compile(r"^(vm\.[a-z_-]+|kernel\.(timer_migration|nmi_watchdog|numa_balancing)"
+                        r"|net\.core\.(busy_poll|busy_read))$")
+# "performance|schedutil": the first governor the policy or devfreq node offers wins
+GOVERNORS = re.compile(r"^[a-z0-9_]+(\|[a-z0-9_]+)*$")
+# energy_performance_preference names (Documentation/admin-guide/pm/intel_pstate.rst,
+# amd-pstate.rst); raw 0-255 values are left out on purpose
+EPP = ("default", "performance", "balance_performance", "balance_power", "power")
+ASPM_POLICIES = ("default", "performance", "powersave", "powersupersave")
 BLOCK_PATTERN = re.compile(r"^[A-Za-z0-9*?\[\]_-]+$")  # a device-name glob, never a path
 IRQ_PATTERN = re.compile(r"^[A-Za-z0-9*?\[\]_.:-]+$")
 CGROUP_PATH = re.compile(r"^(?!(.*/)?\.\.?(/|$))[A-Za-z0-9_.@-]+(/[A-Za-z0-9_.@-]+)*$")
@@ -72,7 +81,32 @@ def _nr_requests(value: Any) -> str | None:
     return None if ok else "an integer 1.., or max for the largest the device accepts"
 
 
-DEVFREQ = {"governor": text(), "min_hz": _frequency, "max_hz": _frequency}
+def _power_mode(value: Any) -> str | None:
+    ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (
+        isinstance(value, str) and bool(re.fullmatch(r"[A-Za-z0-9_.-]+", value)))
+    return None if ok else ("a power mode id (0, 1, ...) or name (MAXN, 15W, ...) of "
+                            "/etc/nvpmodel.conf")
+
+
+def _emc_rate(value: Any) -> str | None:
+    ok = value == "max" or (isinstance(value, int) and not isinstance(value, bool)
+                            and value > 0)
+    return None if ok else "max, or an EMC rate in Hz such as 2133000000"
+
+
+def _fan_pwm(value: Any) -> str | None:
+    ok = value == "max" or (isinstance(value, int) and not isinstance(value, bool)
+                            and 0 <= value <= 255)
+    return None if ok else "max, or a PWM duty 0..255"
+
+
+def _railgate(value: Any) -> str | None:
+    return None if value == "off" or value is False else (
+        "off (YAML also reads a bare off as false)")
+
+
+GOVERNOR = text(GOVERNORS, "a governor name, or fallbacks such as performance|schedutil")
+DEVFREQ = {"governor": GOVERNOR, "min_hz": _frequency, "max_hz": _frequency}
 RT_THREAD = {"policy": choice(*RT_POLICIES), "priority": integer(0, 99), "cpus": _cpus}
 THREAD_SELECTOR = {"comm": text(re.compile(r"^[^/]{1,64}$"), "a thread-name pattern such as "
                                  "irq/*-nvme*"), "pid": integer(1), **RT_THREAD}
@@ -111,11 +145,22 @@ SCHEMA: dict[str, Any] = {
     # and io_uring_group (a gid; -1 none): Documentation/admin-guide/sysctl/kernel.rst
     "io_uring": {"disabled": choice(0, 1, 2), "group": integer(-1, 2**31 - 1)},
     "nvme": {"default_ps_max_latency_us": integer(0)},
-    "dvfs": {"cpu": ("map", _cpus, {"governor": text(), "min_khz": _frequency,
-                                    "max_khz": _frequency}),
-             "gpu": DEVFREQ, "npu": DEVFREQ, "dmc": DEVFREQ},
+    "dvfs": {"cpu": ("map", _cpus, {"governor": GOVERNOR, "min_khz": _frequency,
+                                    "max_khz": _frequency, "epp": choice(*EPP)}),
+             "gpu": DEVFREQ, "npu": DEVFREQ, "dmc": DEVFREQ,
+             "boost": choice(0, 1), "no_turbo": choice(0, 1)},
+    "pcie": {"aspm_policy": choice(*ASPM_POLICIES)},
+    # vendor rknpu driver's debugfs (drivers/rknpu/rknpu_debugger.c): a power hold and the
+    # idle power-off delay
+    "rknpu": {"power": choice("on", "off", True, False),  # YAML 1.1 reads a bare on as true
+               "power_off_delay_ms": integer(0, 86_400_000)},
     "cpuidle": {"disable_deeper_than_us": integer(0)},
-    "sysctl": ("map", text(SYSCTL_KEY, "a vm.* sysctl name such as vm.swappiness"),
+    "nvpmodel": {"mode": _power_mode},
+    "jetson_clocks": {"gpu": choice("max"), "railgate": _railgate, "emc": _emc_rate,
+                      "fan": _fan_pwm},
+    "sysctl": ("map", text(SYSCTL_KEY, "a vm.* sysctl name such as vm.swappiness, or one of "
+                        "kernel.timer_migration, kernel.nmi_watchdog, kernel.numa_balancing, "
+                        "net.core.busy_poll, net.core.busy_read"),
                lambda v: None if isinstance(v, int) and not isinstance(v, bool)
                else "an integer"),
     "overlay": {"dvfs": text(PROFILE_NAME, "a dts-overlays/ entry name")},  # key required

@@ -12,6 +12,7 @@ from agent.discovery.model import Cluster
 from agent.kernel.reader import SysReader
 from agent.tuning import nvpmodel
 from agent.tuning.plan import PlanContext
+from agent.tuning.tuners import pstate
 from agent.tuning.values import resolve_cpus, resolve_frequency
 
 POLICIES = "/sys/devices/system/cpu/cpufreq"
@@ -21,7 +22,13 @@ DEVFREQ = "/sys/class/devfreq"
 def _limits(ctx: PlanContext, key: str, directory: str, names: tuple[str, str],
             wanted: dict[str, Any], offered: tuple[list[int] | None, int | None, int | None],
             unit: str, tuner: str) -> None:
-    """Plan min/max writes in an order that never crosses the current limits."""
+    """Plan min/max writes in an order that never crosses the current limits.
+
+    A min above the current max that the profile does not raise too (an nvpmodel or thermal
+    cap, a site limit) is clamped to that max with a warning, never written as min > max:
+    cpufreq's store_scaling_min_freq and devfreq's min_freq_store only file a QoS request,
+    which newer kernels silently resolve in favour of max and older ones refuse (EINVAL).
+    """
     resolved = {}
     for field, name in zip((f"min_{unit}", f"max_{unit}"), names, strict=True):
         if field in wanted:
@@ -33,19 +40,36 @@ def _limits(ctx: PlanContext, key: str, directory: str, names: tuple[str, str],
     if low is not None and high is not None and low > high:
         raise ctx.error(key, f"min {low} is above max {high}")
     current_max = int(ctx.current(f"{directory}/{names[1]}", key))
+    if low is not None and high is None and low > current_max:
+        ctx.warnings.append(f"{key}.min_{unit}: {low} is above the current max {current_max} "
+                            f"of {directory} (a power-mode, thermal or site cap); clamped to "
+                            f"{current_max}: raise max_{unit} as well for more")
+        resolved[names[0]] = low = current_max
     order = list(names) if low is None or low <= current_max else list(reversed(names))
     for name in order:
         if name in resolved:
             ctx.want(tuner, f"{directory}/{name}", str(resolved[name]), key)
 
 
+def pick_governor(ctx: PlanContext, key: str, directory: str, wanted: str,
+                  available: list[str] | None) -> str:
+    """The first of ``a|b|c`` the node offers (the first one when it lists none)."""
+    options = wanted.split("|")
+    chosen = next((g for g in options if available is None or g in available), None)
+    if chosen is None:
+        offered = ", ".join(available or [])
+        asked = f"{options[0]!r} is not" if len(options) == 1 else \
+            f"none of {', '.join(options)} is"
+        raise ctx.error(f"{key}.governor", f"{asked} available in {directory} "
+                        f"(available: {offered})")
+    return chosen
+
+
 def _governor(ctx: PlanContext, key: str, directory: str, governor: str,
               available: list[str] | None, tuner: str) -> None:
-    if available is not None and governor not in available:
-        raise ctx.error(f"{key}.governor", f"{governor!r} is not available in {directory} "
-                        f"(available: {', '.join(available)})")
+    chosen = pick_governor(ctx, key, directory, governor, available)
     ctx.want(tuner, f"{directory}/{'scaling_governor' if tuner == 'cpufreq' else 'governor'}",
-             governor, key)
+             chosen, key)
 
 
 def _policies_for(ctx: PlanContext, selector: str, key: str) -> list[Cluster]:
@@ -75,9 +99,10 @@ def _cpu(ctx: PlanContext, section: dict[str, Any]) -> None:
                 ctx.warnings.append(f"{key}: {cluster.policy} skipped, its CPUs are offline")
                 continue
             directory = f"{POLICIES}/{cluster.policy}"
-            if "governor" in wanted:
-                _governor(ctx, key, directory, wanted["governor"], cluster.available_governors,
-                          "cpufreq")
+            governor = pick_governor(ctx, key, directory, wanted["governor"],
+                                     cluster.available_governors) if "governor" in wanted \
+                else None
+            pstate.plan_policy(ctx, key, directory, governor, wanted.get("epp"))
             _limits(ctx, key, directory, ("scaling_min_freq", "scaling_max_freq"), wanted,
                     (cluster.available_khz, cluster.min_khz, cluster.max_khz), "khz", "cpufreq")
 
@@ -95,8 +120,9 @@ def _devfreq_nodes(ctx: PlanContext, kind: str) -> list[str]:
 def _devfreq(ctx: PlanContext, kind: str, wanted: dict[str, Any]) -> None:
     key = f"dvfs.{kind}"
     nodes = _devfreq_nodes(ctx, kind)
-    if not nodes:  # e.g. mainline RK3588 kernels have no NPU OPP table
-        ctx.warnings.append(f"{key}: this device has no {kind} devfreq node; skipped")
+    if not nodes:  # e.g. mainline RK3588 kernels have no NPU OPP table and no DMC devfreq
+        ctx.lacking(key, f"this device has no {kind} devfreq node", "a device whose kernel "
+                    f"registers a {kind} devfreq node (rk3588: the vendor BSP kernel)")
         return
     reader = SysReader(ctx.root)
     for node in nodes:
@@ -112,8 +138,11 @@ def _devfreq(ctx: PlanContext, kind: str, wanted: dict[str, Any]) -> None:
 
 
 def _warn_beyond_nvpmodel(ctx: PlanContext, first_change: int) -> None:
-    """On Jetson the power mode stays the base policy: say when a limit exceeds its cap."""
-    mode = nvpmodel.active_caps(ctx.root)
+    """On Jetson the power mode stays the base policy: say when a limit exceeds its cap.
+    A profile that switches the mode (``nvpmodel.mode``, planned first) is held to the
+    wanted mode's caps: ``nvpmodel -m`` rewrites the limits to them."""
+    wanted = next((c.desired for c in ctx.changes if c.compare == "nvpmodel"), None)
+    mode = nvpmodel.active_caps(ctx.root, int(wanted) if wanted is not None else None)
     if mode is None:
         return
     name, caps = mode
@@ -132,6 +161,7 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
     first_change = len(ctx.changes)
     if "cpu" in section:
         _cpu(ctx, section["cpu"])
+    pstate.plan_global(ctx, section)
     for kind in ("gpu", "npu", "dmc"):
         if kind in section:
             _devfreq(ctx, kind, section[kind])
