@@ -244,7 +244,8 @@ def bench_batcher(model: Path, scratch: Path, seconds: float) -> dict[str, float
     from agent.serving.core import InferRequest, Tensor
     from agent.serving.registry import ModelRegistry
 
-    def factory(path: Path, *, sha256: str | None, providers: Any, threads: int | None) -> Any:
+    def factory(path: Path, *, sha256: str | None, providers: Any, threads: int | None,
+                **_: Any) -> Any:
         return build_session(path, providers=["CPUExecutionProvider"],
                              intra_op=threads or THREADS, inter_op=1, cache_dir=None,
                              expected_sha256=sha256)

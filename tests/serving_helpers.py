@@ -16,9 +16,10 @@ from agent.serving.registry import ModelRegistry
 
 
 def cpu_factory(path: Path, *, sha256: str | None, providers: Sequence[str] | None,
-                threads: int | None) -> BuiltSession:
+                threads: int | None, device: str = "auto",
+                precision: str = "fp32") -> BuiltSession:
     """Sessions as the server builds them (the model's providers, else the CPU), without a
-    graph cache."""
+    graph cache; every device is served on them (the ONNX Runtime backend wraps them)."""
     return build_session(path, providers=list(providers or ["CPUExecutionProvider"]),
                          intra_op=threads or 1, inter_op=1, cache_dir=None,
                          expected_sha256=sha256)

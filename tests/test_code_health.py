@@ -30,7 +30,9 @@ LAYERS: list[set[str]] = [
     {"agent"},
     {"kernel"},
     {"discovery", "validation"},
-    {"telemetry", "tuning", "inference", "overlays"},
+    # below tuning: kernel arguments (tuning's cmdline section) use the overlays' boot layouts
+    {"overlays"},
+    {"telemetry", "tuning", "inference"},
     {"protocol", "terminal", "stopping"},
     {"link"},
     {"control"},

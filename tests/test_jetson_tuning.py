@@ -16,12 +16,11 @@ import pytest
 from tuning_helpers import copy_board, engine_for, snapshot, write_profile
 
 from agent.kernel.fsroot import Root
-from agent.tuning import nvpmodel_mode
+from agent.tuning import kinds, nvpmodel_mode
 from agent.tuning.engine import Engine
 from agent.tuning.errors import ProfileError
-from agent.tuning.journal import FILE_NAME
+from agent.tuning.journal import FILE_NAME, PERSISTENT_FILE
 from agent.tuning.nvpmodel_mode import COMPARE, PATH, NvpmodelMode
-from agent.tuning.plan import Change
 
 EMC = "/sys/kernel/debug/bpmp/debug/clk/emc"
 AGX_GPU = "/sys/class/devfreq/17000000.ga10b"
@@ -34,29 +33,10 @@ CLOCKS = ("jetson_clocks: {gpu: max, railgate: off, emc: max, fan: max}\n"
 
 @pytest.fixture(autouse=True)
 def nvpmodel_kind(monkeypatch: pytest.MonkeyPatch) -> Iterator[NvpmodelMode]:
-    """The engine reaches non-sysfs settings through the Kind registry; where this branch
-    has none yet (agent.tuning.kinds comes with the persistent journal), the engine's
-    reads and writes of ``nvpmodel`` changes are routed to the kind here."""
+    """A fresh nvpmodel kind in the engine's registry for each test (its runner can be
+    replaced there without touching the others)."""
     kind = NvpmodelMode()
-    try:
-        from agent.tuning import kinds  # type: ignore[attr-defined]
-    except ImportError:
-        write, read = Engine._write, Engine._read
-
-        def routed_write(self: Engine, change: Change, value: str) -> None:
-            if change.compare == COMPARE:
-                kind.write(self.root, change.path, value)
-            else:
-                write(self, change, value)
-
-        def routed_read(self: Engine, change: Change) -> str | None:
-            return kind.read(self.root, change.path) if change.compare == COMPARE else \
-                read(self, change)
-
-        monkeypatch.setattr(Engine, "_write", routed_write)
-        monkeypatch.setattr(Engine, "_read", routed_read)
-    else:
-        monkeypatch.setitem(kinds.KINDS, COMPARE, kind)
+    monkeypatch.setitem(kinds.KINDS, COMPARE, kind)
     yield kind
 
 
@@ -64,7 +44,7 @@ def board_engine(tmp_path: Path, board: str, profile: str) -> tuple[Path, Engine
     tree = copy_board(board, tmp_path)
     profiles = tmp_path / "profiles"
     write_profile(profiles, "p", profile)
-    return tree, engine_for(tree, tmp_path / "state", [profiles])
+    return tree, engine_for(tree, tmp_path / "state", [profiles], persistent=True)
 
 
 def planned(engine: Engine) -> dict[str, str]:
@@ -83,6 +63,7 @@ def round_trip(tree: Path, engine: Engine) -> None:
     assert engine.rollback()[0] == "p"
     assert snapshot(tree) == before
     assert not (tree.parent / "state" / FILE_NAME).exists()
+    assert not (tree.parent / "state" / PERSISTENT_FILE).exists()
 
 
 # -- jetson_clocks -------------------------------------------------------------------------
@@ -191,7 +172,7 @@ def test_nvpmodel_mode_switch_round_trip_on_orin_nano(tmp_path: Path) -> None:
                                         "caps_hz": {"EMC": 3199000000}}
     engine.apply("p")
     assert (tree / "var/lib/nvpmodel/status").read_text() == "pmode:0001\n"
-    journal = json.loads((tmp_path / "state" / FILE_NAME).read_text())
+    journal = json.loads((tmp_path / "state" / PERSISTENT_FILE).read_text())
     assert journal["changes"][0]["persistent"] is True
     assert engine.verify() == []
     engine.rollback()

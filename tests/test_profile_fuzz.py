@@ -200,9 +200,6 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "wbt_lat_usec": [-1, 0, 2000, -2], "nomerges": [0, 1, 2, 3], "add_random": [0, 1, 2],
     "max_sectors_kb": [4, 512, 1280, 2048, 4096, 2],
     "disabled": [0, 1, 2, 3, -1], "group": [-1, 0, 1001, -2, 2**31],  # io_uring.*
-    "mode": [0, 2, "MAXN", "15W", "a b", -1, ""],  # nvpmodel.mode
-    "gpu": ["max", "min", 1], "railgate": ["off", False, "on", True],  # jetson_clocks.*
-    "emc": ["max", 2133000000, 0, -1], "fan": ["max", 0, 128, 255, 256, -1],
     "default_ps_max_latency_us": [0, 100, 5500, -1],
     "governor": [*WORDS, "performance|schedutil", "turbo|performance", "a|", "|b"],
     "epp": ["performance", "balance_power", "power", "default", "turbo", 0],
@@ -212,9 +209,20 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "power_off_delay_ms": [0, 3000, 600000, 86_400_001, -1, "3000"],
     "min_khz": FREQS, "max_khz": FREQS, "min_hz": FREQS, "max_hz": FREQS,
     "disable_deeper_than_us": [0, 1, 10, 100, 1000, 10**6],
+    "dma_latency_us": [0, 1, 20, 2_000_000_000, 2_000_000_001, -1],
+    "default_irq_affinity": CPUS,
     "dvfs": ["rk3588-oc", "../x", "Bad"],  # overlay.dvfs
     "irq_affinity": CPUS,  # the values of the map (its keys are in MAP_KEYS)
     "sysctl": [0, 1, 10, 60, 100, -1, 2**40, "10"],
+    "cmdline": [*CPUS, "managed_irq,domain,cluster:big", "domain,cpus:4-7", 4, 0, -1, "madvise",
+                "never", "sometimes", "4-7 init=/bin/sh", "'x'", "$X", "1\ninit=/x"],
+    "banned_cpus": CPUS,
+    "value": ["64M", "infinity", 65536, "90%", -1, "x", "max"],  # io_uring.limit_memlock
+    "mode": [0, 1, 2, "MAXN", "15W", "7W", "MODE_30W", -1, "a b", True],  # nvpmodel.mode
+    "gpu": ["max", "min", 1],  # jetson_clocks
+    "railgate": ["off", False, "on", True, 0],
+    "emc": ["max", 2133000000, 0, -1, "2133000000"],
+    "fan": ["max", 0, 128, 255, 256, -1],
 }
 MAP_KEYS: dict[str, list[Any]] = {
     "block": ["nvme*", "nvme0n1", "mmcblk0", "mmcblk*", "*", "vd?", "sd[a-z]", "../sda",
@@ -225,6 +233,8 @@ MAP_KEYS: dict[str, list[Any]] = {
                "kernel.timer_migration", "kernel.nmi_watchdog", "kernel.numa_balancing",
                "net.core.busy_poll", "net.core.busy_read", "kernel.panic", "net.core"],
     "cpu": CPUS,
+    "cmdline": ["isolcpus", "nohz_full", "rcu_nocbs", "irqaffinity", "nvme.poll_queues",
+                "transparent_hugepage", "init", "root", "", "a b"],
 }
 DOMAIN_STRINGS = sorted({v for pool in (*LEAF_VALUES.values(), *MAP_KEYS.values()) for v in pool
                          if isinstance(v, str)})

@@ -151,7 +151,8 @@ def test_queue_windows_instances_and_a_bad_entry() -> None:
         broken,
         _entry("good", latency.window(), queue={"window": queue.window().to_dict()},
                instances=[{"index": 0, "window": instance.window().to_dict(),
-                           "queue": queue.window().to_dict()}]),
+                           "queue": queue.window().to_dict(), "backend": "rknn",
+                           "device": "npu:0-2", "precision": "int8"}]),
         _entry("down", latency.window(), queue={"window": queue.window().to_dict()},
                instances=[])])))
     samples, types = parse(generate_latest(registry).decode())
@@ -163,10 +164,12 @@ def test_queue_windows_instances_and_a_bad_entry() -> None:
         pytest.approx(30.002340)
     assert buckets(samples, "edge_agent_queue_duration_seconds", **good)[::4] == [
         1, 1, 2, 2, 2]
+    instance0 = {"model_instance": "0", "device": "npu:0-2", "backend": "rknn",
+                 "precision": "int8"}
     assert value(samples, "edge_agent_instance_request_duration_seconds_count",
-                 **good, model_instance="0") == 1
+                 **good, **instance0) == 1
     assert value(samples, "edge_agent_instance_queue_duration_seconds_count",
-                 **good, model_instance="0") == 2
+                 **good, **instance0) == 2
     assert value(samples, "edge_agent_model_ready", **good) == 1
     assert value(samples, "edge_agent_model_ready", model="down", version="3") == 0
     assert not [key for key in samples if ("model", "broken") in key[1]]

@@ -229,7 +229,7 @@ def test_unload_load_and_the_index(registry: ModelRegistry, repo: Path) -> None:
 def test_a_bad_model_at_start_is_listed_with_its_error(repo: Path) -> None:
     put(repo, "broken", 1, lambda path: path.write_bytes(b"not onnx") and path)
     (repo / "badcfg").mkdir()
-    (repo / "badcfg" / "config.yaml").write_text("precision: fp16\n")
+    (repo / "badcfg" / "config.yaml").write_text("precision: bf16\n")
     made = ModelRegistry(repo, {}, cpu_factory, probe_interval_s=60)
     made.start()
     try:
@@ -239,7 +239,8 @@ def test_a_bad_model_at_start_is_listed_with_its_error(repo: Path) -> None:
         assert rows["broken"].reason.startswith("model broken version 1: ")
         assert "not an ONNX model" in rows["broken"].reason
         assert rows["badcfg"].reason == (f"{repo / 'badcfg' / 'config.yaml'}: precision: "
-                                         "fp16 is not served yet (fp32 only for now)")
+                                         "'bf16' is not allowed: expected one of fp32, "
+                                         "fp16, int8")
         status, message = code(lambda: made.load("badcfg", {}))
         assert status == "INVALID_ARGUMENT" and "precision" in message
         assert code(lambda: made.infer(request("broken")))[0] == "UNAVAILABLE"
@@ -314,7 +315,9 @@ def test_model_config_view(registry: ModelRegistry, repo: Path) -> None:
         ("KIND_CPU", 2, ()), ("KIND_GPU", 1, (1,))]
     assert view.parameters["dynamic_batching"] == "active"
     assert view.parameters["providers"] == "CPUExecutionProvider"
-    assert view.parameters["devices"] == "served on CPUExecutionProvider"
+    # cpu_factory serves every device on the CPU; the server's factory picks backends
+    assert view.parameters["backends"] == ("cpu: onnxruntime fp32; cpu: onnxruntime fp32; "
+                                           "gpu:1: onnxruntime fp32")
     assert view.parameters["precision"] == "fp32"
     fixed = registry.model_config("mlp")  # [1, 64]: no dynamic first dimension, no batching
     assert fixed.max_batch_size == 0

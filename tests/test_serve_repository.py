@@ -110,7 +110,7 @@ def test_settings_defaults(tmp_path: Path) -> None:
     settings = read_settings(tmp_path / "absent.yaml")
     assert settings.max_batch_size is None
     assert settings.version_policy == VersionPolicy("latest", 1)
-    assert settings.instances == (Instance(1, "cpu", None),)
+    assert settings.instances == (Instance(1, "auto", None),)
     assert settings.dynamic_batching is None and settings.providers is None
     assert settings.precision == "fp32" and dict(settings.sha256) == {}
     empty = tmp_path / "empty.yaml"
@@ -157,7 +157,8 @@ def test_every_key_accepts_its_values() -> None:
     ({"instances": []}, "instances", "an empty list"),
     ({"instances": [{"count": 0}]}, "instances[0].count", "0 is not allowed"),
     ({"instances": [{"device": "tpu:0"}]}, "instances[0].device",
-     "'tpu:0' is not allowed: expected cpu, gpu:N, dla:N or npu:0..2"),
+     "'tpu:0' is not allowed: expected auto, cpu, gpu:N, dla:N, npu:N or npu:A-B (cores "
+     "0..2)"),
     ({"instances": [{"device": "npu:3"}]}, "instances[0].device", "'npu:3' is not allowed"),
     ({"instances": [{"threads": 0}]}, "instances[0].threads", "0 is not allowed"),
     ({"instances": [{"kind": "cpu"}]}, "instances[0].kind", "unknown key"),
@@ -181,7 +182,6 @@ def test_every_key_accepts_its_values() -> None:
     ({"providers": ["cuda"]}, "providers[0]", "'cuda' is not allowed: expected an ONNX "
      "Runtime provider name"),
     ({"precision": "bf16"}, "precision", "expected one of fp32, fp16, int8"),
-    ({"precision": "int8"}, "precision", "int8 is not served yet (fp32 only for now)"),
     ({"sha256": {1: "abc"}}, "sha256.1", "'abc' is not allowed: expected 64 lower-case hex"),
     ({"sha256": {"v1": HEX}}, "sha256.v1", "bad key 'v1': expected a version number"),
     ({"sha256": {}}, "sha256", "expected a non-empty mapping"),

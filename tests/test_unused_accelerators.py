@@ -26,8 +26,9 @@ HERE = ort.get_available_providers()
 HERE_TEXT = ", ".join(HERE)
 ORIN = "jetson-agx-orin-jp6"
 JETPACK_WHEEL = "install the onnxruntime-gpu wheel built for JetPack 6.2"
-RKNN = ("no ONNX Runtime provider drives the Rockchip NPU: it needs edge-agent's RKNN backend "
-        "(a .rknn model), which is not built yet")
+RKNN = ("no ONNX Runtime provider drives the Rockchip NPU: edge-agent's RKNN backend runs a "
+        "model there whose version holds a model.rknn (beside its model.onnx) and whose "
+        "instances name npu:N")
 EDGE_TPU = "no ONNX Runtime provider drives the Edge TPU"
 
 needs_cpu_only_ort = pytest.mark.skipif(
@@ -82,8 +83,8 @@ def test_every_accelerator_of_the_intel_box_is_named() -> None:
 def test_with_tensorrt_only_the_dla_is_left() -> None:
     found = unused(ORIN, [TENSORRT, CUDA, CPU])
     assert found == dict.fromkeys(["npu dla0", "npu dla1"], (
-        "TensorRT runs the model on the GPU: DLA offload (trt_dla_enable) is not configured "
-        "by edge-agent yet"))
+        "TensorRT runs the default model on the GPU: a model reaches the DLA through "
+        "instances on dla:N (precision fp16 or int8) in its config.yaml"))
 
 
 def test_a_cuda_only_build_uses_the_gpu_but_not_the_dla() -> None:

@@ -33,10 +33,12 @@ def snapshot(tree: Path) -> dict[str, tuple[str, bytes]]:
 
 
 def engine_for(tree: Path, state: Path, profile_dirs: list[Path] | None = None,
-               root: Root | None = None) -> Engine:
+               root: Root | None = None, persistent: bool = False) -> Engine:
+    """``persistent``: the engine writes persistent settings too, as the CLI run as root."""
     root = root or Root(tree)
     return Engine(root, discover(root), Journal(state),
-                  ProfileStore(root, dirs=profile_dirs or [REPO_PROFILES]))
+                  ProfileStore(root, dirs=profile_dirs or [REPO_PROFILES]),
+                  persistent=persistent)
 
 
 def write_profile(directory: Path, name: str, text: str) -> Path:

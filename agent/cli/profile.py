@@ -1,6 +1,10 @@
 """``edge-agent profile ...``: list, show, plan, apply, verify, rollback, status.
 
 Wires discovery and the tuning engine together for a person or a script (``--json``).
+Run as root, ``apply`` and ``rollback`` also write the settings that survive a reboot (kernel
+arguments in the boot config, /etc/default/irqbalance, systemd drop-ins), which the service
+cannot (ProtectSystem=full); ``--runtime-only`` leaves them alone, as ``rollback
+--after-failure`` (the unit's ExecStopPost, inside the same sandbox) always does.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from agent.cli.common import add_state_dir, emit, open_root, resolve_state_dir
+from agent.cli.profile_status import persistent_status
 
 if TYPE_CHECKING:
     from agent.tuning.engine import Engine
@@ -39,10 +44,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         if action == "apply":
             sub.add_argument("--dry-run", action="store_true",
                              help="show what would be written, write nothing (same as plan)")
+        if action in ("apply", "rollback"):
+            sub.add_argument("--runtime-only", action="store_true",
+                             help="leave settings that survive a reboot (boot config, /etc "
+                             "files) alone, as the service does")
         if action == "rollback":
             sub.add_argument("--after-failure", action="store_true",
                              help="for the unit's ExecStopPost: roll back only when the "
-                             "service did not stop cleanly (systemd's SERVICE_RESULT)")
+                             "service did not stop cleanly (systemd's SERVICE_RESULT); "
+                             "runtime settings only")
         sub.add_argument("--root", default="/", metavar="DIR",
                          help="operate on sysfs/procfs below DIR instead of /")
         add_state_dir(sub, "the journal's directory")
@@ -52,6 +62,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _change_line(change: Change) -> str:
     note = f"  # {change.note}" if change.note else ""
+    if change.compare == "file":  # a whole config file: the note says what changes in it
+        what = "created" if change.current is None else "edited"
+        return f"  {change.tuner:<8} {change.path}\n           {what}  ({change.key}){note}"
     return (f"  {change.tuner:<8} {change.path}\n"
             f"           {change.current!r} -> {change.desired!r}  ({change.key}){note}")
 
@@ -59,6 +72,10 @@ def _change_line(change: Change) -> str:
 def _plan_text(plan: Plan) -> str:
     lines = [f"profile {plan.profile}: {len(plan.changes)} change(s)"]
     lines += [_change_line(c) for c in plan.changes]
+    lasting = [c for c in plan.changes if c.persistent]
+    if lasting:
+        lines.append(f"  persistent: {len(lasting)} change(s) survive a reboot; written by "
+                     f"`sudo edge-agent profile apply {plan.profile}`, not by the service")
     for name, value in plan.runtime.items():
         lines.append(f"  runtime  {name}: {value}")
     if plan.cpus:
@@ -161,7 +178,7 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
                      "drift": [c.path for c, _ in drift]}, text)
         return 0 if not drift else 1
     if args.action == "verify":
-        if not engine.journal.exists():
+        if not engine.journal.exists() and not engine.lasting.exists():
             emit(args.json, {"ok": False, "drift": [], "applied": None}, "no profile applied")
             return 1
         drift = engine.verify()
@@ -184,9 +201,14 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
         "profile": state.profile, "status": state.status, "boot_id": state.boot_id,
         "changes": len(state.changes), "created_ms": state.created_ms,
         "drift": len(engine.verify())}
-    emit(args.json, {"applied": data}, "no profile applied" if data is None else
-          f"{data['profile']} {data['status']}: {data['changes']} setting(s), "
-          f"{data['drift']} drifted")
+    lasting = persistent_status(engine)
+    lines = ["no profile applied" if data is None else
+             f"{data['profile']} {data['status']}: {data['changes']} setting(s), "
+             f"{data['drift']} drifted"]
+    if lasting is not None:
+        lines.append(f"persistent settings of {lasting['profile']} ({engine.lasting.path}):")
+        lines += [f"  {row['path']}: {row['state']}" for row in lasting["changes"]]
+    emit(args.json, {"applied": data, "persistent": lasting}, "\n".join(lines))
     return 0
 
 
@@ -198,5 +220,7 @@ def run(args: argparse.Namespace) -> int:
 
     root = open_root(args.root)
     journal = Journal(resolve_state_dir(args.state_dir, root.base))
-    engine = Engine(root, discover(root), journal, ProfileStore(root))
+    persistent = args.action in ("apply", "rollback") and not args.runtime_only and \
+        not getattr(args, "after_failure", False)
+    engine = Engine(root, discover(root), journal, ProfileStore(root), persistent=persistent)
     return _dispatch(args, engine)

@@ -61,13 +61,14 @@ def _npu_reason(available: Sequence[str], providers: Sequence[str], topology: To
         if TENSORRT not in providers:
             return "only the TensorRT provider reaches the DLA, and " + _left_out(
                 available, providers, [TENSORRT], _nvidia_wheel(topology))
-        return ("TensorRT runs the model on the GPU: DLA offload (trt_dla_enable) is not "
-                "configured by edge-agent yet")
+        return ("TensorRT runs the default model on the GPU: a model reaches the DLA "
+                "through instances on dla:N (precision fp16 or int8) in its config.yaml")
     if driver == "intel_vpu":
         return _missing(available, providers, [OPENVINO], "install onnxruntime-openvino")
     if vendor == "rockchip" or driver in ("rknpu", "rocket"):
-        return ("no ONNX Runtime provider drives the Rockchip NPU: it needs edge-agent's "
-                "RKNN backend (a .rknn model), which is not built yet")
+        return ("no ONNX Runtime provider drives the Rockchip NPU: edge-agent's RKNN "
+                "backend runs a model there whose version holds a model.rknn (beside its "
+                "model.onnx) and whose instances name npu:N")
     if vendor == "hailo" or driver == "hailo_pci":
         return ("no ONNX Runtime provider drives Hailo devices (they run HEF models through "
                 "HailoRT), and edge-agent has no Hailo backend")

@@ -36,6 +36,12 @@ COMPILING_PROVIDERS = frozenset({
 
 CacheState = Literal["hit", "miss", "off"]
 OptionsFactory = Callable[[], "ort.SessionOptions"]
+# ORT's ``providers=``: names, or (name, options) pairs
+Provider = str | tuple[str, dict[str, str]]
+
+
+def provider_names(providers: Sequence[Provider]) -> list[str]:
+    return [p if isinstance(p, str) else p[0] for p in providers]
 
 
 def _sha256(data: bytes) -> str:
@@ -43,7 +49,7 @@ def _sha256(data: bytes) -> str:
 
 
 def _session(path: Path, model: bytes, options: ort.SessionOptions,
-             providers: list[str]) -> ort.InferenceSession:
+             providers: list[Provider]) -> ort.InferenceSession:
     """ORT's own exceptions carry no common base, so they become one SessionError."""
     try:
         return ort.InferenceSession(model, options, providers=providers)
@@ -76,13 +82,16 @@ def cache_key(model_sha256: str, providers: Sequence[str],
     return _sha256("|".join(parts).encode())[:32]
 
 
-def create_session(path: Path, model: bytes, digest: str, providers: list[str],
+def create_session(path: Path, model: bytes, digest: str, providers: list[Provider],
             fresh: OptionsFactory, cache_dir: Path | None,
             graph_optimization: GraphOptimization) -> tuple[ort.InferenceSession, CacheState]:
-    """Hit, miss (and store) or off; a broken cache costs a rebuild, never the session."""
-    if cache_dir is None or COMPILING_PROVIDERS.intersection(providers):
+    """Hit, miss (and store) or off; a broken cache costs a rebuild, never the session.
+    Provider options do not enter the key: only CPU/CUDA sessions are cached, and theirs
+    (a CUDA device id) do not change the graph ORT optimises."""
+    names = provider_names(providers)
+    if cache_dir is None or COMPILING_PROVIDERS.intersection(names):
         return _session(path, model, fresh(), providers), "off"
-    key = cache_key(digest, providers, graph_optimization)
+    key = cache_key(digest, names, graph_optimization)
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         session = _load_cached(cache_dir, key, providers, fresh)
@@ -95,7 +104,7 @@ def create_session(path: Path, model: bytes, digest: str, providers: list[str],
     return _build_and_store(path, model, providers, fresh, cache_dir, key)
 
 
-def _load_cached(cache_dir: Path, key: str, providers: list[str],
+def _load_cached(cache_dir: Path, key: str, providers: list[Provider],
                  fresh: OptionsFactory) -> ort.InferenceSession | None:
     """The first cache file for ``key`` that verifies and loads; bad ones are deleted."""
     for path in sorted(cache_dir.glob(f"{key}.*.onnx")):
@@ -106,7 +115,7 @@ def _load_cached(cache_dir: Path, key: str, providers: list[str],
     return None
 
 
-def _try_cached(path: Path, providers: list[str],
+def _try_cached(path: Path, providers: list[Provider],
                 fresh: OptionsFactory) -> ort.InferenceSession | None:
     """A session from an already-optimised graph, so optimisation is off; None if unusable.
 
@@ -126,7 +135,7 @@ def _try_cached(path: Path, providers: list[str],
         return None
 
 
-def _build_and_store(path: Path, model: bytes, providers: list[str], fresh: OptionsFactory,
+def _build_and_store(path: Path, model: bytes, providers: list[Provider], fresh: OptionsFactory,
                      cache_dir: Path, key: str) -> tuple[ort.InferenceSession, CacheState]:
     """Let ORT write the optimised graph to a temporary name, then publish it atomically.
 

@@ -11,18 +11,28 @@ import functools
 import hashlib
 import logging
 import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnxruntime as ort
 
 from agent.inference.errors import model_error
-from agent.inference.graph_cache import CacheState, create_session
+from agent.inference.graph_cache import (
+    COMPILING_PROVIDERS,
+    CacheState,
+    Provider,
+    create_session,
+    provider_names,
+)
 from agent.inference.options import GraphOptimization, optimisation_level, session_options
 
 logger = logging.getLogger(__name__)
+
+BUILDING_EVERY_S = 10.0  # how often a compiling build says it is still going
+Building = Callable[[float], None]  # seconds so far; the service extends systemd's timeout
 
 
 @dataclass(frozen=True)
@@ -59,13 +69,16 @@ def _read_model(path: Path, expected_sha256: str | None) -> tuple[bytes, str]:
     return data, actual
 
 
-def build_session(model_path: Path, *, providers: Sequence[str], intra_op: int, inter_op: int,
-                  cache_dir: Path | None, expected_sha256: str | None = None,
+def build_session(model_path: Path, *, providers: Sequence[Provider], intra_op: int,
+                  inter_op: int, cache_dir: Path | None, expected_sha256: str | None = None,
                   graph_optimization: GraphOptimization = "all",
                   allow_spinning: bool | None = None,
                   stop_spinning_after_run: bool = False,
-                  memory_arena: bool = True) -> BuiltSession:
-    """Load the (pinned) model and build its session, through the optimised-graph cache."""
+                  memory_arena: bool = True,
+                  building: Building | None = None) -> BuiltSession:
+    """Load the (pinned) model and build its session, through the optimised-graph cache.
+    ``providers``: names or (name, options) pairs.  ``building`` is called every
+    BUILDING_EVERY_S while a compiling provider (TensorRT: minutes) builds its engines."""
     start = time.perf_counter()
     optimisation_level(graph_optimization)  # a typo fails before the model is read
     fresh = functools.partial(session_options, intra_op, inter_op, graph_optimization,
@@ -73,8 +86,11 @@ def build_session(model_path: Path, *, providers: Sequence[str], intra_op: int, 
                               memory_arena=memory_arena)
     model, digest = _read_model(model_path, expected_sha256)
     threads_before = _own_threads()
-    session, cache = create_session(model_path, model, digest, list(providers), fresh,
-                                    cache_dir, graph_optimization)
+    compiling = building is not None and COMPILING_PROVIDERS.intersection(
+        provider_names(providers))
+    with _heartbeat(building if compiling else None, start):
+        session, cache = create_session(model_path, model, digest, list(providers), fresh,
+                                        cache_dir, graph_optimization)
     built = BuiltSession(session=session, providers=list(session.get_providers()),
                          intra_op=intra_op, inter_op=inter_op, model_sha256=digest,
                          load_ms=(time.perf_counter() - start) * 1000, cache=cache,
@@ -82,6 +98,34 @@ def build_session(model_path: Path, *, providers: Sequence[str], intra_op: int, 
     logger.info("model %s: providers %s, threads %d/%d, cache %s, %.1f ms", model_path,
                 built.providers, intra_op, inter_op, cache, built.load_ms)
     return built
+
+
+class _heartbeat:
+    """Calls ``building(seconds so far)`` every BUILDING_EVERY_S until the block ends."""
+
+    def __init__(self, building: Building | None, start: float) -> None:
+        self.building, self.start = building, start
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> None:
+        if self.building is not None:
+            self.thread = threading.Thread(target=self._beat, name="session-building",
+                                           daemon=True)
+            self.thread.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def _beat(self) -> None:
+        assert self.building is not None
+        while not self.done.wait(BUILDING_EVERY_S):
+            try:
+                self.building(time.perf_counter() - self.start)
+            except Exception:  # a progress report must never fail the build
+                logger.exception("session build progress hook failed")
 
 
 def _own_threads() -> set[int]:

@@ -12,7 +12,8 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/sys/devices/system/cpu/cpufreq/policy*/energy_performance_preference",
     "/sys/devices/system/cpu/cpufreq/boost",
     "/sys/devices/system/cpu/intel_pstate/no_turbo",
-    "/sys/devices/system/cpu/cpu*/cpuidle/state*/disable",
+    "/sys/devices/system/cpu/cpu*/cpuidle/state*/disable",  # journals from before PM QoS
+    "/sys/devices/system/cpu/cpu*/power/pm_qos_resume_latency_us",
     "/sys/class/devfreq/*/governor",
     "/sys/class/devfreq/*/min_freq",
     "/sys/class/devfreq/*/max_freq",
@@ -48,6 +49,7 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/sys/fs/cgroup/**/cpuset.cpus.partition",
     "/proc/irq/*/smp_affinity",
     "/proc/irq/*/smp_affinity_list",
+    "/proc/irq/default_smp_affinity",
     "/proc/sys/kernel/sched_rt_runtime_us",
     "/proc/sys/kernel/io_uring_disabled",
     "/proc/sys/kernel/io_uring_group",

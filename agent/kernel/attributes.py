@@ -8,8 +8,13 @@ from __future__ import annotations
 import errno
 import re
 from collections.abc import Callable
+from pathlib import Path
+
+from agent.kernel import irqs
 
 _SELECTION = re.compile(r"\[([^\]\s]+)\]")
+_KSTRTO_BASE0 = re.compile(r"([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")  # kstrtos32(.., 0)
+_S32_MAX = 2**31 - 1  # PM_QOS_RESUME_LATENCY_NO_CONSTRAINT
 Reader = Callable[[str], "str | None"]
 
 
@@ -42,19 +47,26 @@ def _refusal(path: str, value: str, read: Reader) -> OSError | None:
 
 
 def emulate_attribute_write(current: bytes, value: str, path: str,
-                            read: Reader = _no_files) -> bytes:
+                            read: Reader = _no_files, base: Path | None = None) -> bytes:
     """What a sysfs/procfs attribute reads after ``value`` is written to it.
 
     A selection file (``always [madvise] never``) moves its brackets to the written word and
     refuses words it does not offer (EINVAL, as the kernel does); ``cgroup.subtree_control``
     takes ``+name``/``-name`` edits; rknpu's ``power`` ignores words other than on/off (the
-    driver logs them and returns success); any other attribute reads back the value and a
-    newline.  ``read`` gives sibling files (a policy's governor, the command line) for the
-    kernel's refusals.
+    driver logs them and returns success); a PM QoS resume latency and /proc/irq follow their
+    kernel code (below; ``base`` is the tree, for the IRQ rules); any other attribute reads
+    back the value and a newline.  ``read`` gives sibling files (a policy's governor, the
+    command line) for the kernel's refusals.
     """
     refusal = _refusal(path, value, read)
     if refusal is not None:
         raise refusal
+    if path.endswith("/power/pm_qos_resume_latency_us"):
+        return _resume_latency(value, path)
+    if base is not None and path.startswith("/proc/irq/"):
+        normalised = irqs.fixture_affinity_write(base, path, value)
+        if normalised is not None:
+            return normalised
     text = current.decode(errors="replace")
     if path == "/proc/sys/kernel/io_uring_disabled" and value.strip() not in ("0", "1", "2"):
         raise OSError(errno.EINVAL, f"{path}: {value.strip()!r} is outside 0..2")  # minmax
@@ -77,3 +89,23 @@ def emulate_attribute_write(current: bytes, value: str, path: str,
         raise OSError(errno.EINVAL, f"{path}: {word!r} is not one of {options}")
     unbracketed = _SELECTION.sub(lambda m: m.group(1), text)
     return re.sub(rf"(?<!\S){re.escape(word)}(?!\S)", f"[{word}]", unbracketed, count=1).encode()
+
+
+def _resume_latency(value: str, path: str) -> bytes:
+    """drivers/base/power/sysfs.c ``pm_qos_resume_latency_us_store``/``_show``: "n/a" asks
+    for no latency at all (stored 0, shown "n/a"); 0 asks for no constraint (stored S32_MAX,
+    shown "0"); other numbers (kstrtos32, base 0) are shown as they are; negatives and
+    S32_MAX itself are EINVAL (Documentation/ABI/testing/sysfs-devices-power)."""
+    word = value.strip()
+    if word == "n/a":
+        return b"n/a\n"
+    match = _KSTRTO_BASE0.fullmatch(word)
+    if match is None:
+        raise OSError(errno.EINVAL, f"{path}: {word!r} is not a number or n/a")
+    sign, digits = match.group(1), match.group(2)
+    base = 16 if digits[:2].lower() == "0x" else 8 if digits.startswith("0") else 10
+    number = int(sign + (digits[2:] if base == 16 else digits), base)
+    if number < 0 or number >= _S32_MAX:
+        raise OSError(errno.EINVAL, f"{path}: {number} is out of range (0..{_S32_MAX - 1}, "
+                      "or n/a)")
+    return f"{number}\n".encode()

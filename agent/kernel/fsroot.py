@@ -304,7 +304,8 @@ class Root:
         else:
             with open(target, "r+b") as handle:
                 old = handle.read()
-                data = emulate_attribute_write(old, value, path, self._fixture_text)
+                data = emulate_attribute_write(old, value, path, self._fixture_text,
+                                               self.base)
                 handle.seek(0)
                 written = handle.write(data)
                 if len(data) < len(old):

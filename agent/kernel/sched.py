@@ -11,12 +11,12 @@ from __future__ import annotations
 import errno
 import fnmatch
 import os
-import re
 import resource
 import threading
 from dataclasses import dataclass
 
 from agent.kernel.fsroot import Root
+from agent.kernel.irqs import parse_rows
 from agent.kernel.parsers import format_cpulist, parse_cpulist
 
 SCHED_POLICIES: dict[str, int] = {
@@ -202,40 +202,9 @@ def _read_comm(root: Root, pid: int, tid: int) -> str | None:
 
 # -- IRQs ------------------------------------------------------------------------------------
 
-_IRQ_LINE = re.compile(r"\s*(\d+):(.*)")
-_TOKEN = re.compile(r"\S+")
-# What follows the chip name, each field optional, in the kernel's order (show_interrupts):
-# the hwirq number (x86 glues the flow name on, "2-edge"), the arm "Level"/"Edge" type, and a
-# detached "-name" when there is no hwirq.
-_CHIP_FIELDS = (re.compile(r"\d+(-\S+)?"), re.compile(r"Level|Edge"), re.compile(r"-\S+"))
-
-
 def parse_interrupts(text: str) -> dict[int, list[str]]:
-    """/proc/interrupts -> {irq: [action names]}; NMI/LOC-style rows are not IRQs.
-
-    Action names may hold spaces (arm64 "kvm guest vtimer"), so they are the raw text after
-    the per-CPU counts, the chip name and its optional fields, split at commas.
-    """
-    irqs: dict[int, list[str]] = {}
-    for line in text.splitlines():
-        match = _IRQ_LINE.fullmatch(line)
-        if match is not None:
-            irqs[int(match.group(1))] = _actions(match.group(2))
-    return irqs
-
-
-def _actions(rest: str) -> list[str]:
-    tokens = list(_TOKEN.finditer(rest))
-    index = 0
-    while index < len(tokens) and tokens[index].group().isdigit():
-        index += 1  # per-CPU counts, one per online CPU
-    index += 1  # the chip name
-    for field in _CHIP_FIELDS:
-        if index < len(tokens) and field.fullmatch(tokens[index].group()):
-            index += 1
-    if index >= len(tokens):
-        return []
-    return [name.strip() for name in rest[tokens[index].start():].split(",") if name.strip()]
+    """/proc/interrupts -> {irq: [action names]}; NMI/LOC-style rows are not IRQs."""
+    return {irq: row.actions for irq, row in parse_rows(text).items()}
 
 
 def irqs_matching(root: Root, pattern: str) -> list[int]:

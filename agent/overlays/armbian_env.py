@@ -2,14 +2,18 @@
 
 The boot script loads ``user_overlays=`` names from ``/boot/overlay-user/<name>.dtbo`` and
 ``overlays=`` names from ``/boot/dtb/<vendor>/overlay/<overlay_prefix>-<name>.dtbo``, both
-space-separated.  Only ``user_overlays`` is ever edited here; U-Boot's
-``env import`` lets the last assignment of a key win, so that is the line edited.
+space-separated.  Only ``user_overlays`` and ``extraargs`` (kernel arguments the boot script
+appends to ``bootargs``) are ever edited here; U-Boot's ``env import`` lets the last
+assignment of a key win, so that is the line edited.
 """
 
 from __future__ import annotations
 
+from agent.overlays import kargs
+
 USER = "user_overlays"
 VENDOR = "overlays"
+ARGS = "extraargs"
 
 
 def _split(line: str) -> tuple[str, str]:
@@ -58,6 +62,32 @@ def unregister(text: str, name: str) -> str:
     rest = [n for n in current.split() if n != name]
     if rest:
         lines[index] = f"{USER}={' '.join(rest)}{ending}"
+    else:
+        del lines[index]
+    return "".join(lines)
+
+
+def argument(text: str, name: str) -> str:
+    """The kernel argument ``name`` (the whole token) in ``extraargs=``; "" if none."""
+    return kargs.find(value(text, ARGS) or "", name)
+
+
+def set_argument(text: str, name: str, token: str) -> str:
+    """Set (``token``) or take out ("") a kernel argument in ``extraargs=``; the line is
+    added for the first argument and goes when nothing is left on it."""
+    lines = text.splitlines(keepends=True)
+    index = _find(lines, ARGS)
+    if index is None:
+        if not token:
+            return text
+        kargs.check_token(token)
+        return text + ("" if not text or text.endswith("\n") else "\n") + f"{ARGS}={token}\n"
+    current, ending = _split(lines[index])
+    updated = kargs.set_token(current, name, token)
+    if updated == current:
+        return text
+    if updated.strip():
+        lines[index] = f"{ARGS}={updated}{ending}"
     else:
         del lines[index]
     return "".join(lines)

@@ -1,4 +1,4 @@
-"""Boot-loader files below ``<root>/boot``: confined, and written atomically.
+"""Boot-loader files below ``<root>/boot`` (and other confined config files): written atomically.
 
 Boot files are not kernel knobs, so they stay out of :class:`agent.kernel.fsroot.Root`'s sysfs
 allowlist and its single-write(2) semantics: a boot config must be replaced whole (temp file,
@@ -14,13 +14,15 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 
 from agent.kernel.fsroot import PathEscapesRoot, Root, WriteRefused
 
 BOOT = "/boot"
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make a rename or unlink in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -28,20 +30,24 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-class BootFiles:
-    """Reads and atomically replaces files below ``/boot`` of a root, and nothing else."""
+class ConfinedFiles:
+    """Reads and atomically replaces the files of a root that ``allowed`` admits, before and
+    after resolving links inside the root, and nothing else."""
 
-    def __init__(self, root: Root) -> None:
+    def __init__(self, root: Root, allowed: Callable[[str], bool], what: str) -> None:
         self.root = root
+        self._allowed = allowed
+        self._what = what  # "/boot", for the refusals
 
     def host_path(self, path: str) -> str:
-        """The host path of a logical ``/boot/...`` path; refused if it leaves ``/boot``."""
-        if ".." in path.split("/") or not path.startswith(BOOT + "/"):
-            raise WriteRefused(errno.EPERM, f"{path}: only files below {BOOT} are boot files")
+        """The host path of an admitted logical path; refused if it leaves the admitted set."""
+        if ".." in path.split("/") or not self._allowed(path):
+            raise WriteRefused(errno.EPERM, f"{path}: edge-agent writes nothing outside "
+                               f"{self._what}")
         resolved = self.root.resolve(path)
-        if not resolved.startswith(BOOT + "/"):
+        if not self._allowed(resolved):
             raise PathEscapesRoot(errno.EACCES, f"{path}: resolves to {resolved}, outside "
-                                  f"{BOOT}")
+                                  f"{self._what}")
         return self.root.host_path(resolved)
 
     def read(self, path: str) -> bytes | None:
@@ -76,7 +82,7 @@ class BootFiles:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
             raise
-        _fsync_dir(directory)
+        fsync_dir(directory)
         return True
 
     def remove(self, path: str) -> bool:
@@ -86,5 +92,12 @@ class BootFiles:
             os.unlink(target)
         except FileNotFoundError:
             return False
-        _fsync_dir(os.path.dirname(target))
+        fsync_dir(os.path.dirname(target))
         return True
+
+
+class BootFiles(ConfinedFiles):
+    """Files below ``/boot`` of a root, and nothing else."""
+
+    def __init__(self, root: Root) -> None:
+        super().__init__(root, lambda path: path.startswith(BOOT + "/"), BOOT)

@@ -2,8 +2,10 @@
 
 extlinux has no automatic A/B, so the booting entry is never edited: the DEFAULT entry is
 copied to a new ``LABEL edge-agent`` that carries the overlays, DEFAULT points at the copy,
-and the original stays in the menu as the fallback (jetson-io does the same).  Removing the
-last edge-agent overlay deletes the copy and restores DEFAULT.
+and the original stays in the menu as the fallback (jetson-io does the same).  Kernel
+arguments (``APPEND``) are edited on the same copy, made by whichever needs it first.  Once the
+copy equals its source entry again (apart from its label lines and an FDT line added for
+overlays), the copy is deleted and DEFAULT restored, whatever order things were removed in.
 Keywords are matched case-insensitively and written in the file's own spelling.
 """
 
@@ -12,12 +14,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from agent.overlays import kargs
 from agent.overlays.errors import InstallRefused
 
 LABEL = "edge-agent"
 MARK = "# edge-agent overlays: a copy of LABEL {source}; removing the last one restores " \
        "DEFAULT {source}"
-MARK_PATTERN = re.compile(r"^# edge-agent overlays: a copy of LABEL (\S+);")
+MARK_ARGS = "# edge-agent settings: a copy of LABEL {source}; removing the last one restores " \
+    "DEFAULT {source}"
+MARK_PATTERN = re.compile(r"^# edge-agent (?:overlays|settings): a copy of LABEL (\S+);")
 LINE = re.compile(r"^([ \t]*)(\S+)([ \t]*)(.*?)(\r?\n)?$")
 
 
@@ -145,30 +150,37 @@ def register(text: str, path: str, dialect: Dialect, fdt: str | None = None) -> 
     """
     lines = text.splitlines(keepends=True)
     blocks = _blocks(lines)
-    if LABEL in blocks:
-        start, end = blocks[LABEL]
-        entry = lines[start:end]
-        _add_path(entry, path, dialect, _ending(lines[start]))
-        _set_default(lines, LABEL)
-        return "".join([*lines[:start], *entry, *lines[end:]])
-    source, entry = default_entry(text)
+    ours = LABEL in blocks
+    source, entry = (LABEL, lines[slice(*blocks[LABEL])]) if ours else default_entry(text)
     ending = _ending(entry[0])
-    entry[0] = _with_value(entry[0], LABEL)
-    for index, line in enumerate(entry):
-        if _keyword(line) == "menu" and _value(line).lower().startswith("label"):
-            entry[index] = _with_value(line, f"{_value(line)} + edge-agent overlays")
-    if dialect.needs_fdt and entry_value(entry, "fdt") is None:
+    if dialect.needs_fdt and entry_value(entry, "fdt") is None:  # a copy made for arguments
         if fdt is None:
             raise InstallRefused(f"LABEL {source} has no FDT line, and {dialect.name} applies "
                                  "overlays only with one: add FDT /boot/dtb/<the board's "
                                  "DTB> to it first")
         _insert_after(entry, ("linux", "kernel"), f"{_indent(entry)}FDT {fdt}{ending}")
     _add_path(entry, path, dialect, ending)
+    if not ours:
+        return _with_copy(lines, blocks, source, entry, MARK, "overlays")
+    start, end = blocks[LABEL]
+    _set_default(lines, LABEL)
+    return "".join([*lines[:start], *entry, *lines[end:]])
+
+
+def _with_copy(lines: list[str], blocks: dict[str, tuple[int, int]], source: str,
+               entry: list[str], mark: str, what: str) -> str:
+    """The file with ``entry`` (the source's lines, edited) added as LABEL edge-agent just
+    before its source, marked, and DEFAULT pointing at it."""
+    ending = _ending(entry[0])
+    entry[0] = _with_value(entry[0], LABEL)
+    for index, line in enumerate(entry):
+        if _keyword(line) == "menu" and _value(line).lower().startswith("label"):
+            entry[index] = _with_value(line, f"{_value(line)} + edge-agent {what}")
     if not entry[-1].endswith("\n"):  # the last entry of a file without a final newline
         entry[-1] += ending
     _set_default(lines, LABEL)
     start = blocks[source][0]
-    return "".join([*lines[:start], MARK.format(source=source) + ending, *entry, ending,
+    return "".join([*lines[:start], mark.format(source=source) + ending, *entry, ending,
                     *lines[start:]])
 
 
@@ -187,22 +199,100 @@ def unregister(text: str, path: str, dialect: Dialect) -> str:
         del lines[index]
     if not ours:  # the copy is gone (Radxa's u-boot-update rewrites the file)
         return "".join(lines)
+    return _drop_copy_if_unchanged(lines)
+
+
+def _is_label_line(line: str) -> bool:
+    return _keyword(line) == "label" or (_keyword(line) == "menu" and
+                                         _value(line).lower().startswith("label"))
+
+
+def _same_entry(copy: list[str], source: list[str]) -> bool:
+    """The copy holds nothing edge-agent added: equal to its source except the label lines
+    (and an FDT line added for overlays when the source has none)."""
+    no_fdt = entry_value(source, "fdt") is None
+    kept = [line.rstrip("\r\n") for line in copy if not _is_label_line(line)
+            and not (no_fdt and _keyword(line) == "fdt")]
+    return kept == [line.rstrip("\r\n") for line in source if not _is_label_line(line)]
+
+
+def _drop_copy_if_unchanged(lines: list[str]) -> str:
+    """Delete the copy (and its mark) and point DEFAULT back at the source once nothing
+    edge-agent added remains in it; a copy edited by hand stays."""
     blocks = _blocks(lines)
     start, end = blocks[LABEL]
     mark = MARK_PATTERN.match(lines[start - 1]) if start else None
     source = mark.group(1) if mark else None
-    if source is None or source not in blocks or rest != _source_paths(lines, blocks[source],
-                                                                        dialect):
-        return "".join(lines)  # edge-agent overlays remain, or the copy was edited by hand
+    if source is None or source not in blocks or not _same_entry(
+            lines[start:end], lines[slice(*blocks[source])]):
+        return "".join(lines)  # edge-agent settings remain, or the copy was edited by hand
     if _value(lines[_default(lines)]) == LABEL:
         _set_default(lines, source)
     last = end + 1 if end < len(lines) and not lines[end].strip() else end
     return "".join([*lines[:start - 1], *lines[last:]])
 
 
-def _source_paths(lines: list[str], block: tuple[int, int], dialect: Dialect) -> list[str]:
-    index = _overlay_line(lines, block, dialect)
-    return [] if index is None else _paths(lines[index], dialect)
+def _args_entry(text: str) -> tuple[list[str], dict[str, tuple[int, int]], str]:
+    """The lines, their blocks, and the label of the entry whose arguments count: the copy
+    when there is one, else the DEFAULT entry."""
+    lines = text.splitlines(keepends=True)
+    blocks = _blocks(lines)
+    return lines, blocks, LABEL if LABEL in blocks else default_entry(text)[0]
+
+
+def _append_line(lines: list[str], block: tuple[int, int]) -> int | None:
+    found = [i for i in range(*block) if _keyword(lines[i]) == "append"]
+    return found[-1] if found else None
+
+
+def _raw_value(line: str) -> str:
+    match = LINE.match(line)
+    return match.group(4) if match else ""
+
+
+def argument(text: str, name: str) -> str:
+    """The kernel argument ``name`` (the whole token) on the entry that boots; "" if none."""
+    lines, blocks, label = _args_entry(text)
+    index = _append_line(lines, blocks[label])
+    return "" if index is None else kargs.find(_raw_value(lines[index]), name)
+
+
+def set_argument(text: str, name: str, token: str) -> str:
+    """Set (``token``) or take out ("") a kernel argument on the edge-agent copy, made from
+    the DEFAULT entry when it is first needed; the booting entry itself is never edited."""
+    lines, blocks, label = _args_entry(text)
+    if label != LABEL:
+        source, entry = default_entry(text)
+        index = _append_line(entry, (0, len(entry)))
+        if kargs.find("" if index is None else _raw_value(entry[index]), name) == token:
+            return text  # already so on the booting entry: no copy is needed
+        _set_in_entry(entry, name, token, source_has_append=index is not None)
+        return _with_copy(lines, blocks, source, entry, MARK_ARGS, "settings")
+    start, end = blocks[LABEL]
+    entry = lines[start:end]
+    mark = MARK_PATTERN.match(lines[start - 1]) if start else None
+    block = blocks.get(mark.group(1)) if mark else None
+    source_has_append = block is None or _append_line(lines, block) is not None
+    _set_in_entry(entry, name, token, source_has_append)
+    _set_default(lines, LABEL)
+    return _drop_copy_if_unchanged([*lines[:start], *entry, *lines[end:]])
+
+
+def _set_in_entry(entry: list[str], name: str, token: str, source_has_append: bool) -> None:
+    index = _append_line(entry, (0, len(entry)))
+    if index is None:
+        if token:
+            label = LINE.match(entry[0])
+            keyword = "APPEND" if label and label.group(2).isupper() else "append"
+            _insert_after(entry, ("linux", "kernel", "initrd", "fdt", "devicetree", "fdtdir",
+                                  "overlays", "fdtoverlays", "devicetree-overlay"),
+                          f"{_indent(entry)}{keyword} {token}{_ending(entry[0])}")
+        return
+    value = kargs.set_token(_raw_value(entry[index]), name, token)
+    if not value.strip() and not source_has_append:
+        del entry[index]  # the line edge-agent added for its first argument
+    else:
+        entry[index] = _with_value(entry[index], value)
 
 
 def _ending(line: str) -> str:

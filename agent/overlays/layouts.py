@@ -52,6 +52,18 @@ class Layout:
             return armbian_env.unregister(text, name)
         return extlinux.unregister(text, self._loader_path(name), self.dialect)
 
+    def argument(self, text: str, name: str) -> str:
+        """The kernel argument ``name`` as the boot loader will pass it; "" when absent."""
+        if self.dialect is None:
+            return armbian_env.argument(text, name)
+        return extlinux.argument(text, name)
+
+    def set_argument(self, text: str, name: str, token: str) -> str:
+        """``text`` with the argument set to ``token``, or taken out when it is ""."""
+        if self.dialect is None:
+            return armbian_env.set_argument(text, name, token)
+        return extlinux.set_argument(text, name, token)
+
     def registered(self, text: str) -> list[tuple[str, str]]:
         """(name, logical path) of every overlay the boot loader will apply."""
         if self.dialect is None:
@@ -116,8 +128,11 @@ def _uboot_overlay_dir(root: Root) -> str:
     return directory
 
 
-def detect(root: Root, boot: BootFiles) -> Layout:
-    """The board's boot layout; refused when none, or more than one, is recognised."""
+def detect(root: Root, boot: BootFiles, overlays: bool = True) -> Layout:
+    """The board's boot layout; refused when none, or more than one, is recognised.
+
+    ``overlays=False`` (kernel arguments only): every L4T release's UEFI L4TLauncher reads
+    APPEND from extlinux.conf, so JetPack 5 is not refused as it is for OVERLAYS."""
     envs = [path for path in ARMBIAN_ENVS if root.exists(path)]
     has_extlinux = root.exists(EXTLINUX)
     if envs and has_extlinux:
@@ -134,5 +149,5 @@ def detect(root: Root, boot: BootFiles) -> Layout:
     prefix = _boot_prefix(text)
     if _is_jetson(root):
         return Layout("jetson", EXTLINUX, BOOT, extlinux.JETSON, prefix,
-                      _jetson_fdt(root, prefix), _l4t_notes(root))
+                      _jetson_fdt(root, prefix), _l4t_notes(root) if overlays else ())
     return Layout("extlinux", EXTLINUX, _uboot_overlay_dir(root), extlinux.UBOOT, prefix)

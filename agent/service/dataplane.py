@@ -23,6 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.service.building import EXTEND_S, BuildWatch
+from agent.service.systemd import Notifier
+from agent.serving.building import BUILDING_FILE
 from agent.serving.threads import write_sched_file
 
 if TYPE_CHECKING:
@@ -98,6 +101,7 @@ class Supervisor:
         self._thread: threading.Thread | None = None
         self._token = self.directory / "control-token"
         self._resched_pending = False  # a new sched file the running server has not heard of
+        self.building = BuildWatch(self.directory / BUILDING_FILE, Notifier())
 
     # -- files the child reads -----------------------------------------------------------------
 
@@ -148,9 +152,12 @@ class Supervisor:
             process = self.process
             if process is None or process.poll() is not None or self._ready.wait(0.1):
                 break
+            if self.building.check():  # engines still building: wait on, as systemd does
+                deadline = max(deadline, time.monotonic() + EXTEND_S)
 
     def _spawn(self) -> None:
         (self.directory / "ready.json").unlink(missing_ok=True)
+        self.building.reset()
         self.addresses = {}
         self._index_key = None  # a new process: its index is read at its first poll
         self._ready.clear()

@@ -7,6 +7,7 @@ both version 1 served in place.
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -41,7 +42,9 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
     from agent.inference.loader import model_cache_dir
     from agent.inference.options import thread_plan
     from agent.inference.providers import choose_providers
+    from agent.inference.runtimes import installed_versions
     from agent.kernel.fsroot import Root
+    from agent.serving.building import BUILDING_FILE, write_building
     from agent.serving.server import ServerSettings
     from agent.serving.server import serve as run_server
     from agent.serving.threads import read_sched_file
@@ -65,5 +68,9 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
         tls_cert=s.tls.cert if s.tls else None, tls_key=s.tls.key if s.tls else None,
         tls_client_ca=s.tls.client_ca if s.tls else None,
         sched_file=sched_file, ready_file=ready_file, metrics=s.metrics,
-        shm_prefix=s.shm_prefix)
+        shm_prefix=s.shm_prefix, topology=topology, state_dir=state_dir,
+        available=ort.get_available_providers(),
+        versions=installed_versions(ort.__version__),
+        building=functools.partial(write_building, ready_file.with_name(BUILDING_FILE))
+        if ready_file is not None else None)
     return run_server(settings)

@@ -2,7 +2,12 @@
 
 Hot-plug retargets it from the main thread while fleet commands switch and roll it back from
 the controller's worker: one reentrant lock makes each operation whole (a switch's rollback
-and verify run inside it)."""
+and verify run inside it).
+
+The service applies and rolls back runtime settings only: the unit's ProtectSystem=full makes
+/etc and /boot read-only to it, so a profile's persistent settings (kernel arguments,
+irqbalance's config, systemd drop-ins) are logged as pending, for ``sudo edge-agent profile
+apply`` to write."""
 
 from __future__ import annotations
 
@@ -15,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from agent.discovery.model import Topology
 from agent.kernel.fsroot import Root
+from agent.kernel.pm_qos import DMA_LATENCY, LatencyHold
 from agent.kernel.sched import ThreadSched
-from agent.tuning.engine import Engine, TuningError
+from agent.tuning.engine import ApplyResult, Engine, TuningError
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal
 from agent.tuning.placement import Placement
@@ -46,6 +52,8 @@ class Tuning:
         self.verified_at: float | None = None
         self._thp: ThpDynamicController | None = None
         self._thp_stop = threading.Event()
+        self._hold: LatencyHold | None = None  # cpuidle.dma_latency_us, while applied
+        self.hold_warning: str | None = None
         self._lock = threading.RLock()
         # told the inference threads' scheduling after each switch and rollback (the data
         # plane's supervisor), so no thread keeps an old profile's policy or CPUs
@@ -70,9 +78,10 @@ class Tuning:
             self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
                 plan.runtime
             if self.apply_wanted:
-                self.engine.apply(self.requested)
+                self._pending(self.engine.apply(self.requested))
                 self.applied = True
                 self.on_event("tuning_applied", profile=plan.profile, changes=len(plan.changes))
+                self._hold_latency()
                 self.verify()
                 self._start_thp_controller()
         except (ProfileError, TuningError, OSError) as error:
@@ -85,10 +94,11 @@ class Tuning:
         with self._lock:
             self._stop_thp_controller()
             plan = self.engine.plan(name, force=force)
-            self.engine.apply(name, force=force)
+            self._pending(self.engine.apply(name, force=force))
             self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
                 plan.runtime
             self.applied, self.error = True, None
+            self._hold_latency()
             self._sched_changed()
             self.on_event("tuning_applied", profile=plan.profile, changes=len(plan.changes))
             self.verify()
@@ -119,13 +129,48 @@ class Tuning:
         """Every original value back; returns the profile that was rolled back."""
         with self._lock:
             self._stop_thp_controller()
-            profile, _notes = self.engine.rollback()
+            profile, notes = self.engine.rollback()
+            for note in notes:
+                logger.info("tuning: %s", note)
+            self._release_latency()
             # nothing is applied or planned any more: telemetry and birth must not name it
             self.applied, self.drift, self.verified_at = False, None, None
             self.profile, self.changes, self.runtime = None, 0, {}
             self._sched_changed()
             self.on_event("tuning_rolled_back", profile=profile)
             return profile
+
+    @staticmethod
+    def _pending(result: ApplyResult) -> None:
+        """Persistent settings the service does not write: said once per apply."""
+        if result.pending:
+            logger.warning("tuning: %d persistent setting(s) of %s pending (%s): the service "
+                           "does not write /etc or /boot (ProtectSystem=full); run `sudo "
+                           "edge-agent profile apply %s`", len(result.pending),
+                           result.plan.profile, ", ".join(c.path for c in result.pending),
+                           result.plan.profile)
+
+    def _hold_latency(self) -> None:
+        """Hold /dev/cpu_dma_latency for the applied profile's ``cpuidle.dma_latency_us``
+        (a new hold before the old one goes, so a switch leaves no gap); none if it asks for
+        none.  A missing or refused device is a warning: the rest of the profile stands."""
+        wanted = self.runtime.get("dma_latency_us")
+        old, self._hold, self.hold_warning = self._hold, None, None
+        if wanted is not None:
+            try:
+                self._hold = LatencyHold(self.engine.root, int(wanted))
+            except OSError as error:
+                self.hold_warning = (f"cpuidle.dma_latency_us: {DMA_LATENCY} cannot be held "
+                                     f"({error.strerror or error}); idle states are not "
+                                     "bounded system-wide")
+                logger.warning("tuning: %s", self.hold_warning)
+        if old is not None:
+            old.release()
+
+    def _release_latency(self) -> None:
+        if self._hold is not None:
+            self._hold.release()
+        self._hold, self.hold_warning = None, None
 
     def _sched_changed(self) -> None:
         if self.on_sched is not None:
@@ -165,6 +210,7 @@ class Tuning:
     def stop(self, ending: Ending) -> None:
         with self._lock:
             self._stop_thp_controller()
+            self._release_latency()  # the process ends: the kernel would drop it anyway
             if self.applied and ending.rollback:
                 try:
                     self.rollback()
@@ -178,4 +224,4 @@ class Tuning:
         return {"profile": self.profile, "applied": self.applied, "planned_changes":
                 self.changes, "drift": self.drift, "last_verify_ms": None if
                 self.verified_at is None else int(self.verified_at * 1000),
-                "error": self.error}
+                "error": self.error, "dma_latency_us": self._hold.us if self._hold else None}

@@ -9,7 +9,8 @@ share metrics.
 Per version (labels ``model``, ``version``): latency and queue-time histograms in seconds
 (from ``edge_agent.window`` and ``edge_agent.queue.window``), Triton's counters under
 ``edge_agent_inference_*`` and ``edge_agent_model_ready``; per instance (``model_instance``:
-Prometheus keeps ``instance`` for the scraped target) the same two histograms.  An entry that
+Prometheus keeps ``instance`` for the scraped target, plus the instance's ``device``,
+``backend`` and ``precision``) the same two histograms.  An entry that
 cannot be read is logged and left out; the rest of the scrape goes on.
 """
 
@@ -37,6 +38,7 @@ BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
              0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BOUNDS_NS = tuple(round(b * 1e9) for b in BUCKETS_S)
 _LABELS = ["model", "version"]
+_INSTANCE_LABELS = ["model_instance", "device", "backend", "precision"]
 # (metric name without _total, help, how to read it from a statistics entry)
 _COUNTERS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], int]], ...] = (
     ("edge_agent_inference_request_success", "Successful inference requests",
@@ -72,7 +74,7 @@ class _Families:
     """The families of one scrape, filled entry by entry."""
 
     def __init__(self) -> None:
-        instance = [*_LABELS, "model_instance"]
+        instance = [*_LABELS, *_INSTANCE_LABELS]
         self.latency = HistogramMetricFamily(
             "edge_agent_request_duration_seconds",
             "Latency of successful inference requests", labels=_LABELS)
@@ -99,17 +101,19 @@ class _Families:
         latency = Window.from_dict(ours["window"])
         queue = Window.from_dict(ours["queue"]["window"])
         counts = [float(read(entry)) for _, _, read in _COUNTERS]
-        instances = [(str(i["index"]), Window.from_dict(i["window"]),
-                      Window.from_dict(i["queue"])) for i in ours["instances"]]
+        instances = [([str(i["index"]), *(str(i.get(key) or "") for key in
+                                          _INSTANCE_LABELS[1:])],
+                      Window.from_dict(i["window"]), Window.from_dict(i["queue"]))
+                     for i in ours["instances"]]
         self.latency.add_metric(labels, histogram_buckets(latency), latency.sum_ns / 1e9)
         self.queue.add_metric(labels, histogram_buckets(queue), queue.sum_ns / 1e9)
         for counter, count in zip(self.counters, counts, strict=True):
             counter.add_metric(labels, count)
         self.ready.add_metric(labels, float(ready))
-        for name, window, waited in instances:
+        for named, window, waited in instances:
             for family, found in ((self.instance_latency, window),
                                   (self.instance_queue, waited)):
-                family.add_metric([*labels, name], histogram_buckets(found),
+                family.add_metric([*labels, *named], histogram_buckets(found),
                                   found.sum_ns / 1e9)
 
     def all(self) -> Iterator[Metric]:

@@ -10,6 +10,7 @@ and the probe take no lock of the registry's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -29,7 +30,7 @@ from agent.serving.core import (
 from agent.serving.errors import ServeError, invalid, not_found, unavailable
 from agent.serving.pending import Retired
 from agent.serving.probe import Prober
-from agent.serving.repository import ModelEntry, scan, scan_model, valid_name
+from agent.serving.repository import CONFIG_FILE, ModelEntry, scan, scan_model, valid_name
 from agent.serving.state import Served, Slot, config_view, index_rows
 from agent.serving.versions import SessionFactory, Version, build, file_sha256, version_key
 
@@ -47,11 +48,13 @@ class ModelRegistry:
                  canary_p99_floor_ms: float = 1.0,
                  pins: Mapping[str, str] | None = None,
                  intra_op_threads: int | None = None,
-                 worker_start: Callable[[], None] | None = None) -> None:
+                 worker_start: Callable[[], None] | None = None,
+                 device_problem: Callable[[str], str | None] | None = None) -> None:
         """``clock``/``sleep`` pace a canary (tests inject their own); ``sleep`` defaults to
         a wait that ``stop`` cuts short.  ``intra_op_threads`` is shared out among a
         version's instances (versions.build); ``worker_start`` runs on every worker thread
-        as it starts."""
+        as it starts; ``device_problem`` says why an instance's device is not on this board
+        (devices.device_problem over the discovered topology; None: every device goes)."""
         bad = [name for name in builtins if not valid_name(name)]
         if bad:
             raise ValueError(f"built-in model names {bad} are not valid model names")
@@ -60,6 +63,7 @@ class ModelRegistry:
         self.pins = dict(pins or {})  # a built-in's pinned sha256
         self.factory = factory
         self._intra_op_threads = intra_op_threads
+        self._device_problem = device_problem
         self._worker_start = worker_start
         self._stopping = threading.Event()
         self._clock = clock
@@ -127,6 +131,8 @@ class ModelRegistry:
     def _load(self, slot: Slot, entry: ModelEntry, limits: canaries.CanaryLimits | None) -> None:
         """Build what the policy wants that does not serve yet, then swap (or canary)."""
         name = slot.name
+        if not entry.error:
+            entry = self._check_devices(entry)
         if entry.error:
             slot.failed, slot.loading = {0: entry.error}, ()
             if slot.served is None:
@@ -164,6 +170,19 @@ class ModelRegistry:
         slot.failed, slot.reason = {}, ""
         logger.info("model %s serves versions %s (built %s)", name, sorted(versions),
                     to_build or "none")
+
+    def _check_devices(self, entry: ModelEntry) -> ModelEntry:
+        """The entry, or it with an error naming the file, the key and the devices this
+        board has when an instance names one discovery did not find."""
+        if self._device_problem is None:
+            return entry
+        for index, instance in enumerate(entry.settings.instances):
+            problem = self._device_problem(instance.device)
+            if problem:
+                file = self.repository / entry.name / CONFIG_FILE
+                return dataclasses.replace(
+                    entry, error=f"{file}: instances[{index}].device: {problem}")
+        return entry
 
     @staticmethod
     def _replace(slot: Slot, served: Served | None, *also: Served | None) -> None:

@@ -1,7 +1,8 @@
 """The model repository on disk, in Triton's layout, and the built-in entries beside it.
 
-``<repository>/<model>/<version>/model.onnx`` with ``version`` a positive integer directory
-name, and an optional ``<repository>/<model>/config.yaml`` (``settings``).  A built-in entry
+``<repository>/<model>/<version>/model.onnx`` (and/or ``model.rknn`` for Rockchip NPU
+instances) with ``version`` a positive integer directory name, and an optional
+``<repository>/<model>/config.yaml`` (``settings``).  A built-in entry
 (the bundled demo model, a configured model file) is served in place as version 1; a
 repository directory of the same name may add versions 2, 3, ... and a config.yaml.
 
@@ -20,6 +21,7 @@ from agent.serving.settings import ModelSettings, ModelSettingsError, read_setti
 
 MODEL_NAME = re.compile(r"^(?!\.)[A-Za-z0-9_.-]{1,64}$")
 MODEL_FILE = "model.onnx"
+RKNN_FILE = "model.rknn"  # a Rockchip NPU's build of it (converted from the model.onnx beside)
 CONFIG_FILE = "config.yaml"
 BUILTIN_VERSION = 1
 
@@ -91,7 +93,7 @@ def scan_model(repository: Path, builtins: Mapping[str, Path], name: str,
             **settings.sha256, BUILTIN_VERSION: (pins or {})[name]})
     if not problems and not versions:
         problems.append(f"{directory} holds no version directory with {MODEL_FILE} "
-                        "(<model>/<version>/model.onnx)")
+                        f"or {RKNN_FILE} (<model>/<version>/model.onnx)")
     if not problems and not settings.version_policy.select(list(versions)):
         problems.append(f"version_policy {settings.version_policy} selects none of the "
                         f"versions {', '.join(map(str, sorted(versions)))}")
@@ -109,9 +111,10 @@ def _version_files(directory: Path, skip: set[int]) -> dict[int, Path]:
             continue  # "01" is not version 1: two directories must not claim one version
         if int(name) < 1 or int(name) in skip:
             continue
-        model = child / MODEL_FILE
-        if model.is_file():
-            found[int(name)] = model
+        for file in (MODEL_FILE, RKNN_FILE):  # the ONNX model is the contract when both
+            if (child / file).is_file():
+                found[int(name)] = child / file
+                break
     return found
 
 

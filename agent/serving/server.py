@@ -21,15 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.inference.backends import Backend
+from agent.inference.backends.onnx import OnnxBackend
 from agent.inference.options import spinning_for
-from agent.inference.session import BuiltSession, build_session
+from agent.inference.session import Building, build_session
 from agent.kernel.process import keep_freed_buffers, release_freed_memory
 from agent.serving.access import Access, is_loopback
+from agent.serving.instances import Board
 from agent.serving.registry import ModelRegistry
 from agent.serving.shm import bounded_regions
 from agent.serving.threads import InferenceThreads, read_sched_file
 
 if TYPE_CHECKING:
+    from agent.discovery.model import Topology
+    from agent.inference.provider_options import RuntimeVersions
     from agent.serving.metrics import MetricsServer
 
 logger = logging.getLogger(__name__)
@@ -65,6 +70,13 @@ class ServerSettings:
     # order them, so this is well above what runs at once
     workers: int = 64
     probe_interval_s: float = 10.0
+    # the board as discovered: instances on devices other than ``auto`` need it, and it
+    # gives TensorRT/OpenVINO their options and caches (None: every instance on providers)
+    topology: Topology | None = None
+    versions: RuntimeVersions | None = None
+    state_dir: Path | None = None  # engine caches live under it
+    available: Sequence[str] = ()  # onnxruntime.get_available_providers()
+    building: Building | None = None  # a TensorRT build's "still going" (seconds so far)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -94,8 +106,8 @@ def _grpc_credentials(settings: ServerSettings) -> Any:
 
 
 def session_factory(settings: ServerSettings,
-                    pool: InferenceThreads) -> Callable[..., BuiltSession]:
-    """Sessions built like every other of this node (providers, threads, cache); ORT's
+                    pool: InferenceThreads) -> Callable[..., Backend]:
+    """Instances built like every other of this node (providers, threads, cache); ORT's
     intra-op workers join the inference threads.  They spin between a run's ops, not after
     it, where the front ends and the clients on this device need the cores
     (bench/serve.py: a MobileNetV3 run was 0.3-1.9 ms slower without the spin); under a
@@ -104,19 +116,49 @@ def session_factory(settings: ServerSettings,
     keeps sessions built before it (their spin still ends with each run).  Activations come
     from the C allocator, not ORT's arena: with the data plane's allocator policy they are
     reused as fast (bench/serve.py saw no difference at batch 1 or 8), and an idle data
-    plane gives a burst's batch-8 activations back where the arena would keep them."""
+    plane gives a burst's batch-8 activations back where the arena would keep them.
+
+    An instance's device picks its backend and providers (provider_options.plan_instance);
+    an ``auto`` instance without a discovered topology runs on ``settings.providers``."""
+
+    board = None if settings.topology is None else Board(
+        settings.topology, settings.available, settings.versions, settings.state_dir,
+        settings.providers)
 
     def factory(path: Path, *, sha256: str | None, providers: Sequence[str] | None,
-                threads: int | None) -> BuiltSession:
-        built = build_session(path, providers=list(providers or settings.providers),
-                              intra_op=threads or settings.threads[0],
+                threads: int | None, device: str = "auto",
+                precision: str = "fp32") -> Backend:
+        chosen: list[Any] = list(providers or settings.providers)
+        compiles = False
+        if board is not None:
+            plan = board.plan(path, sha256, providers, device, precision)
+            if plan.backend == "rknn":
+                return board.rknn(path, device, precision)
+            # options only where there are any: a CPU session is built as it always was
+            chosen = [(name, options) if options else name for name, options in plan.providers]
+            compiles, precision = plan.compiles, plan.precision
+        elif device != "auto":
+            raise ValueError(f"device {device}: this server was started without the "
+                             "board's topology, so only device auto is served")
+        built = build_session(path, providers=chosen, intra_op=threads or settings.threads[0],
                               inter_op=settings.threads[1], cache_dir=settings.cache_dir,
                               expected_sha256=sha256, allow_spinning=spinning_for(pool.wanted),
-                              stop_spinning_after_run=True, memory_arena=False)
+                              stop_spinning_after_run=True, memory_arena=False,
+                              building=settings.building if compiles else None)
         pool.adopt(built.worker_tids)
-        return built
+        return OnnxBackend(built, device, precision)
 
     return factory
+
+
+def _device_check(settings: ServerSettings) -> Callable[[str], str | None] | None:
+    """Instance devices are checked against the board discovery found, when it did."""
+    topology = settings.topology
+    if topology is None:
+        return None
+    from agent.inference.devices import device_problem
+
+    return lambda device: device_problem(device, topology)
 
 
 def write_ready(path: Path, addresses: dict[str, str]) -> None:
@@ -136,7 +178,8 @@ class DataPlane:
                                       probe_interval_s=settings.probe_interval_s,
                                       pins=settings.pins,
                                       intra_op_threads=settings.threads[0],
-                                      worker_start=self.threads.adopt_current)
+                                      worker_start=self.threads.adopt_current,
+                                      device_problem=_device_check(settings))
         everything = not (is_loopback(split_address(settings.http)[0])
                           and is_loopback(split_address(settings.grpc)[0]))
         self.access = Access(list(settings.token_files), everything=everything)

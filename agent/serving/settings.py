@@ -16,11 +16,10 @@ from typing import Any
 
 import yaml
 
+from agent.inference.devices import DEVICE, DEVICE_HELP
 from agent.validation import SettingsError, choice, integer, shown, text, validate
 
-PRECISIONS = ("fp32", "fp16", "int8")
-SERVED_PRECISIONS = ("fp32",)  # fp16/int8 need a build step (model build), not yet here
-DEVICE = re.compile(r"^(cpu|gpu:\d{1,2}|dla:\d{1,2}|npu:[0-2])$")
+PRECISIONS = ("fp32", "fp16", "int8")  # checked per instance device as it is built
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 BOOL = choice(True, False)
 
@@ -32,10 +31,11 @@ class ModelSettingsError(SettingsError):
 @dataclass(frozen=True)
 class Instance:
     """``count`` sessions of a version on ``device`` with ``threads`` intra-op threads
-    (None: the factory's thread plan)."""
+    (None: the factory's thread plan).  ``auto``: the discovered providers' order, as a
+    model without a config.yaml runs; ``cpu``: the CPU only (agent.inference.devices)."""
 
     count: int = 1
-    device: str = "cpu"
+    device: str = "auto"
     threads: int | None = None
 
 
@@ -99,7 +99,7 @@ SCHEMA: dict[str, Any] = {
     "max_batch_size": integer(0, 1 << 16),
     "version_policy": _checked_apart,
     "instances": ("list", {"count": integer(1, 64), "threads": integer(1, 1024),
-                           "device": text(DEVICE, "cpu, gpu:N, dla:N or npu:0..2")}),
+                           "device": text(DEVICE, DEVICE_HELP)}),
     "dynamic_batching": {
         "max_queue_delay_us": integer(0, 10_000_000),
         "preferred_batch_size": ("list", integer(1, 1 << 16)),
@@ -142,9 +142,6 @@ def parse_settings(data: Any, file: str) -> ModelSettings:
     if dynamic is not None:
         _check_batching(dynamic, batch, file)
     precision = data.get("precision", "fp32")
-    if precision not in SERVED_PRECISIONS:
-        raise ModelSettingsError(file, "precision", f"{precision} is not served yet "
-                                 "(fp32 only for now)")
     providers = data.get("providers")
     if providers is not None and not providers:
         raise ModelSettingsError(file, "providers", "an empty list: leave the key out for "

@@ -64,11 +64,14 @@ def index_rows(name: str, slot: Slot | None, entry: ModelEntry | None) -> list[I
     return rows
 
 
-def _instance_group(instance: Instance) -> InstanceGroup:
-    kind, _, index = instance.device.partition(":")
-    if kind == "cpu":
+def _instance_group(instance: Instance, ran_on: str) -> InstanceGroup:
+    """Triton's kinds; ``auto`` as what it resolved to (``ran_on``: its backend's device)."""
+    device = ran_on if instance.device == "auto" else instance.device
+    kind, _, index = device.partition(":")
+    if kind in ("cpu", "openvino"):
         return InstanceGroup("KIND_CPU", instance.count)
-    return InstanceGroup("KIND_GPU", instance.count, (int(index),) if kind == "gpu" else ())
+    gpus = (int(index),) if kind == "gpu" and index.isdigit() else ()
+    return InstanceGroup("KIND_GPU", instance.count, gpus)
 
 
 def _unbatched(specs: tuple[TensorSpec, ...], batched: bool) -> tuple[TensorSpec, ...]:
@@ -88,9 +91,9 @@ def config_view(name: str, served: Served) -> ModelConfigView:
     parameters["instances"] = "; ".join(
         f"{i.count} x {i.device}" + (f" ({i.threads} threads)" if i.threads else "")
         for i in settings.instances)
-    if any(i.device != "cpu" for i in settings.instances):
-        # The device is accepted and shown; sessions run on what the providers give.
-        parameters["devices"] = f"served on {', '.join(providers)}"
+    parameters["backends"] = "; ".join(
+        f"{backend.device}: {backend.kind} {backend.precision}"
+        for _, backend in version.instances)
     for number in sorted(served.versions):
         parameters[f"sha256.{number}"] = served.versions[number].digest
     if settings.dynamic_batching is not None:
@@ -102,7 +105,9 @@ def config_view(name: str, served: Served) -> ModelConfigView:
         max_batch_size=version.max_batch_size,
         inputs=_unbatched(version.inputs, batched),
         outputs=_unbatched(version.outputs, batched),
-        instance_groups=tuple(_instance_group(i) for i in settings.instances),
+        instance_groups=tuple(_instance_group(i, next(
+            (b.device for made, b in version.instances if made is i), "cpu"))
+            for i in settings.instances),
         version_policy=settings.version_policy.to_view(),
         parameters=parameters,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from agent.inference.backends import Backend
+from agent.inference.backends.onnx import as_backend
 from agent.inference.loop import all_finite
 from agent.inference.session import BuiltSession
 from agent.inference.stats import LatencyStats
@@ -35,14 +38,20 @@ from agent.serving.tensors import ORT_DATATYPES, check_inputs, ort_message
 # Triton's default for ONNX models whose every input has a dynamic first dimension
 # (its ONNX autocomplete); 0 (no batch dimension) otherwise.
 AUTO_MAX_BATCH_SIZE = 4
+RELEASE_WAIT_S = 60.0  # a dropped version's queued runs finish before its backends go
+# what each instance's statistics say of its backend: the status and Prometheus labels
+INSTANCE_KEYS = ("backend", "device", "precision")
+logger = logging.getLogger(__name__)
 
 
 class SessionFactory(Protocol):
-    """Builds one session of a model file: the server wires ``build_session`` with the
-    providers, thread plan and graph cache it chose; None means "your choice"."""
+    """Builds one instance of a model file on ``device`` in ``precision``: the server wires
+    the backends with the providers, thread plan and caches it chose; None means "your
+    choice".  A BuiltSession it returns is served by the ONNX Runtime backend."""
 
     def __call__(self, path: Path, *, sha256: str | None, providers: Sequence[str] | None,
-                 threads: int | None) -> BuiltSession: ...
+                 threads: int | None, device: str,
+                 precision: str) -> BuiltSession | Backend: ...
 
 
 def file_sha256(path: Path) -> str:
@@ -76,7 +85,8 @@ def max_batch_size(settings: ModelSettings, inputs: Sequence[TensorSpec]) -> int
 def version_key(path: Path, digest: str, settings: ModelSettings) -> object:
     """What makes a loaded version "unchanged" for a later load: the same file and the same
     settings its sessions were built with."""
-    return (path, digest, settings.instances, settings.providers, settings.max_batch_size)
+    return (path, digest, settings.instances, settings.providers, settings.max_batch_size,
+            settings.precision)
 
 
 def synthetic(specs: Sequence[TensorSpec]) -> tuple[Tensor, ...]:
@@ -102,13 +112,14 @@ class Version:
     """
 
     def __init__(self, model: str, number: int, path: Path, digest: str,
-                 instances: Sequence[tuple[Instance, BuiltSession]],
+                 instances: Sequence[tuple[Instance, Backend]],
                  settings: ModelSettings,
                  worker_start: Callable[[], None] | None = None) -> None:
-        """``instances``: each session with the instance (config.yaml) it was built for."""
+        """``instances``: each backend with the instance (config.yaml) it was built for;
+        one queue feeds them all, whatever device each runs on."""
         self.model, self.number, self.path, self.digest = model, number, path, digest
         self.instances = tuple(instances)
-        self.sessions = tuple(built.session for _, built in self.instances)
+        self.sessions = tuple(backend for _, backend in self.instances)
         first = self.sessions[0]
         self.inputs = _specs(first.get_inputs())
         self.outputs = _specs(first.get_outputs())
@@ -197,8 +208,20 @@ class Version:
         return batch
 
     def close(self) -> None:
-        """Stop taking requests; the queued ones are still served, then the workers exit."""
+        """Stop taking requests; the queued ones are still served, then the workers exit
+        and the backends are released (an NPU context is not freed under a run)."""
         self.scheduler.close()
+        threading.Thread(target=self._release, name=f"release-{self.model}",
+                         daemon=True).start()
+
+    def _release(self) -> None:
+        self.scheduler.join(RELEASE_WAIT_S)
+        for backend in self.sessions:
+            try:
+                backend.close()
+            except Exception as error:  # one backend's release must not keep the others
+                logger.warning("%s: releasing %s failed: %s", self.label, backend.device,
+                               error)
 
     @property
     def closed(self) -> bool:
@@ -218,8 +241,12 @@ class Version:
             "window": self.stats.window().to_dict(),  # the control plane's guards compare it
             "stuck": self.stuck(),
             "providers": list(self.instances[0][1].providers),
-            "threads": [built.intra_op for _, built in self.instances],
-            "instances": self.counters.instances(),
+            "threads": [backend.intra_op for _, backend in self.instances],
+            "instances": [figures | {key: described.get(key) for key in INSTANCE_KEYS}
+                          for figures, described in zip(
+                              self.counters.instances(),
+                              (backend.describe() for backend in self.sessions),
+                              strict=True)],
             "queue": {"depth": queue.depth, "max_size": self.policy.max_queue,
                       "full": queue.refused, "expired": queue.expired,
                       "wait_ms": self.counters.queue_snapshot()["latency_ms"],
@@ -252,11 +279,15 @@ def build(model: str, number: int, path: Path, settings: ModelSettings,
     try:
         for instance in settings.instances:
             for _ in range(instance.count):
-                session = factory(path, sha256=pin, providers=settings.providers,
-                                  threads=instance.threads or share)
-                built.append((instance, session))
+                made = factory(path, sha256=pin, providers=settings.providers,
+                               threads=instance.threads or share, device=instance.device,
+                               precision=settings.precision)
+                built.append((instance, as_backend(made, instance.device,
+                                                   settings.precision)))
         version = Version(model, number, path, digest, built, settings, worker_start)
     except Exception as error:  # a file ORT refuses, a provider it lacks, a bad batch size
+        for _, backend in built:
+            backend.close()
         raise invalid(f"{label}: {error}") from None
     reason = version.probe()
     if reason:

@@ -8,6 +8,13 @@ Switching profiles is transactional: the new profile is loaded, validated and pl
 against the original values before anything is written, and the new journal (holding every
 original, old and new) is durable before the first write.  A write that fails midway undoes
 what was written, so no half-applied state remains.
+
+Settings that survive a reboot (``Change.persistent``: kernel arguments in the boot config,
+irqbalance's config, systemd drop-ins) keep their originals in a second, persistent journal
+that the boot-id rule never discards.  They are written only by an engine made with
+``persistent=True``: the CLI run as root (``sudo edge-agent profile apply``).  The service
+runs with ProtectSystem=full (/etc and /boot read-only), so its engine applies and rolls back
+the runtime changes only and reports the persistent ones as pending.
 """
 
 from __future__ import annotations
@@ -19,22 +26,27 @@ from functools import partial, update_wrapper
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from agent.discovery.model import Topology
+from agent.kernel import irqs
 from agent.kernel import sched as rt
 from agent.kernel.fsroot import Root
 from agent.tuning import coowners
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal, JournalState, current_boot_id
+from agent.tuning.kinds import KINDS, follow_ups
 from agent.tuning.placement import Placement, detect
 from agent.tuning.plan import Change, Plan, PlanContext, matches, read_normalised
 from agent.tuning.profiles import ProfileStore
 from agent.tuning.tuners import (
     block,
     cgroup,
+    cmdline,
     cpuidle,
     dvfs,
     io_uring,
+    irqbalance,
     jetson,
     jetson_clocks,
+    memlock,
     pcie,
     rknpu,
     sysctl,
@@ -52,7 +64,10 @@ TUNERS: tuple[tuple[str, Planner], ...] = (
     ("io_uring", io_uring.plan), ("rt", rt_tuner.plan),
     ("block", block.plan), ("nvme", block.plan_nvme), ("cpuidle", cpuidle.plan),
     ("dvfs", dvfs.plan), ("jetson_clocks", jetson_clocks.plan), ("pcie", pcie.plan),
-    ("rknpu", rknpu.plan))
+    ("rknpu", rknpu.plan), ("cmdline", cmdline.plan), ("irqbalance", irqbalance.plan),
+    ("io_uring", memlock.plan))
+PENDING = "pending: the service does not write persistent settings (ProtectSystem=full); " \
+    "`sudo edge-agent profile apply {profile}` does"
 
 
 _P = ParamSpec("_P")
@@ -82,11 +97,13 @@ class ApplyResult:
     written: list[Change] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # "path: reason"
     notes: list[str] = field(default_factory=list)
+    pending: list[Change] = field(default_factory=list)  # persistent, left to the CLI
 
 
 def _managed_irq(change: Change, error: OSError) -> bool:
-    """Managed (multi-queue) IRQs refuse affinity writes with EIO: reported, not fatal."""
-    return error.errno == errno.EIO and change.path.startswith("/proc/irq/")
+    """EIO from an IRQ's affinity file: a managed IRQ (the plan already skipped per-CPU ones),
+    reported, not fatal.  EIO anywhere else, /proc/irq/default_smp_affinity included, is."""
+    return error.errno == errno.EIO and irqs.affinity_irq(change.path) is not None
 
 
 def _refused_affinity(change: Change, error: OSError | rt.RtError) -> str | None:
@@ -111,10 +128,14 @@ def _stale_journal(root: Root, journal: Journal, notes: list[str]) -> JournalSta
 
 class Engine:
     def __init__(self, root: Root, topology: Topology, journal: Journal,
-                 store: ProfileStore | None = None, placement: Placement | None = None) -> None:
+                 store: ProfileStore | None = None, placement: Placement | None = None,
+                 persistent: bool = False, lasting: Journal | None = None) -> None:
         self.root = root
         self.topology = topology
         self.journal = journal
+        # whether this engine writes persistent settings (the CLI as root, not the service)
+        self.persistent = persistent
+        self.lasting = lasting or Journal.persistent(journal.dir)
         self.store = store or ProfileStore(root)
         # where the data plane runs: the cgroup tuner's limits go there (units or files)
         self.placement = placement or detect(root, topology)
@@ -137,6 +158,7 @@ class Engine:
         for section, planner in self.planners():
             if section in profile.settings:
                 planner(profile.settings[section], ctx)
+        irqbalance.warn_unbanned(profile.settings, ctx)
         if "dvfs" in profile.settings.get("overlay", {}):
             ctx.warnings.append(f"overlay.dvfs: {profile.settings['overlay']['dvfs']} is a "
                                 "device-tree overlay, installed only on request")
@@ -154,19 +176,36 @@ class Engine:
         notes: list[str] = []
         old = _stale_journal(self.root, self.journal, notes)
         originals = {c.path: c for c in old.changes} if old else {}
-        plan = self.plan(name, force, {p: c.current for p, c in originals.items()})
-        entries = self._journal_entries(plan, originals)
-        result = ApplyResult(plan=plan, notes=notes)
+        kept = self.lasting.load() if self.persistent else None  # never stale: no boot-id rule
+        lasting = {c.path: c for c in kept.changes} if kept else {}
+        plan = self.plan(name, force, {p: c.current for p, c in {**originals, **lasting}.items()})
+        entries = self._journal_entries([c for c in plan.changes if not c.persistent],
+                                        originals)
+        held = [c for c in plan.changes if c.persistent]
+        lasting_entries = self._journal_entries(held, lasting) if self.persistent else []
+        result = ApplyResult(plan=plan, notes=notes, pending=[] if self.persistent else held)
+        result.notes += [f"{c.path}: {PENDING.format(profile=plan.profile)}"
+                         for c in result.pending]
         if any(c.tuner == "cgroup" and c.compare != "unit" for c in entries):
             try:  # the data plane's leaf and its controllers: neutral, needed for the writes
                 self.placement.prepare()
             except OSError as error:
                 raise TuningError(f"applying {plan.profile}: the data plane's cgroup cannot "
                                   f"be prepared: {error}; nothing was written") from None
-        state = JournalState(profile=plan.profile, boot_id=current_boot_id(self.root),
+        boot_id = current_boot_id(self.root)
+        state = JournalState(profile=plan.profile, boot_id=boot_id,
                              root=str(self.root.base), changes=entries, runtime=plan.runtime)
         self.journal.save(state)  # every original is durable before the first write
-        for index, change in enumerate(entries):
+        if lasting_entries:
+            self.lasting.save(JournalState(profile=plan.profile, boot_id=boot_id,
+                                           root=str(self.root.base), changes=lasting_entries,
+                                           status="applied"))
+        # the old profile's leftovers first, then the plan in its own order (an nvpmodel mode
+        # before the clocks it rewrites); rollback restores the runtime journal first
+        planned = {id(c) for c in plan.changes}
+        every = [c for c in [*entries, *lasting_entries] if id(c) not in planned] + [
+            c for c in plan.changes if self.persistent or not c.persistent]
+        for index, change in enumerate(every):
             try:
                 self._write(change, change.write_value)
             except ProcessLookupError:  # a thread the plan named has exited since
@@ -174,14 +213,13 @@ class Engine:
                 continue
             except (OSError, rt.RtError) as error:
                 if isinstance(error, OSError) and _managed_irq(change, error):
-                    result.skipped.append(f"{change.path}: managed IRQ, the kernel refuses "
-                                          "affinity changes (EIO)")
+                    result.skipped.append(f"{change.path}: {irqs.MANAGED}")
                     continue
                 refused = _refused_affinity(change, error)
                 if refused is not None:
                     result.skipped.append(f"{change.path}: {refused}")
                     continue
-                self._undo(entries[:index])
+                self._undo_apply(every[:index], every[index:])
                 raise TuningError(f"applying {plan.profile} failed at {change.path} "
                                   f"({change.key}): {error}; every earlier write was rolled "
                                   "back") from None
@@ -189,19 +227,23 @@ class Engine:
         state.status = "applied"
         state.runtime = {**plan.runtime, "skipped": [s.split(":")[0] for s in result.skipped]}
         self.journal.save(state, durable=False)  # "applying" would roll back just as well
+        if lasting_entries and not held:  # only restores of the old profile's settings
+            self.lasting.clear()
+        result.notes += follow_ups(self.root, [c.path for c in lasting_entries])
         return result
 
     @staticmethod
-    def _journal_entries(plan: Plan, originals: dict[str, Change]) -> list[Change]:
+    def _journal_entries(changes: list[Change], originals: dict[str, Change]) -> list[Change]:
         """New changes carry the true originals; paths only the old profile touched are
         restored as part of the switch (first, in reverse of their old order)."""
-        planned = {c.path for c in plan.changes}
+        planned = {c.path for c in changes}
         entries = [Change(tuner=c.tuner, path=c.path, current=c.current, desired=c.current or "",
                           key=c.key, compare=c.compare, write=c.restore, restore=c.restore,
-                          note="restored: the new profile leaves it alone", resets=c.resets)
+                          note="restored: the new profile leaves it alone",
+                          persistent=c.persistent, resets=c.resets)
                    for c in Engine._restore_order(list(originals.values()))
                    if c.path not in planned]
-        for change in plan.changes:
+        for change in changes:
             old = originals.get(change.path)
             if old is not None:
                 change.current, change.restore = old.current, old.restore
@@ -215,6 +257,8 @@ class Engine:
             rt.apply_thread_sched(rt.tid_of(change.path), rt.parse_sched(value))
         elif change.compare == "unit":
             self._units().set_runtime(*cgroup.split_unit_path(change.path), value)
+        elif change.compare in KINDS:
+            KINDS[change.compare].write(self.root, change.path, value)
         else:
             self.root.write_text(change.path, value)
 
@@ -231,28 +275,49 @@ class Engine:
                     order.insert(order.index(change) + 1, dependent)
         return order
 
-    def _undo(self, written: list[Change]) -> list[str]:
-        failures = []
+    def _restore(self, written: list[Change]) -> dict[str, str]:
+        """Every original back, in reverse (but see _restore_order); path -> error for those
+        that failed."""
+        failures = {}
         for change in self._restore_order(written):
             try:
                 self._write(change, change.restore_value)
             except ProcessLookupError:
                 continue  # the thread is gone: nothing is left to restore
             except (OSError, rt.RtError) as error:
-                failures.append(f"{change.path}: {error}")
-        if not failures:
-            self.journal.clear()
+                if isinstance(error, OSError) and _managed_irq(change, error):
+                    continue  # the kernel never let it change (an apply cut short before
+                    # it journaled the skip): the original still stands
+                failures[change.path] = f"{change.path}: {error}"
         return failures
+
+    def _undo_apply(self, written: list[Change], unwritten: list[Change]) -> None:
+        """A failed apply: the runtime journal goes once all is restored (as before); the
+        persistent one keeps every original that may still be needed (a setting not
+        restored, or one not reached, which may hold the old profile's value)."""
+        failures = self._restore(written)
+        if not any(not c.persistent for c in written if c.path in failures):
+            self.journal.clear()
+        left = [c for c in [*written, *unwritten] if c.persistent and
+                (c.path in failures or c in unwritten)]
+        state = self.lasting.load() if any(c.persistent for c in written) or left else None
+        if state is not None and left:
+            state.changes = left
+            self.lasting.save(state)
+        elif state is not None:
+            self.lasting.clear()
+        follow_ups(self.root, [c.path for c in written if c.persistent])
 
     @_links_read_once
     def verify(self) -> list[tuple[Change, str | None]]:
         """Every journaled path that no longer holds its desired value, with what it holds."""
         state = self.journal.load()
-        if state is None:
+        kept = self.lasting.load()
+        if state is None and kept is None:
             return []
-        skipped = set(state.runtime.get("skipped", []))
+        skipped = set(state.runtime.get("skipped", [])) if state else set()
         drift = []
-        for change in state.changes:
+        for change in [*(state.changes if state else []), *(kept.changes if kept else [])]:
             if change.path in skipped:
                 continue
             try:
@@ -279,14 +344,33 @@ class Engine:
 
     @_links_read_once
     def rollback(self) -> tuple[str | None, list[str]]:
-        """Restore every original in reverse order; returns (profile, notes)."""
+        """Restore every original in reverse order; returns (profile, notes).  Persistent
+        settings too when this engine writes them; otherwise a note says they remain."""
         notes: list[str] = []
         state = _stale_journal(self.root, self.journal, notes)
-        if state is None:
-            return None, notes or ["nothing to roll back"]
-        skipped = set(state.runtime.get("skipped", []))
-        failures = self._undo([c for c in state.changes if c.path not in skipped])
+        kept = self.lasting.load()
+        failures: list[str] = []
+        if state is not None:
+            skipped = set(state.runtime.get("skipped", []))
+            lost = self._restore([c for c in state.changes if c.path not in skipped])
+            failures += lost.values()
+            if not lost:
+                self.journal.clear()
+        if kept is not None and self.persistent:
+            lost = self._restore(kept.changes)
+            failures += lost.values()
+            notes += follow_ups(self.root, [c.path for c in kept.changes])
+            if not lost:
+                self.lasting.clear()
+        elif kept is not None:
+            notes.append(f"{self.lasting.path}: the persistent settings of {kept.profile} "
+                         f"({', '.join(c.path for c in kept.changes)}) stay: the service "
+                         "does not write them (ProtectSystem=full); `sudo edge-agent profile "
+                         "rollback` restores them")
         if failures:
             raise TuningError("rollback left these paths unrestored (journal kept, run "
                               "rollback again): " + "; ".join(failures))
-        return state.profile, notes
+        done = state or (kept if self.persistent else None)
+        if done is None:
+            return None, notes or ["nothing to roll back"]
+        return done.profile, notes

@@ -6,6 +6,10 @@ leaves either no journal and an untouched device, or a journal from which rollba
 every original.  The journal carries the boot id: sysfs is fresh after a reboot, so a
 journal from another boot is never replayed.  That is also why the directory is not fsync'd:
 only a power loss or kernel crash could lose the rename, and either one resets sysfs too.
+
+The persistent journal (``PERSISTENT_FILE``) holds the originals of settings that survive a
+reboot (boot config, files below /etc): it is never discarded for its boot id, and its
+directory is fsync'd, since a lost rename would lose an original the disk still differs from.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.kernel.fsroot import Root
+from agent.overlays.bootfs import fsync_dir
 from agent.tuning.plan import Change
 
 SCHEMA = "tuning-journal/1"
 FILE_NAME = "tuning-journal.json"
+PERSISTENT_FILE = "tuning-persistent.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 
@@ -47,9 +53,15 @@ class JournalState:
 class Journal:
     """Reads and atomically replaces the journal file in the state directory."""
 
-    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], name: str = FILE_NAME,
+                 sync_dir: bool = False) -> None:
         self.dir = Path(state_dir)
-        self.path = self.dir / FILE_NAME
+        self.path = self.dir / name
+        self.sync_dir = sync_dir  # the rename made durable too (the persistent journal)
+
+    @classmethod
+    def persistent(cls, state_dir: str | os.PathLike[str]) -> Journal:
+        return cls(state_dir, PERSISTENT_FILE, sync_dir=True)
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -81,6 +93,11 @@ class Journal:
             if durable:
                 os.fsync(handle.fileno())
         os.replace(temporary, self.path)
+        if durable and self.sync_dir:
+            fsync_dir(self.dir)
 
     def clear(self) -> None:
-        self.path.unlink(missing_ok=True)
+        if self.path.exists():
+            self.path.unlink(missing_ok=True)
+            if self.sync_dir:
+                fsync_dir(self.dir)

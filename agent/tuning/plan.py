@@ -10,13 +10,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent.discovery.model import Topology
-from agent.kernel import parsers
+from agent.kernel import irqs, parsers
 from agent.kernel import sched as rt
 from agent.kernel.fsroot import Root
 from agent.tuning.errors import ProfileError
+from agent.tuning.kinds import KINDS
 from agent.tuning.profiles import Profile
 
-COMPARISONS = ("value", "selection", "cpulist", "controllers", "sched", "unit")
+# and every key of agent.tuning.kinds.KINDS (boot-config arguments, config files)
+COMPARISONS = ("value", "selection", "cpulist", "cpumask", "controllers", "sched", "unit")
 
 
 @dataclass
@@ -30,7 +32,7 @@ class Change:
     write: str | None = None  # what to write when it differs from ``desired``
     restore: str | None = None  # what rollback writes when it differs from ``current``
     note: str | None = None
-    persistent: bool = False
+    persistent: bool = False  # survives a reboot: kept in the persistent journal
     # paths this write resets as a side effect (a scheduler switch resets nr_requests):
     # rollback restores them after this change, whatever their place in the journal
     resets: list[str] = field(default_factory=list)
@@ -55,7 +57,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"profile": self.profile, "changes": [
             {k: v for k, v in asdict(c).items() if k in ("tuner", "path", "current", "desired",
-                                                         "key", "note")}
+                                                         "key", "note", "persistent")}
             for c in self.changes], "warnings": self.warnings, "runtime": self.runtime,
             "cpus": {role: parsers.format_cpulist(cpus) for role, cpus in self.cpus.items()}}
 
@@ -63,7 +65,10 @@ class Plan:
 def read_normalised(root: Root, path: str, compare: str) -> str | None:
     """The value of a kernel file in the form verify compares; None when it is absent.
 
-    ``sched`` changes name a thread (/proc/PID/task/TID): its scheduling is the value."""
+    ``sched`` changes name a thread (/proc/PID/task/TID): its scheduling is the value; the
+    compares of ``KINDS`` read through their kind."""
+    if compare in KINDS:
+        return KINDS[compare].read(root, path)
     if compare == "sched":
         try:
             return rt.format_sched(rt.read_thread_sched(rt.tid_of(path)))
@@ -77,6 +82,8 @@ def read_normalised(root: Root, path: str, compare: str) -> str | None:
         return parsers.parse_selection(text)[0] if "[" in text else text
     if compare == "cpulist":
         return parsers.format_cpulist(parsers.parse_cpulist(text))
+    if compare == "cpumask":  # a hex mask file, compared as the CPU list it holds
+        return parsers.format_cpulist(irqs.parse_mask(text))
     return " ".join(text.split())
 
 

@@ -30,6 +30,10 @@ BLOCK_PATTERN = re.compile(r"^[A-Za-z0-9*?\[\]_-]+$")  # a device-name glob, nev
 IRQ_PATTERN = re.compile(r"^[A-Za-z0-9*?\[\]_.:-]+$")
 CGROUP_PATH = re.compile(r"^(?!(.*/)?\.\.?(/|$))[A-Za-z0-9_.@-]+(/[A-Za-z0-9_.@-]+)*$")
 PROFILE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+# kernel arguments (agent.tuning.tuners.cmdline documents each)
+CMDLINE_NAMES = ("isolcpus", "nohz_full", "rcu_nocbs", "irqaffinity", "nvme.poll_queues",
+                 "transparent_hugepage")
+UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.@-]{1,240}\.service$")
 
 
 def _frequency(value: Any) -> str | None:
@@ -67,6 +71,20 @@ def _size(value: Any) -> str | None:
 def _cpu_max(value: Any) -> str | None:
     ok = value == "max" or (isinstance(value, str) and re.fullmatch(r"(max|\d+) \d+", value))
     return None if ok else "max, or '<quota_us> <period_us>' such as '50000 100000'"
+
+
+def _cmdline(value: Any) -> str | None:
+    """A value that is one kernel-argument token: no spaces, quotes, $ or newlines."""
+    ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (
+        isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.,:+-]{1,200}", value))
+    return None if ok else ("a CPU selector (isolcpus may lead with flags: managed_irq,"
+                            "domain,cluster:big), a number, or a word such as madvise; no "
+                            "spaces, quotes or $")
+
+
+def _memlock(value: Any) -> str | None:
+    return None if value == "infinity" or (is_size(value) and "%" not in str(value)) else \
+        "bytes, a size with K/M/G, or infinity"
 
 
 def _string_list(value: Any) -> str | None:
@@ -132,6 +150,7 @@ SCHEMA: dict[str, Any] = {
     "rt": {"inference": RT_THREAD, "threads": ("list", THREAD_SELECTOR),
            "housekeeping_cpus": _housekeeping,
            "sched_rt_runtime_us": integer(-1, 1_000_000),
+           "default_irq_affinity": _cpus,
            "irq_affinity": ("map", text(IRQ_PATTERN, "an IRQ action-name pattern such as "
                                          "nvme*"), _cpus)},
     "block": ("map", text(BLOCK_PATTERN, "a device-name pattern such as nvme*"),
@@ -141,9 +160,6 @@ SCHEMA: dict[str, Any] = {
                # Documentation/ABI/stable/sysfs-block: -1 resets to the default, 0 disables
                "wbt_lat_usec": integer(-1), "nomerges": choice(0, 1, 2),
                "add_random": choice(0, 1), "max_sectors_kb": integer(4)}),
-    # /proc/sys/kernel/io_uring_disabled (0 all, 1 CAP_SYS_ADMIN or io_uring_group, 2 none)
-    # and io_uring_group (a gid; -1 none): Documentation/admin-guide/sysctl/kernel.rst
-    "io_uring": {"disabled": choice(0, 1, 2), "group": integer(-1, 2**31 - 1)},
     "nvme": {"default_ps_max_latency_us": integer(0)},
     "dvfs": {"cpu": ("map", _cpus, {"governor": GOVERNOR, "min_khz": _frequency,
                                     "max_khz": _frequency, "epp": choice(*EPP)}),
@@ -154,7 +170,8 @@ SCHEMA: dict[str, Any] = {
     # idle power-off delay
     "rknpu": {"power": choice("on", "off", True, False),  # YAML 1.1 reads a bare on as true
                "power_off_delay_ms": integer(0, 86_400_000)},
-    "cpuidle": {"disable_deeper_than_us": integer(0)},
+    "cpuidle": {"disable_deeper_than_us": integer(0, 2**31 - 2),
+                "dma_latency_us": integer(0, 2_000_000_000)},
     "nvpmodel": {"mode": _power_mode},
     "jetson_clocks": {"gpu": choice("max"), "railgate": _railgate, "emc": _emc_rate,
                       "fan": _fan_pwm},
@@ -164,6 +181,14 @@ SCHEMA: dict[str, Any] = {
                lambda v: None if isinstance(v, int) and not isinstance(v, bool)
                else "an integer"),
     "overlay": {"dvfs": text(PROFILE_NAME, "a dts-overlays/ entry name")},  # key required
+    "cmdline": ("map", choice(*CMDLINE_NAMES), _cmdline),
+    "irqbalance": {"banned_cpus": _cpus},
+    # /proc/sys/kernel/io_uring_disabled (0 all, 1 CAP_SYS_ADMIN or io_uring_group, 2 none)
+    # and io_uring_group (a gid; -1 none): Documentation/admin-guide/sysctl/kernel.rst
+    "io_uring": {"disabled": choice(0, 1, 2), "group": integer(-1, 2**31 - 1),
+                 "limit_memlock": {"units": ("list", text(UNIT_NAME, "a service unit name "
+                                                          "such as edge-agent.service")),
+                                   "value": _memlock}},
 }
 
 
@@ -175,4 +200,8 @@ def validate_profile(data: Any, file: str) -> dict[str, Any]:
     validate(data, SCHEMA, "", file, ProfileError)
     if "overlay" in data and "dvfs" not in data["overlay"]:
         raise ProfileError(file, "overlay", "expected overlay.dvfs, a dts-overlays/ entry name")
+    memlock = data.get("io_uring", {}).get("limit_memlock")
+    if memlock is not None and not {"units", "value"} <= set(memlock):
+        raise ProfileError(file, "io_uring.limit_memlock", "expected units (a list of service "
+                           "names) and value (bytes, a size with K/M/G, or infinity)")
     return data

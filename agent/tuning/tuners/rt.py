@@ -20,8 +20,10 @@ Safety rules, each from the kernel's documentation:
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Any
 
+from agent.kernel import irqs
 from agent.kernel import sched as rt
 from agent.kernel.parsers import format_cpulist
 from agent.tuning.plan import Change, PlanContext, read_normalised
@@ -124,24 +126,59 @@ def _plan_inference(ctx: PlanContext, section: dict[str, Any]) -> None:
 
 
 def _plan_irqs(ctx: PlanContext, section: dict[str, Any]) -> None:
+    """Each matching IRQ's smp_affinity_list; per-CPU IRQs are skipped (the kernel refuses to
+    move them), managed ones are found when applying (see agent.kernel.irqs)."""
     targets: set[int] = set()
+    rows = irqs.parse_rows(ctx.root.read_text("/proc/interrupts")) \
+        if section.get("irq_affinity") else {}
     for pattern, selector in section.get("irq_affinity", {}).items():
         key = f"rt.irq_affinity.{pattern}"
-        cpus = _cpus(ctx, key, selector)
-        rt_cpus = sorted(set(cpus) & set(ctx.cpus.get("inference", [])))
-        if rt_cpus and section.get("inference", {}).get("policy") in REALTIME:
-            ctx.warnings.append(f"{key}: {selector} puts device IRQs on the RT inference CPUs "
-                                f"{format_cpulist(rt_cpus)}; housekeeping keeps them apart")
-        irqs = rt.irqs_matching(ctx.root, pattern)
-        if not irqs:
+        cpus = _irq_cpus(ctx, section, key, selector)
+        matched = sorted(irq for irq, row in rows.items()
+                         if any(fnmatch.fnmatchcase(name, pattern) for name in row.actions))
+        if not matched:
             ctx.warnings.append(f"{key}: no IRQ action matches; nothing to do")
-        else:
+        for irq in matched:
+            per_cpu = irqs.per_cpu_reason(rows[irq])
+            if per_cpu is not None:
+                ctx.warnings.append(f"{key}: IRQ {irq} ({', '.join(rows[irq].actions)}) "
+                                    f"skipped: {per_cpu}")
+                continue
             targets.update(cpus)
-        for irq in irqs:
             ctx.want("rt", rt.irq_affinity_path(irq), ",".join(map(str, cpus)), key,
                      compare="cpulist")
     if targets:
         ctx.cpus["irqs"] = sorted(targets)
+
+
+def _irq_cpus(ctx: PlanContext, section: dict[str, Any], key: str, selector: str) -> list[int]:
+    """The CPUs of an IRQ setting, with a warning when they include RT inference CPUs."""
+    cpus = _cpus(ctx, key, selector)
+    rt_cpus = sorted(set(cpus) & set(ctx.cpus.get("inference", [])))
+    if rt_cpus and section.get("inference", {}).get("policy") in REALTIME:
+        ctx.warnings.append(f"{key}: {selector} puts device IRQs on the RT inference CPUs "
+                            f"{format_cpulist(rt_cpus)}; housekeeping keeps them apart")
+    return cpus
+
+
+def _plan_default_irq_affinity(ctx: PlanContext, section: dict[str, Any]) -> None:
+    """/proc/irq/default_smp_affinity, a hex mask: the CPUs of IRQs set up from now on
+    (Documentation/core-api/irq/irq-affinity.rst); IRQs that exist keep theirs.  The kernel
+    refuses a mask with no online CPU (EINVAL), so the plan does first."""
+    key = "rt.default_irq_affinity"
+    cpus = _irq_cpus(ctx, section, key, section["default_irq_affinity"])
+    online = sorted(set(cpus) & set(ctx.topology.cpu.online))
+    if not online:
+        raise ctx.error(key, f"{format_cpulist(cpus)} holds no online CPU (online: "
+                        f"{format_cpulist(ctx.topology.cpu.online)}); the kernel refuses a "
+                        "default IRQ mask without one")
+    try:  # rollback writes the mask back as it was (a switch keeps the first original)
+        original = ctx.root.read_text(irqs.DEFAULT_AFFINITY).strip()
+    except FileNotFoundError:
+        original = ""  # want() reports the missing file
+    ctx.want("rt", irqs.DEFAULT_AFFINITY, format_cpulist(cpus), key, compare="cpumask",
+             write=irqs.format_mask(cpus), restore=original,
+             note="IRQs set up from now on; existing IRQs keep their affinity")
 
 
 def plan(section: dict[str, Any], ctx: PlanContext) -> None:
@@ -162,3 +199,5 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
         else:
             ctx.want("rt", SCHED_RT_RUNTIME, str(value), "rt.sched_rt_runtime_us")
     _plan_irqs(ctx, section)
+    if "default_irq_affinity" in section:
+        _plan_default_irq_affinity(ctx, section)
