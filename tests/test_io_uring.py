@@ -238,8 +238,9 @@ def _pin_and_restore(tmp_path: Path, tid: int, kind: str, refusal: str) -> list[
 def test_io_wq_worker_refusing_affinity_is_reported_not_fatal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An io-wq worker is PF_NO_SETAFFINITY on older kernels: sched_setaffinity is EINVAL.
-    A thread of this test named like one stands in; the kernel's refusal is emulated."""
-    name = f"iou-wrk-{os.getpid()}"
+    A thread of this test named like one stands in (with another number, so a real worker
+    still idling from an earlier test is not matched); the kernel's refusal is emulated."""
+    name = "iou-wrk-4194304"  # above pid_max's limit: no real ring owner has it
     real = os.sched_setaffinity
 
     def no_setaffinity(pid: int, cpus: object) -> None:
