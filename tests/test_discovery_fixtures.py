@@ -125,8 +125,9 @@ def test_agx_orin_gpu_dla_thermal_rails_fans() -> None:
         ("VDDQ_VDD2_1V8AO", 5024, 120, 602.88, "ina3221", "1-0041")]
     assert sorted((f.name, f.pwm, f.rpm) for f in t.fans) == [
         ("generic_pwm_tachometer", None, 1980), ("pwmfan", 86, None)]
+    # mq-deadline sets nr_requests to twice the 64 MMC tags (blk_mq_init_sched)
     assert [(b.name, b.model, b.scheduler, b.nr_requests) for b in t.block] == [
-        ("mmcblk0", "DG4064", "mq-deadline", 64), ("nvme0n1", "Samsung SSD 980 PRO 1TB", "none",
+        ("mmcblk0", "DG4064", "mq-deadline", 128), ("nvme0n1", "Samsung SSD 980 PRO 1TB", "none",
                                                    1023)]
     assert (t.block[1].io_poll, t.block[1].io_poll_delay, t.block[1].rotational) == (0, -1, False)
     nvme = next(d for d in t.pci if d.driver == "nvme")

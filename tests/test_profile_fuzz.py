@@ -194,8 +194,12 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "policy": WORDS, "priority": [0, 50, 99, 100, -1],
     "sched_rt_runtime_us": [-1, 950000, 1000000, 1000001, -2],
     "housekeeping_cpus": CPUS,
-    "scheduler": WORDS, "nr_requests": [1, 4, 64, 1023, 0, -1], "read_ahead_kb": [0, 128, -1],
+    "scheduler": WORDS, "nr_requests": [1, 4, 64, 1023, 2048, 4096, "max", 0, -1],
+    "read_ahead_kb": [0, 128, -1],
     "io_poll": [0, 1, 2], "io_poll_delay": [-1, 0, -2], "rq_affinity": [0, 1, 2, 3],
+    "wbt_lat_usec": [-1, 0, 2000, -2], "nomerges": [0, 1, 2, 3], "add_random": [0, 1, 2],
+    "max_sectors_kb": [4, 512, 1280, 2048, 4096, 2],
+    "disabled": [0, 1, 2, 3, -1], "group": [-1, 0, 1001, -2, 2**31],  # io_uring.*
     "default_ps_max_latency_us": [0, 100, 5500, -1],
     "governor": [*WORDS, "performance|schedutil", "turbo|performance", "a|", "|b"],
     "epp": ["performance", "balance_power", "power", "default", "turbo", 0],

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tuning_helpers import REPO_PROFILES
+from tuning_helpers import REPO_PROFILES, named_thread
 
 from agent.discovery import discover
 from agent.kernel.fsroot import Root
@@ -78,23 +78,9 @@ def test_real_cgroup_created_used_and_removed(sleeper: subprocess.Popen[bytes]) 
 
 def test_profile_sets_and_restores_a_real_threads_scheduling(tmp_path: Path) -> None:
     """rt.threads on the real root: only a thread this test starts and names is touched."""
-    import threading
-
     from agent.kernel import sched as rt
 
     name = f"eatest-{uuid.uuid4().hex[:6]}"
-    ready, release = threading.Event(), threading.Event()
-    tids: list[int] = []
-
-    def worker() -> None:
-        tids.append(threading.get_native_id())
-        Path(f"/proc/self/task/{tids[0]}/comm").write_text(name)
-        ready.set()
-        release.wait(30)
-
-    thread = threading.Thread(target=worker, daemon=True)
-    thread.start()
-    ready.wait(10)
     last = max(os.sched_getaffinity(0))
     if last == 0:
         pytest.skip("a FIFO thread needs a CPU beside the housekeeping CPU 0")
@@ -104,21 +90,18 @@ def test_profile_sets_and_restores_a_real_threads_scheduling(tmp_path: Path) -> 
         f"rt: {{threads: [{{comm: '{name}', policy: fifo, priority: 10, cpus: 'cpus:{last}'}}]}}"
         "\n")
     root = Root("/")
-    engine = Engine(root, discover(root), Journal(tmp_path / "state"),
-                    ProfileStore(root, dirs=[profiles]))
-    original = rt.read_thread_sched(tids[0])
-    try:
+    with named_thread(name) as tid:
+        engine = Engine(root, discover(root), Journal(tmp_path / "state"),
+                        ProfileStore(root, dirs=[profiles]))
+        original = rt.read_thread_sched(tid)
         try:
             result = engine.apply("threads")
         except TuningError as error:  # only to skip where RT is not allowed here
             if "CAP_SYS_NICE" in str(error):
                 pytest.skip(f"SCHED_FIFO not allowed here: {error}")
             raise
-        assert [c.path for c in result.written] == [f"/proc/{os.getpid()}/task/{tids[0]}"]
-        assert rt.read_thread_sched(tids[0]) == rt.ThreadSched("fifo", 10, [last])
+        assert [c.path for c in result.written] == [f"/proc/{os.getpid()}/task/{tid}"]
+        assert rt.read_thread_sched(tid) == rt.ThreadSched("fifo", 10, [last])
         assert engine.verify() == []
         engine.rollback()
-        assert rt.read_thread_sched(tids[0]) == original
-    finally:
-        release.set()
-        thread.join()
+        assert rt.read_thread_sched(tid) == original

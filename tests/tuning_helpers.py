@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import shutil
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from agent.discovery import discover
@@ -43,3 +46,25 @@ def write_profile(directory: Path, name: str, text: str) -> Path:
     path = directory / f"{name}.yaml"
     path.write_text(text)
     return path
+
+
+@contextmanager
+def named_thread(name: str) -> Iterator[int]:
+    """A thread of the test process with ``comm`` set to ``name``; yields its native TID and
+    ends it afterwards."""
+    ready, release, tids = threading.Event(), threading.Event(), []
+
+    def worker() -> None:
+        tids.append(threading.get_native_id())
+        Path(f"/proc/self/task/{tids[0]}/comm").write_text(name)
+        ready.set()
+        release.wait(30)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        yield tids[0]
+    finally:
+        release.set()
+        thread.join()

@@ -20,18 +20,39 @@ CGROUP = "/sys/fs/cgroup"
 IO_URING_SETUP = 425  # the same syscall number on x86_64 and arm64
 
 
-def probe_io_uring() -> bool:
-    """Ask the running kernel whether io_uring_setup exists and is allowed.
+def probe_io_uring_errno() -> int:
+    """Ask the running kernel whether io_uring_setup exists and is allowed; 0 if it is.
 
     Called with a NULL params pointer so nothing is created: EFAULT/EINVAL mean the syscall
-    is there; ENOSYS means not built, EPERM disabled by sysctl or seccomp.
+    is there; ENOSYS means not built, EPERM disabled by sysctl (checked first, before the
+    params are read) or blocked by seccomp.
     """
     libc = ctypes.CDLL(None, use_errno=True)
     result = libc.syscall(IO_URING_SETUP, 0, None)
     if result >= 0:
         os.close(result)
-        return True
-    return ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM)
+        return 0
+    code = ctypes.get_errno()
+    return code if code in (errno.ENOSYS, errno.EPERM) else 0
+
+
+def probe_io_uring() -> bool:
+    return probe_io_uring_errno() == 0
+
+
+_URING_STATUS = {0: "enabled", 1: "restricted", 2: "disabled"}
+
+
+def _io_uring(reader: SysReader) -> tuple[bool | None, str | None]:
+    """(usable, status): the sysctl where the kernel has it (6.6+), else the syscall itself
+    on the host; a fixture without the sysctl cannot be probed."""
+    sysctl = reader.integer("/proc/sys/kernel/io_uring_disabled")
+    if sysctl is not None:  # 1 still admits CAP_SYS_ADMIN and the io_uring_group
+        return sysctl != 2, _URING_STATUS.get(sysctl)
+    if not reader.root.is_host:  # absent on 5.10-6.1, which still have io_uring
+        return None, None
+    code = probe_io_uring_errno()
+    return code == 0, {0: "enabled", errno.ENOSYS: "not built"}.get(code, "blocked")
 
 
 def _rt_from_config(reader: SysReader, release: str | None) -> bool:
@@ -81,15 +102,14 @@ def discover_kernel(reader: SysReader) -> Kernel:
     mode, v2_path = _cgroup_mode(reader)
     controllers = (reader.words(f"{v2_path}/cgroup.controllers") or []) if v2_path else []
     cmdline = reader.text("/proc/cmdline") or ""
-    uring_sysctl = reader.integer("/proc/sys/kernel/io_uring_disabled")
-    if uring_sysctl is not None:
-        io_uring: bool | None = uring_sysctl != 2  # 1 still admits CAP_SYS_ADMIN
-    else:  # absent on 5.10-6.1 kernels, which still have io_uring: ask the kernel itself
-        io_uring = probe_io_uring() if reader.root.is_host else None
+    io_uring, uring_status = _io_uring(reader)
     return Kernel(release=release, version=version, preempt_rt=preempt_rt, preempt_model=model,
                   cgroup_v2=mode == "v2", cgroup_mode=mode, cgroup_controllers=controllers,
                   thp=_thp(reader, cmdline), io_uring=io_uring,
-                  io_uring_disabled=uring_sysctl,
+                  io_uring_disabled=reader.integer("/proc/sys/kernel/io_uring_disabled"),
+                  io_uring_group=reader.integer("/proc/sys/kernel/io_uring_group"),
+                  io_uring_status=uring_status,
+                  nvme_poll_queues=reader.integer("/sys/module/nvme/parameters/poll_queues"),
                   psi=reader.text("/proc/pressure/cpu") is not None,
                   cmdline=cmdline or None,
                   sched_rt_runtime_us=reader.integer("/proc/sys/kernel/sched_rt_runtime_us"))

@@ -166,6 +166,14 @@ class BlockDevice:
     io_poll: int | None
     io_poll_delay: int | None
     size_bytes: int | None = None
+    max_sectors_kb: int | None = None
+    max_hw_sectors_kb: int | None = None
+    wbt_lat_usec: int | None = None  # None: no writeback throttling (CONFIG_BLK_WBT off)
+    nomerges: int | None = None
+    add_random: int | None = None
+    tag_depth: int | None = None  # hardware tags per queue (mq/*/nr_tags); None: bio-based
+    hw_queues: int | None = None  # blk-mq hardware contexts (mq/*), poll ones included
+    poll_queues: int | None = None  # HCTX_TYPE_POLL contexts (debugfs); None: not readable
 
 
 @dataclass
@@ -204,6 +212,11 @@ class Kernel:
     psi: bool
     cmdline: str | None = None
     sched_rt_runtime_us: int | None = None
+    io_uring_group: int | None = None  # kernel.io_uring_group (6.6+); -1: no group
+    # how io_uring stands: enabled | restricted (disabled=1: CAP_SYS_ADMIN or the group) |
+    # disabled (sysctl 2) | blocked (EPERM: sysctl or seccomp) | not built (ENOSYS)
+    io_uring_status: str | None = None
+    nvme_poll_queues: int | None = None  # nvme.poll_queues module parameter
 
 
 @dataclass

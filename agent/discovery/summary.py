@@ -73,7 +73,8 @@ def render_summary(topology: Topology) -> str:
     thp = kernel.thp.enabled or "n/a"
     if kernel.thp.cmdline:
         thp += " (set on cmdline)"
-    uring = {True: "yes", False: "no", None: "unknown"}[kernel.io_uring]
+    uring = kernel.io_uring_status or {True: "yes", False: "no", None: "unknown"}[
+        kernel.io_uring]
     realtime = " (real-time)" if kernel.preempt_rt else ""
     rows.append(("Kernel", [
         f"{kernel.release} preempt {kernel.preempt_model or 'unknown'}{realtime}"
@@ -112,7 +113,9 @@ def render_summary(topology: Topology) -> str:
                           for f in topology.fans] or ["none"]))
     rows.append(("Block", [
         f"{b.name} {b.model or ''} [{b.scheduler}] nr_requests {b.nr_requests}"
-        f" read-ahead {b.read_ahead_kb} KiB" for b in topology.block] or ["none"]))
+        f"{f' of {b.tag_depth} tags' if b.tag_depth else ''} read-ahead {b.read_ahead_kb} KiB"
+        f"{f', {b.poll_queues} poll queues' if b.poll_queues else ''}"
+        for b in topology.block] or ["none"]))
     rows.append(("PCI", [f"{len(topology.pci)} devices"]))
     if topology.warnings:
         rows.append(("Warnings", topology.warnings))

@@ -68,6 +68,8 @@ def emulate_attribute_write(current: bytes, value: str, path: str,
         if normalised is not None:
             return normalised
     text = current.decode(errors="replace")
+    if path == "/proc/sys/kernel/io_uring_disabled" and value.strip() not in ("0", "1", "2"):
+        raise OSError(errno.EINVAL, f"{path}: {value.strip()!r} is outside 0..2")  # minmax
     if path.endswith("/cgroup.subtree_control"):  # "+cpu -io" edits the enabled set
         enabled = text.split()
         for token in value.split():

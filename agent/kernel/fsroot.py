@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agent.kernel import cgroup_model, jetson_model
+from agent.kernel import block_queue, cgroup_model, jetson_model
 from agent.kernel.allowlist import WRITABLE_PATTERNS, WRITABLE_TREES
 from agent.kernel.attributes import emulate_attribute_write
 
@@ -285,6 +285,11 @@ class Root:
         if (not self.is_host and logical.startswith("/sys/fs/cgroup/")
                 and cgroup_model.is_cgroup_dir(Path(target).parent)):
             cgroup_model.write(Path(target), value)  # cgroup v2's rules, not a plain file
+            return
+        if not self.is_host and block_queue.handles(path):  # the block layer's rules
+            text = block_queue.write(self.base, Path(target), value)
+            if text is not None:  # None: a write the kernel ignores
+                Path(target).write_text(text)
             return
         if not self.is_host and jetson_model.handles(logical):
             jetson_model.write(Path(target), logical, value)  # range checks, as the kernel

@@ -8,6 +8,7 @@ and nothing is left half-applied.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import resource
@@ -33,6 +34,29 @@ _RT_PRIORITY = range(1, 100)
 
 class RtError(ValueError):
     """A scheduling request that is invalid or that the kernel refused, with the fix."""
+
+
+class AffinityRefused(RtError):
+    """sched_setaffinity failed with EINVAL: CPUs outside the thread's cpuset, or a thread
+    the kernel pins itself (PF_NO_SETAFFINITY); the thread is left unchanged."""
+
+
+# io_uring's kernel-side threads carry the ring owner's name: "iou-sqp-<pid>" polls the
+# submission queue (IORING_SETUP_SQPOLL), "iou-wrk-<pid>" are io-wq workers, made on demand
+# and gone when idle.  Kernels before 6.3/6.4 mark both PF_NO_SETAFFINITY, so
+# sched_setaffinity is EINVAL ("io_uring/io-wq: stop setting PF_NO_SETAFFINITY on io-wq
+# workers", "io_uring/sqpoll: Do not set PF_NO_SETAFFINITY on sqpoll threads", March 2023);
+# io_uring has its own knobs for their CPUs.
+IO_URING_THREADS = {
+    "iou-wrk-": "io-wq worker; use IORING_REGISTER_IOWQ_AFF",
+    "iou-sqp-": "SQPOLL thread; use IORING_SETUP_SQ_AFF with sq_thread_cpu",
+}
+
+
+def io_uring_thread(comm: str | None) -> str | None:
+    """What an io_uring kernel-side thread is and how it is pinned; None for other threads."""
+    return next((why for prefix, why in IO_URING_THREADS.items()
+                 if (comm or "").startswith(prefix)), None)
 
 
 @dataclass(frozen=True)
@@ -82,8 +106,9 @@ def _set_affinity(tid: int, cpus: list[int]) -> None:
     except ProcessLookupError:
         raise
     except OSError as exc:
-        raise RtError(f"cpus {cpus} refused for thread {tid}: {exc.strerror}; allowed: "
-                      "online CPUs in the thread's cpuset") from exc
+        kind = AffinityRefused if exc.errno == errno.EINVAL else RtError
+        raise kind(f"cpus {cpus} refused for thread {tid}: {exc.strerror}; allowed: "
+                   "online CPUs in the thread's cpuset") from exc
 
 
 def _set_policy(tid: int, wanted: ThreadSched) -> None:

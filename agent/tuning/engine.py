@@ -42,6 +42,7 @@ from agent.tuning.tuners import (
     cmdline,
     cpuidle,
     dvfs,
+    io_uring,
     irqbalance,
     jetson,
     jetson_clocks,
@@ -59,7 +60,8 @@ Planner = Callable[[dict[str, Any], PlanContext], None]
 # to the engine's placement (see ``Engine.planners``).  The nvpmodel mode is switched before
 # any clock is set (a switch rewrites the limits); jetson_clocks comes after dvfs.
 TUNERS: tuple[tuple[str, Planner], ...] = (
-    ("nvpmodel", jetson.plan), ("thp", thp.plan), ("sysctl", sysctl.plan), ("rt", rt_tuner.plan),
+    ("nvpmodel", jetson.plan), ("thp", thp.plan), ("sysctl", sysctl.plan),
+    ("io_uring", io_uring.plan), ("rt", rt_tuner.plan),
     ("block", block.plan), ("nvme", block.plan_nvme), ("cpuidle", cpuidle.plan),
     ("dvfs", dvfs.plan), ("jetson_clocks", jetson_clocks.plan), ("pcie", pcie.plan),
     ("rknpu", rknpu.plan), ("cmdline", cmdline.plan), ("irqbalance", irqbalance.plan),
@@ -102,6 +104,15 @@ def _managed_irq(change: Change, error: OSError) -> bool:
     """EIO from an IRQ's affinity file: a managed IRQ (the plan already skipped per-CPU ones),
     reported, not fatal.  EIO anywhere else, /proc/irq/default_smp_affinity included, is."""
     return error.errno == errno.EIO and irqs.affinity_irq(change.path) is not None
+
+
+def _refused_affinity(change: Change, error: OSError | rt.RtError) -> str | None:
+    """An io_uring thread the kernel pins itself refuses sched_setaffinity (EINVAL):
+    reported, not fatal, with io_uring's own way to place it."""
+    what = rt.io_uring_thread(change.note) if change.compare == "sched" else None
+    if what is None or not isinstance(error, rt.AffinityRefused):
+        return None
+    return f"kernel refuses affinity ({what})"
 
 
 def _stale_journal(root: Root, journal: Journal, notes: list[str]) -> JournalState | None:
@@ -204,6 +215,10 @@ class Engine:
                 if isinstance(error, OSError) and _managed_irq(change, error):
                     result.skipped.append(f"{change.path}: {irqs.MANAGED}")
                     continue
+                refused = _refused_affinity(change, error)
+                if refused is not None:
+                    result.skipped.append(f"{change.path}: {refused}")
+                    continue
                 self._undo_apply(every[:index], every[index:])
                 raise TuningError(f"applying {plan.profile} failed at {change.path} "
                                   f"({change.key}): {error}; every earlier write was rolled "
@@ -225,8 +240,9 @@ class Engine:
         entries = [Change(tuner=c.tuner, path=c.path, current=c.current, desired=c.current or "",
                           key=c.key, compare=c.compare, write=c.restore, restore=c.restore,
                           note="restored: the new profile leaves it alone",
-                          persistent=c.persistent)
-                   for c in reversed(list(originals.values())) if c.path not in planned]
+                          persistent=c.persistent, resets=c.resets)
+                   for c in Engine._restore_order(list(originals.values()))
+                   if c.path not in planned]
         for change in changes:
             old = originals.get(change.path)
             if old is not None:
@@ -246,10 +262,24 @@ class Engine:
         else:
             self.root.write_text(change.path, value)
 
+    @staticmethod
+    def _restore_order(written: list[Change]) -> list[Change]:
+        """Reverse order, except that a change another one resets as a side effect is
+        restored right after that one (the scheduler, then nr_requests), not before it."""
+        order = list(reversed(written))
+        for change in list(order):
+            for path in change.resets:
+                dependent = next((c for c in order if c.path == path), None)
+                if dependent is not None and order.index(dependent) < order.index(change):
+                    order.remove(dependent)
+                    order.insert(order.index(change) + 1, dependent)
+        return order
+
     def _restore(self, written: list[Change]) -> dict[str, str]:
-        """Every original back, in reverse; path -> error for those that failed."""
+        """Every original back, in reverse (but see _restore_order); path -> error for those
+        that failed."""
         failures = {}
-        for change in reversed(written):
+        for change in self._restore_order(written):
             try:
                 self._write(change, change.restore_value)
             except ProcessLookupError:

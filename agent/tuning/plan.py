@@ -33,6 +33,9 @@ class Change:
     restore: str | None = None  # what rollback writes when it differs from ``current``
     note: str | None = None
     persistent: bool = False  # survives a reboot: kept in the persistent journal
+    # paths this write resets as a side effect (a scheduler switch resets nr_requests):
+    # rollback restores them after this change, whatever their place in the journal
+    resets: list[str] = field(default_factory=list)
 
     @property
     def write_value(self) -> str:

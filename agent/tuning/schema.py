@@ -93,6 +93,12 @@ def _string_list(value: Any) -> str | None:
     return None if ok else "a string or a list of strings"
 
 
+def _nr_requests(value: Any) -> str | None:
+    ok = value == "max" or (isinstance(value, int) and not isinstance(value, bool)
+                            and value >= 1)
+    return None if ok else "an integer 1.., or max for the largest the device accepts"
+
+
 def _power_mode(value: Any) -> str | None:
     ok = (isinstance(value, int) and not isinstance(value, bool) and value >= 0) or (
         isinstance(value, str) and bool(re.fullmatch(r"[A-Za-z0-9_.-]+", value)))
@@ -148,9 +154,12 @@ SCHEMA: dict[str, Any] = {
            "irq_affinity": ("map", text(IRQ_PATTERN, "an IRQ action-name pattern such as "
                                          "nvme*"), _cpus)},
     "block": ("map", text(BLOCK_PATTERN, "a device-name pattern such as nvme*"),
-              {"scheduler": text(), "nr_requests": integer(1), "read_ahead_kb": integer(0),
+              {"scheduler": text(), "nr_requests": _nr_requests, "read_ahead_kb": integer(0),
                "io_poll": choice(0, 1), "io_poll_delay": integer(-1),
-               "rq_affinity": choice(0, 1, 2)}),
+               "rq_affinity": choice(0, 1, 2),
+               # Documentation/ABI/stable/sysfs-block: -1 resets to the default, 0 disables
+               "wbt_lat_usec": integer(-1), "nomerges": choice(0, 1, 2),
+               "add_random": choice(0, 1), "max_sectors_kb": integer(4)}),
     "nvme": {"default_ps_max_latency_us": integer(0)},
     "dvfs": {"cpu": ("map", _cpus, {"governor": GOVERNOR, "min_khz": _frequency,
                                     "max_khz": _frequency, "epp": choice(*EPP)}),
@@ -174,7 +183,10 @@ SCHEMA: dict[str, Any] = {
     "overlay": {"dvfs": text(PROFILE_NAME, "a dts-overlays/ entry name")},  # key required
     "cmdline": ("map", choice(*CMDLINE_NAMES), _cmdline),
     "irqbalance": {"banned_cpus": _cpus},
-    "io_uring": {"limit_memlock": {"units": ("list", text(UNIT_NAME, "a service unit name "
+    # /proc/sys/kernel/io_uring_disabled (0 all, 1 CAP_SYS_ADMIN or io_uring_group, 2 none)
+    # and io_uring_group (a gid; -1 none): Documentation/admin-guide/sysctl/kernel.rst
+    "io_uring": {"disabled": choice(0, 1, 2), "group": integer(-1, 2**31 - 1),
+                 "limit_memlock": {"units": ("list", text(UNIT_NAME, "a service unit name "
                                                           "such as edge-agent.service")),
                                    "value": _memlock}},
 }

@@ -99,6 +99,10 @@ def _plan_threads(ctx: PlanContext, key: str, selector: dict[str, Any]) -> None:
     threads = rt.threads_matching(ctx.root, selector.get("comm", "*"), selector.get("pid"))
     if not threads:
         ctx.warnings.append(f"{key}: no thread matches; nothing to do")
+    if any(comm.startswith("iou-wrk-") for _pid, _tid, comm in threads):
+        ctx.warnings.append(f"{key}: io-wq workers (iou-wrk-*) are made on demand and exit "
+                            "when idle: a pin holds for the workers that exist now; "
+                            "IORING_REGISTER_IOWQ_AFF sets the CPUs of every worker")
     for pid, tid, comm in threads:
         path = rt.thread_path(pid, tid)
         current = read_normalised(ctx.root, path, "sched")
