@@ -122,6 +122,28 @@ def test_failed_write_undoes_earlier_writes(tmp_path: Path) -> None:
     assert not (tmp_path / "state" / FILE_NAME).exists()
 
 
+def test_a_failed_switch_leaves_the_old_profile_applied_and_its_originals(
+        tmp_path: Path) -> None:
+    tree = copy_board("rk3588-vendor", tmp_path)
+    original = snapshot(tree)
+    profiles = tmp_path / "profiles"
+    write_profile(profiles, "a", "thp: {enabled: never}\nsysctl: {vm.swappiness: 10}\n")
+    write_profile(profiles, "b", "thp: {enabled: madvise}\nsysctl: {vm.swappiness: 20}\n")
+    engine_for(tree, tmp_path / "state", [profiles]).apply("a")
+    applied_a = snapshot(tree)
+    refusing = engine_for(tree, tmp_path / "state", [profiles], root=RefusingRoot(
+        tree, "/proc/sys/vm/swappiness", errno.EINVAL))
+    with pytest.raises(TuningError, match=r"swappiness.*rolled back"):
+        refusing.apply("b")  # thp is written first, then swappiness is refused
+    assert snapshot(tree) == applied_a  # thp back to a's never, not to the original
+    engine = engine_for(tree, tmp_path / "state", [profiles])
+    state = engine.journal.load()
+    assert state is not None and state.profile == "a"
+    assert engine.verify() == []
+    assert engine.rollback()[0] == "a"
+    assert snapshot(tree) == original
+
+
 def test_managed_irq_eio_is_reported_not_fatal(tmp_path: Path) -> None:
     tree = copy_board("x86-server-nvidia", tmp_path)
     before = snapshot(tree)

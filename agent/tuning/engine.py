@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial, update_wrapper
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -219,7 +219,7 @@ class Engine:
                 if refused is not None:
                     result.skipped.append(f"{change.path}: {refused}")
                     continue
-                self._undo_apply(every[:index], every[index:])
+                self._undo_apply(every[:index], every[index:], old)
                 raise TuningError(f"applying {plan.profile} failed at {change.path} "
                                   f"({change.key}): {error}; every earlier write was rolled "
                                   "back") from None
@@ -291,13 +291,25 @@ class Engine:
                 failures[change.path] = f"{change.path}: {error}"
         return failures
 
-    def _undo_apply(self, written: list[Change], unwritten: list[Change]) -> None:
-        """A failed apply: the runtime journal goes once all is restored (as before); the
-        persistent one keeps every original that may still be needed (a setting not
-        restored, or one not reached, which may hold the old profile's value)."""
-        failures = self._restore(written)
+    def _undo_apply(self, written: list[Change], unwritten: list[Change],
+                    old: JournalState | None = None) -> None:
+        """A failed apply puts back what the device held before it: a failed switch leaves
+        the old profile applied (each written path gets the old profile's value where it set
+        one, and the old runtime journal, with every original, stays), a failed first apply
+        leaves the originals and no runtime journal.  The persistent journal keeps every
+        original that may still be needed (a setting not restored, or one not reached,
+        which may hold the old profile's value)."""
+        before = {c.path: c for c in old.changes} if old else {}
+        skipped = set(old.runtime.get("skipped", [])) if old else set()
+        back = [replace(c, restore=before[c.path].write_value)
+                if c.path in before and c.path not in skipped and not c.persistent else c
+                for c in written]
+        failures = self._restore(back)
         if not any(not c.persistent for c in written if c.path in failures):
-            self.journal.clear()
+            if old is not None:
+                self.journal.save(old)
+            else:
+                self.journal.clear()
         left = [c for c in [*written, *unwritten] if c.persistent and
                 (c.path in failures or c in unwritten)]
         state = self.lasting.load() if any(c.persistent for c in written) or left else None
