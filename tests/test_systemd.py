@@ -187,6 +187,9 @@ def test_install_twice_uninstall_and_purge(tmp_path: Path) -> None:
     before = installed_files(dest)
     assert install("--no-start").returncode == 0
     assert installed_files(dest) == before  # a second run changes nothing
+    staged = dest / "opt/edge-agent"  # nor does it bring back a staging path (a .pyc's)
+    assert not [p for p in staged.rglob("*") if p.is_file() and not p.is_symlink()
+                and str(staged).encode() in p.read_bytes()]
 
     config.write_text(config.read_text() + "telemetry: {interval_s: 5}\n")  # edited
     edited = config.read_bytes()
