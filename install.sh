@@ -136,7 +136,9 @@ make_venv() {
         step "the venv has pip $venv_pip ($(pinned))"
     else
         step "updating pip in the venv ($(pinned))"
-        "$1/bin/python" -m pip install -q --upgrade "${pip_constraints[@]}" pip
+        # DESTDIR: not compiled here, where it would record the staging path (see below)
+        "$1/bin/python" -m pip install -q --upgrade ${destdir:+--no-compile} \
+            "${pip_constraints[@]}" pip
     fi
 }
 
@@ -201,7 +203,7 @@ for path in [*sorted((venv / "bin").iterdir()), venv / "pyvenv.cfg"]:
     data = path.read_bytes()
     if b"\0" not in data and staged.encode() in data:
         path.write_bytes(data.replace(staged.encode(), final.encode()))
-# pip's own compile steps (the venv's pip, its upgrade) recorded the staging paths: those
+# pip's own compile step (the venv's first pip, from ensurepip) recorded the staging paths: those
 # .pyc files go, and compileall below makes them again. The others are up to date (compiled
 # with the final paths by a previous run), so a rerun compiles only what pip just installed.
 for compiled in sorted((venv / "lib").rglob("*.pyc")):
