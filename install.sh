@@ -235,8 +235,22 @@ make_venv() {
         step "creating the venv in $1 ($("$python" -c 'import sys; print(sys.executable)'))"
         "$python" -m venv "$1"
     fi
-    step "updating pip in the venv ($(pinned))"
-    "$1/bin/python" -m pip install -q --upgrade "${pip_constraints[@]}" pip
+    # a rerun whose venv already has the pinned pip skips pip's look at the index
+    local pinned_pip="" venv_pip=""
+    if [ "${#pip_constraints[@]}" -gt 0 ]; then
+        pinned_pip="$(sed -n 's/^pip==\([0-9][0-9A-Za-z.]*\)[[:space:]]*$/\1/p' \
+                      "${pip_constraints[1]}")"
+        venv_pip="$("$1/bin/python" -c 'import importlib.metadata as m; print(m.version("pip"))' \
+                    2>/dev/null || true)"
+    fi
+    if [ -n "$pinned_pip" ] && [ "$venv_pip" = "$pinned_pip" ]; then
+        step "the venv has pip $venv_pip ($(pinned))"
+    else
+        step "updating pip in the venv ($(pinned))"
+        # DESTDIR: not compiled here, where it would record the staging path (see below)
+        "$1/bin/python" -m pip install -q --upgrade ${destdir:+--no-compile} \
+            "${pip_constraints[@]}" pip
+    fi
 }
 
 if [ "$mode" = dev ]; then
@@ -303,8 +317,14 @@ for path in [*sorted((venv / "bin").iterdir()), venv / "pyvenv.cfg"]:
     data = path.read_bytes()
     if b"\0" not in data and staged.encode() in data:
         path.write_bytes(data.replace(staged.encode(), final.encode()))
+# pip's own compile step (the venv's first pip, from ensurepip) recorded the staging paths: those
+# .pyc files go, and compileall below makes them again. The others are up to date (compiled
+# with the final paths by a previous run), so a rerun compiles only what pip just installed.
+for compiled in sorted((venv / "lib").rglob("*.pyc")):
+    if staged.encode() in compiled.read_bytes():
+        compiled.unlink()
 EOF
-    "$venv/bin/python" -m compileall -q -f -s "$destdir" -p / "$venv/lib" >/dev/null
+    "$venv/bin/python" -m compileall -q -s "$destdir" -p / "$venv/lib" >/dev/null
 fi
 
 # write_if_changed SRC DEST: copy only when different, so a rerun touches nothing

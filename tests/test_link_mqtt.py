@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +88,14 @@ def test_birth_state_and_rising_telemetry(tmp_path: Path, broker: Broker) -> Non
 
 def test_outage_loses_nothing_and_replays_in_order(tmp_path: Path, broker: Broker) -> None:
     watcher = Subscriber(broker, [f"{ROOT}/telemetry"], client_id="outage-watch", clean=False)
-    agent = Agent(tmp_path, broker, interval_s=0.1)  # 10 Hz
+    agent = Agent(tmp_path, broker, interval_s=0.025)  # 40 Hz
     agent.start()
     try:
         assert wait_until(lambda: len(watcher.on("telemetry")) >= 10)
         session = agent.link.status.session
         broker.stop()
-        time.sleep(5.5)
+        # the outage lasts until 50 records wait in the outbox (about 1.3 s at 40 Hz)
+        assert wait_until(lambda: agent.outbox.depth >= 50, 30)
         broker.start()
         assert wait_until(lambda: agent.link.status.session > session, 10)
         taken = agent.link.status.sessions_ended[session]  # records the session took
@@ -108,7 +108,7 @@ def test_outage_loses_nothing_and_replays_in_order(tmp_path: Path, broker: Broke
     seqs = by_session(records)[session]
     assert seqs == list(range(taken))  # every seq once, in order, after de-duplication
     historical = {r["seq"] for r in records if r["session"] == session and r["historical"]}
-    assert len(historical) >= 45  # at 10 Hz, 5.5 s without a broker were replayed
+    assert len(historical) >= 45  # the 50 records taken without a broker were replayed
     assert seqs[-1] in historical
     live = [r for r in records if r["session"] > session]
     assert live and not any(r["historical"] for r in live)

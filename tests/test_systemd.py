@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from agent_process import start_agent, status, write_config
-from mqtt_helpers import Broker, wait_until
+from mqtt_helpers import Broker, Subscriber, wait_until
 from tuning_helpers import copy_board, snapshot
 
 from agent.service.systemd import Notifier, watchdog_interval_s
@@ -137,13 +137,17 @@ def test_sighup_reloads_and_a_broken_config_keeps_the_old(tmp_path: Path,
                                                           broker: Broker) -> None:
     config = write_config(tmp_path, broker.port, copy_board(BOARD, tmp_path))
     good = config.read_text()
+    events = Subscriber(broker, ["edge/v1/lab/orin-1/event"])
     agent = start_agent(config)
     try:
+        assert events.subscribed.wait(30)
         assert wait_until(lambda: status(config)[1].get("link", {}).get("state") == "connected",
                           60)
         config.write_text("mqtt: {port: not-a-port}\n")
         agent.send_signal(signal.SIGHUP)
-        time.sleep(2)
+        # the rejection is an event, published by the link the old configuration keeps up
+        assert wait_until(lambda: [e for e in events.on("event")
+                                   if e.get("type") == "config_rejected"], 30), events.messages
         assert agent.poll() is None
         assert status(config)[1]["link"]["state"] == "connected"
         session = status(config)[1]["link"]["session"]
@@ -156,6 +160,7 @@ def test_sighup_reloads_and_a_broken_config_keeps_the_old(tmp_path: Path,
         output, _ = agent.communicate(timeout=60)
     finally:
         agent.kill()
+        events.close()
     assert agent.returncode == 0
     assert "reload: " in output and "mqtt.port: 'not-a-port' is not allowed" in output
     assert "the running configuration stays" in output
@@ -187,6 +192,9 @@ def test_install_twice_uninstall_and_purge(tmp_path: Path) -> None:
     before = installed_files(dest)
     assert install("--no-start").returncode == 0
     assert installed_files(dest) == before  # a second run changes nothing
+    staged = dest / "opt/edge-agent"  # nor does it bring back a staging path (a .pyc's)
+    assert not [p for p in staged.rglob("*") if p.is_file() and not p.is_symlink()
+                and str(staged).encode() in p.read_bytes()]
 
     config.write_text(config.read_text() + "telemetry: {interval_s: 5}\n")  # edited
     edited = config.read_bytes()

@@ -266,9 +266,11 @@ class Supervisor:
                     last_answer = time.monotonic()
                     if not self.addresses:
                         self._check_first_load(process)
-                    elif self._resched_pending:
+                        continue
+                    if self._resched_pending:
                         self._send_resched()
-                    continue
+                    # listening: asked for readiness now, not a POLL_S later (start and a
+                    # restart wait for the first ready)
                 if client is None or client.base_url != self._base_url():  # a new process
                     client = self.client(timeout_s=2.0)
                 if self._poll(client):
