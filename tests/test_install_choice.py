@@ -123,12 +123,14 @@ def test_a_chosen_distribution_replaces_onnxruntime_in_the_requirements(
     assert result.returncode == 0, result.stdout + result.stderr
     assert "install.sh: onnxruntime: onnxruntime-openvino from PyPI (EDGE_AGENT_ONNXRUNTIME=" \
            in result.stdout
+    # pip's own upgrade runs first unless the venv already has the pinned pip
+    pip = [line for line in pip if not line.endswith(" pip")]
     # this interpreter has plain onnxruntime (as an older install would): it goes first,
     # and the chosen build is reinstalled over the files its removal took
-    assert pip[1:] == [
-        "-m pip uninstall -y -q onnxruntime", pip[2], pip[3], pip[4],
-        f"-m pip install -q --force-reinstall --no-deps {pip[4].split(' -q ', 1)[1]}"], pip
-    no_deps, requirements, distribution = pip[2:5]
+    assert pip == [
+        "-m pip uninstall -y -q onnxruntime", pip[1], pip[2], pip[3],
+        f"-m pip install -q --force-reinstall --no-deps {pip[3].split(' -q ', 1)[1]}"], pip
+    no_deps, requirements, distribution = pip[1:4]
     assert "--no-deps" in no_deps and "--no-compile" in no_deps
     assert "paho-mqtt" in requirements and "onnxruntime" not in requirements
     assert distribution.endswith(" onnxruntime-openvino")
