@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from tuning_helpers import copy_board
 
 from agent.discovery import Topology, discover
 from agent.kernel import counters as p
@@ -62,11 +63,6 @@ def topology(board: str) -> Topology:
 
 def reader(board: str) -> SysReader:
     return SysReader(Root(FIXTURES / board))
-
-
-def copy_board(board: str, tmp_path: Path) -> Path:
-    """A writable copy of a board tree (links kept as links)."""
-    return Path(shutil.copytree(FIXTURES / board, tmp_path / board, symlinks=True))
 
 
 def write(tree: Path, path: str, text: str) -> None:
