@@ -209,9 +209,11 @@ def test_armbian_services_are_named_in_the_plan(tmp_path: Path) -> None:
 dvfs: {cpu: {all: {governor: performance}}}
 block: {"nvme*": {scheduler: mq-deadline}}
 sysctl: {vm.page-cluster: 0}
+rt: {irq_affinity: {"*npu*": housekeeping}}
 """)
     plan = engine_for(tree, tmp_path / "state", [profiles]).plan("t")
     text = "\n".join(plan.warnings)
+    assert "rt.irq_affinity" not in text  # the script distributes no IRQs on rockchip-rk3588
     assert "cpufrequtils (/etc/default/cpufrequtils: GOVERNOR=schedutil" in text
     assert "armbian-hardware-optimize.service (Armbian, BOARDFAMILY=rockchip-rk3588) " \
         "rewrites block.nvme*.scheduler" in text

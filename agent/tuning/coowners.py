@@ -70,7 +70,7 @@ def warnings(root: Root, changes: list[Change]) -> list[str]:
         overwritten = _touches(changes, "/queue/scheduler")
         if "ondemand" in cpufreq.get("GOVERNOR", ""):
             overwritten += _touches(changes, "/scaling_governor")
-        if family.startswith(IRQ_FAMILIES):
+        if family in IRQ_FAMILIES:  # the script's case labels are exact names
             overwritten += _touches(changes, "/smp_affinity", "/smp_affinity_list")
         if family == "rk3399":
             overwritten += [c.key for c in changes if c.path.endswith("/dmc/governor")]
