@@ -21,9 +21,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from agent.kernel import block_queue, cgroup_model, jetson_model
+from agent.kernel import cgroup_model, fixture_kernel
 from agent.kernel.allowlist import WRITABLE_PATTERNS, WRITABLE_TREES
-from agent.kernel.attributes import emulate_attribute_write
 
 _MAX_SYMLINK_HOPS = 40
 
@@ -277,42 +276,23 @@ class Root:
     def write_text(self, path: str, value: str) -> None:
         """Write ``value`` in a single write(2), as sysfs, cgroup.procs and procfs expect.
 
-        Below a fixture root the write behaves like a kernel attribute (see
-        ``agent.kernel.attributes``), so a rollback restores the file byte for byte.
+        Below a fixture root the write behaves like the kernel's attribute (see
+        ``agent.kernel.fixture_kernel``), so a rollback restores the file byte for byte.
         """
         logical = self.check_writable(path)
         target = self._host(logical)
-        if (not self.is_host and logical.startswith("/sys/fs/cgroup/")
-                and cgroup_model.is_cgroup_dir(Path(target).parent)):
-            cgroup_model.write(Path(target), value)  # cgroup v2's rules, not a plain file
+        if not self.is_host:
+            fixture_kernel.write(self.base, path, logical, Path(target), value,
+                                 self._fixture_text)
             return
-        if not self.is_host and block_queue.handles(path):  # the block layer's rules
-            text = block_queue.write(self.base, Path(target), value)
-            if text is not None:  # None: a write the kernel ignores
-                Path(target).write_text(text)
-            return
-        if not self.is_host and jetson_model.handles(logical):
-            jetson_model.write(Path(target), logical, value)  # range checks, as the kernel
-            return
-        if self.is_host:
-            data = value.encode()
-            fd = os.open(target, os.O_WRONLY)
-            try:
-                written = os.write(fd, data)
-            finally:
-                os.close(fd)
-        else:
-            with open(target, "r+b") as handle:
-                old = handle.read()
-                data = emulate_attribute_write(old, value, path, self._fixture_text,
-                                               self.base)
-                handle.seek(0)
-                written = handle.write(data)
-                if len(data) < len(old):
-                    handle.truncate()
+        data = value.encode()
+        fd = os.open(target, os.O_WRONLY)
+        try:
+            written = os.write(fd, data)
+        finally:
+            os.close(fd)
         if written != len(data):
             raise OSError(errno.EIO, f"{path}: short write ({written} of {len(data)} bytes)")
-
 
     def _fixture_text(self, path: str) -> str | None:
         """A sibling file's text for the write emulation (a governor, the command line)."""
