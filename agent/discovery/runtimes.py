@@ -17,6 +17,7 @@ A missing runtime is None, an unreadable file a warning, never an exception.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from agent.discovery.model import Runtimes, RuntimeVersion
@@ -38,23 +39,38 @@ ORT_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino",
 _SO_VERSION = re.compile(r"\.so\.(\d+(?:\.\d+)+)$")
 
 
+_SCANNED: dict[tuple[str, int, int, bytes, int], str | None] = {}
+
+
 def scan_version(reader: SysReader, path: str, pattern: re.Pattern[bytes],
                  limit: int = RKNNRT_SCAN_BYTES) -> str | None:
-    """The first match of ``pattern`` in at most ``limit`` bytes of a (binary) file."""
+    """The first match of ``pattern`` in at most ``limit`` bytes of a (binary) file.  Kept
+    per file size and mtime: discovery runs again on every hot-plug event and data-plane
+    start, and a library is megabytes that rarely change."""
     try:
-        with open(reader.root.host_path(path), "rb") as handle:
-            tail, read = b"", 0
-            while read < limit:
-                chunk = handle.read(min(_CHUNK, limit - read))
-                if not chunk:
-                    return None
-                read += len(chunk)
-                match = pattern.search(tail + chunk)
-                if match:
-                    return match.group(1).decode("ascii", errors="replace")
-                tail = chunk[-256:]  # a string cut by the chunk boundary
-    except OSError as error:
+        host = reader.root.host_path(path)
+        status = os.stat(host)
+        key = (host, status.st_size, status.st_mtime_ns, pattern.pattern, limit)
+        if key not in _SCANNED:
+            _SCANNED[key] = _scan(host, pattern, limit)
+        return _SCANNED[key]
+    except OSError as error:  # not kept: said again by the next discovery
         reader.warn(f"{path}: unreadable ({error.strerror or error})")
+        return None
+
+
+def _scan(host: str, pattern: re.Pattern[bytes], limit: int) -> str | None:
+    with open(host, "rb") as handle:
+        tail, read = b"", 0
+        while read < limit:
+            chunk = handle.read(min(_CHUNK, limit - read))
+            if not chunk:
+                return None
+            read += len(chunk)
+            match = pattern.search(tail + chunk)
+            if match:
+                return match.group(1).decode("ascii", errors="replace")
+            tail = chunk[-256:]  # a string cut by the chunk boundary
     return None
 
 
