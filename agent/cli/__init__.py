@@ -11,10 +11,10 @@ import argparse
 from collections.abc import Sequence
 
 from agent import __version__
-from agent.cli import config, discover, fleet, infer, overlay, profile, serve, service
+from agent.cli import config, discover, fleet, infer, model, overlay, profile, serve, service
 from agent.cli.common import exit_status, tell
 
-GROUPS = (discover, profile, infer, service, serve, config, fleet, overlay)
+GROUPS = (discover, profile, infer, service, serve, config, fleet, overlay, model)
 
 
 def build_parser() -> argparse.ArgumentParser:

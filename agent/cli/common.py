@@ -44,6 +44,7 @@ EXIT_STATUS: dict[str, int] = {
     "builtins.BrokenPipeError": 0,  # `edge-agent discover --json | head`
     "agent.cli.common.UsageError": 2,
     "agent.validation.SettingsError": 2,  # a config, profile or overlay source
+    "agent.modelbuild.request.BuildError": 2,  # a model, calibration set or flag of a build
     "agent.tuning.engine.TuningError": 1,
     "agent.overlays.errors.InstallRefused": 1,
     "agent.overlays.dtc.DtcMissing": 1,

@@ -204,6 +204,14 @@ class HomeAssistantConfig:
 
 
 @dataclass(frozen=True)
+class ModelBuildConfig:
+    """``model build``: the isolated rknn-toolkit2 converter's interpreter (None: the
+    EDGE_AGENT_RKNN_PYTHON variable, else the venv scripts/setup_rknn_converter.sh makes)."""
+
+    rknn_python: str | None = setting(optional(PATH), None)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole file; no file (or an empty one) is the built-in demo."""
 
@@ -221,6 +229,7 @@ class Config:
     prometheus: PrometheusConfig = section(PrometheusConfig)
     hotplug: HotplugConfig = section(HotplugConfig)
     home_assistant: HomeAssistantConfig = section(HomeAssistantConfig)
+    model_build: ModelBuildConfig = section(ModelBuildConfig)
     source: str = "built-in defaults"  # the file it came from, for messages
     # The merged document as the file spells it: overrides are merged into it and built again.
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

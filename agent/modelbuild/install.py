@@ -1,0 +1,58 @@
+"""A passed build into the repository as the next version of its model, whole or not at all:
+the files go into a hidden staging directory, are flushed, and the directory is renamed to
+the version number (the data plane never sees a version without its model file)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Collection
+from pathlib import Path
+
+from agent.modelbuild.report import REPORT_FILE, BuildReport
+from agent.modelbuild.request import BuildError
+
+INSTALLED_FILES = ("model.onnx", "model.rknn", REPORT_FILE)
+
+
+def next_version(directory: Path, builtin: bool) -> int:
+    """One above every version directory (and above the built-in file's version 1)."""
+    numbers = [int(p.name) for p in directory.iterdir()
+               if p.name.isascii() and p.name.isdigit()] if directory.is_dir() else []
+    return max([*numbers, *([1] if builtin else [])], default=0) + 1
+
+
+def install(report: BuildReport, workdir: Path, repository: Path,
+            builtins: Collection[str] = ()) -> int:
+    """The version number the build went in as; the report gets it (and is rewritten)."""
+    if not report.passed:
+        raise BuildError("a build that did not pass its gate is not installed")
+    name = report.request.name
+    directory = repository / name
+    staging: Path | None = None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        version = next_version(directory, name in builtins)
+        staging = directory / f".{version}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        report.version = version
+        report.write(workdir)
+        for file in INSTALLED_FILES:
+            if (workdir / file).is_file():
+                _copy(workdir / file, staging / file)
+        os.rename(staging, directory / str(version))
+    except OSError as error:
+        report.version = None
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise BuildError(f"{directory}: could not install ({error.strerror or error})") \
+            from None
+    return version
+
+
+def _copy(source: Path, target: Path) -> None:
+    with open(source, "rb") as reader, open(target, "wb") as writer:
+        shutil.copyfileobj(reader, writer, 1 << 20)
+        writer.flush()
+        os.fsync(writer.fileno())
