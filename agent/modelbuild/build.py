@@ -5,11 +5,12 @@ file with ``build.json`` into a working directory.  Installing is a separate ste
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,9 @@ def build_candidate(request: BuildRequest, workdir: Path,
         prepared = quantize.prepare(request.source, workdir)
         for variant in variants.for_target(request.target):
             candidate = workdir / f"{variant.name}.onnx"
-            if judge.onnx(Tried(variant.name, variant.settings()), candidate,
-                          lambda out, v=variant: quantize.quantize(prepared, out, v,
-                                                                   data.calibration),
+            make = functools.partial(quantize.quantize, prepared, variant=variant,
+                                     calibration=data.calibration)
+            if judge.onnx(Tried(variant.name, variant.settings()), candidate, make,
                           plan.providers):
                 os.replace(candidate, workdir / MODEL_FILE)
                 break
@@ -119,7 +120,8 @@ class _Judge:
         self.expected, self.heldout = expected, heldout
         self.measure, self.progress = measure, progress
 
-    def onnx(self, tried: Tried, output: Path, make: Any, providers: Sequence[Any]) -> bool:
+    def onnx(self, tried: Tried, output: Path, make: Callable[[Path], None],
+             providers: Sequence[Any]) -> bool:
         self.report.tried.append(tried)
         self.progress(f"building {tried.name}")
         try:
