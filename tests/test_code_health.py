@@ -38,6 +38,8 @@ LAYERS: list[set[str]] = [
     {"control"},
     {"serving"},
     {"config"},
+    # edge-agent model build: uses inference and serving, used only by the CLI and the service
+    {"modelbuild"},
     {"service"},
     {"cli"},
     {"__main__"},
