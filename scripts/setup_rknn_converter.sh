@@ -37,6 +37,8 @@ if ! "$python" -c 'import sys; sys.exit(not ((3, 8) <= sys.version_info[:2] <= (
     exit 2
 fi
 
+mkdir -p "$(dirname "$venv")"
+venv="$(cd "$(dirname "$venv")" && pwd)/$(basename "$venv")"  # absolute: the agent is elsewhere
 if [ ! -x "$venv/bin/python" ]; then
     step "creating $venv with $("$python" -V 2>&1)"
     "$python" -m venv "$venv"

@@ -133,6 +133,16 @@ def test_a_refusing_toolkit_names_the_step_and_its_log(source: Path, fake_python
     assert "E build: fake refusal of this model" in message
 
 
+def test_a_toolkit_that_raises_its_traceback_is_reported_by_its_last_line(
+        source: Path, fake_python: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_RKNN_MODE", "raises")
+    with pytest.raises(BuildError) as caught:
+        run(source, fake_python)
+    first = str(caught.value).splitlines()[0]
+    assert first == ("rknn converter failed at load_onnx: "
+                     "google.protobuf.message.DecodeError: Error parsing message")
+
+
 def test_a_toolkit_that_exits_is_reported_at_its_step(source: Path, fake_python: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_RKNN_MODE", "exit")

@@ -59,6 +59,18 @@ def checked(step: str, returned: Any) -> None:
         raise Failed(step, f"rknn.{step}() returned {returned} (its log is on stderr)")
 
 
+def summary(exc: Exception) -> str:
+    """One line for the user. The toolkit raises (instead of returning -1) on some errors with
+    a whole traceback as the message, whose last line is the cause; the traceback itself is
+    on stderr."""
+    text = str(exc).strip()
+    if "Traceback (most recent call last):" in text:
+        text = text.splitlines()[-1].strip()
+    else:
+        text = f"{type(exc).__name__}: {' '.join(text.split())}"
+    return text[:500]
+
+
 class Conversion:
     """One request: ONNX -> .rknn, then the held-out inputs through the simulator."""
 
@@ -98,8 +110,9 @@ class Conversion:
                                          quantized_dtype="w8a8", quantized_algorithm="normal",
                                          quantized_method="channel", optimization_level=3))
         self.stage("load_onnx", f"loading {Path(request['source']).name}")
-        # Names and shapes always given: a dynamic batch is fixed to 1 this way, and the
-        # inference inputs below follow this order.
+        # Names and shapes always given (the toolkit refuses a symbolic dimension otherwise,
+        # and warns about "cropping" when they are given): a dynamic batch is fixed to 1, and
+        # the inference inputs below follow this order.
         names = [spec["name"] for spec in request["inputs"]]
         shapes = [spec["shape"] for spec in request["inputs"]]
         checked("load_onnx", toolkit.load_onnx(model=request["source"], inputs=names,
@@ -169,8 +182,7 @@ def main() -> int:
         return 1
     except Exception as exc:
         traceback.print_exc()
-        out.write(json.dumps({"error": f"{type(exc).__name__}: {exc}",
-                              "step": conversion.step}) + "\n")
+        out.write(json.dumps({"error": summary(exc), "step": conversion.step}) + "\n")
         return 1
     out.write(json.dumps({"result": result}) + "\n")
     return 0

@@ -5,7 +5,7 @@ input is taken as NHWC unless ``data_format`` says 'nchw' (the real one then rai
 
 The simulator's outputs are arithmetic on the inputs, so a test can compute them: output 0
 is the sum of all inputs' elements ``[1, 1]``, output 1 the first input flattened ``[1, k]``.
-``FAKE_RKNN_MODE`` steers a failure (build_fails, exit, crash, hang); what was called is
+``FAKE_RKNN_MODE`` steers a failure (raises, build_fails, exit, crash, hang); what was called is
 written as JSON to ``FAKE_RKNN_LOG`` on release.
 """
 
@@ -43,6 +43,10 @@ class RKNN:
     def load_onnx(self, model: str, inputs: list[str] | None = None,
                   input_size_list: list[list[int]] | None = None) -> int:
         self._record("load_onnx", model=model, inputs=inputs, input_size_list=input_size_list)
+        if os.environ.get("FAKE_RKNN_MODE") == "raises":  # as the real one does on a bad file
+            raise ValueError("Traceback (most recent call last):\n  File \"rknn_base.py\", "
+                             "line 1607\ngoogle.protobuf.message.DecodeError: Error parsing "
+                             "message\n")
         if not Path(model).is_file():
             print(f"E load_onnx: {model} does not exist")
             return -1
