@@ -7,7 +7,8 @@
 # /opt/edge-agent/rknn-venv/bin/python.
 # Why a venv of its own: rknn-toolkit2 pins numpy<=1.26.4, onnx<=1.18, protobuf<=4.25.4
 # and torch<=2.4.0, none of which may enter the agent's venv; the agent runs it as a
-# subprocess. The toolkit exists for x86_64 and aarch64 Linux, CPython 3.8-3.12.
+# subprocess. The pinned set installs on x86_64 and aarch64 Linux with CPython 3.9-3.12
+# (numpy 1.26 and onnx 1.18 start at 3.9; the toolkit has no 3.13 build).
 # PYTHON=... picks the interpreter (default python3). torch comes from PyPI, a CUDA build of
 # about 2.5 GB with its libraries. Idempotent: a second run changes nothing.
 
@@ -31,9 +32,10 @@ step() {
     echo "setup_rknn_converter.sh: $*"
 }
 
-if ! "$python" -c 'import sys; sys.exit(not ((3, 8) <= sys.version_info[:2] <= (3, 12)))'; then
-    echo "setup_rknn_converter.sh: $python is $("$python" -V 2>&1); rknn-toolkit2 2.5.0" \
-         "needs CPython 3.8-3.12 (set PYTHON=python3.X)" >&2
+if ! "$python" -c 'import sys; sys.exit(not ((3, 9) <= sys.version_info[:2] <= (3, 12)))'; then
+    found="$("$python" -V 2>&1 || true)"
+    echo "setup_rknn_converter.sh: $python is ${found:-no working python}; rknn-toolkit2 2.5.0" \
+         "with its pins needs CPython 3.9-3.12 (set PYTHON=python3.X)" >&2
     exit 2
 fi
 
@@ -46,6 +48,11 @@ fi
 step "installing ${packages[*]} (torch is about 2.5 GB the first time)"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet "${packages[@]}"
-version="$("$venv/bin/python" -c 'from rknn.api import RKNN; import importlib.metadata as m; print(m.version("rknn-toolkit2"))' 2>/dev/null | tail -n 1)"
+check='import importlib.metadata as m, rknn.api; print(m.version("rknn-toolkit2"))'
+if ! version="$("$venv/bin/python" -c "$check" 2>/dev/null | tail -n 1)"; then
+    echo "setup_rknn_converter.sh: rknn.api does not import in $venv; see" \
+         "$venv/bin/python -c 'import rknn.api'" >&2
+    exit 1
+fi
 step "rknn-toolkit2 $version ready; the agent uses $venv/bin/python"
 step "(config model_build.rknn_python or EDGE_AGENT_RKNN_PYTHON=$venv/bin/python)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -270,3 +271,15 @@ def test_converter_python_falls_back_to_the_default_venv(monkeypatch: pytest.Mon
         "the default converter (neither model_build.rknn_python nor EDGE_AGENT_RKNN_PYTHON "
         f"is set): {tmp_path}/rknn-venv/bin/python is not an executable python")
     assert os.environ.get(rknn.ENV) is None
+
+
+def test_the_setup_script_refuses_a_python_the_toolkit_has_no_build_for(tmp_path: Path) -> None:
+    script = Path(__file__).parents[1] / "scripts" / "setup_rknn_converter.sh"
+    done = subprocess.run(["bash", str(script), str(tmp_path / "venv")], capture_output=True,
+                          text=True, env={**os.environ, "PYTHON": "/bin/false"}, timeout=60,
+                          check=False)
+    assert done.returncode == 2
+    assert done.stderr == ("setup_rknn_converter.sh: /bin/false is no working python; "
+                           "rknn-toolkit2 2.5.0 with its pins needs CPython 3.9-3.12 "
+                           "(set PYTHON=python3.X)\n")
+    assert not (tmp_path / "venv").exists()

@@ -1,7 +1,7 @@
 """The rknn converter's side of ``edge-agent model build --target rknn:<soc>``.
 
 Run by file path with the isolated converter venv's python (scripts/setup_rknn_converter.sh;
-CPython 3.8 or later), never imported by the agent: rknn-toolkit2 pins numpy, onnx, protobuf
+CPython 3.9 to 3.12), never imported by the agent: rknn-toolkit2 pins numpy, onnx, protobuf
 and torch to versions the agent's venv cannot hold, so this file imports only the standard
 library, numpy and rknn.api.
 
