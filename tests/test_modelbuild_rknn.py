@@ -189,6 +189,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def test_a_model_file_left_by_an_earlier_build_does_not_pass_for_this_one(
+        source: Path, fake_python: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (source.parent / "out").mkdir()
+    (source.parent / "out" / "model.rknn").write_bytes(b"RKNN stale")
+    monkeypatch.setenv("FAKE_RKNN_MODE", "no_export")
+    with pytest.raises(BuildError, match=r"reported success but wrote no .*/out/model.rknn$"):
+        run(source, fake_python)
+
+
 def test_output_outside_the_protocol_is_an_error(source: Path, fake_python: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_RKNN_MODE", "garbage")
@@ -233,12 +242,12 @@ def test_bad_choices_name_the_flag_and_the_allowed_values(
 
 def test_feeds_must_agree_on_inputs_and_sample_shape(source: Path, fake_python: Path) -> None:
     other = {"pixels": np.zeros((1, 3, 4, 4), np.float32)}
-    with pytest.raises(BuildError, match=r"input 1: names \['pixels'\] differ from the first "
-                                         r"input's \['image'\]"):
+    with pytest.raises(BuildError, match=r"^held-out input 0: names \['pixels'\] differ from "
+                                         r"calibration input 0's \['image'\]$"):
         run(source, fake_python, calibration=[image(1)], heldout=[other])
     wider = {"image": np.zeros((2, 3, 8, 8), np.float32)}
-    with pytest.raises(BuildError, match=r"input 1: image has shape \[2, 3, 8, 8\]; the rknn "
-                                         r"model takes \[N, 3, 4, 4\]"):
+    with pytest.raises(BuildError, match=r"^held-out input 0: image has shape \[2, 3, 8, 8\]; "
+                                         r"the rknn model takes \[N, 3, 4, 4\]$"):
         run(source, fake_python, calibration=[image(1)], heldout=[wider])
 
 

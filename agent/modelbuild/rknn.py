@@ -89,9 +89,13 @@ def convert(source: Path, out_dir: Path, platform: str, precision: str,
         raise BuildError("--precision int8 for rknn needs calibration inputs (--calibration DIR)")
     if not source.is_file():
         raise BuildError(f"{source}: no such model file")
-    inputs = _input_specs(calibration + heldout)
+    inputs = _input_specs([(f"calibration input {index}", feed)
+                           for index, feed in enumerate(calibration)]
+                          + [(f"held-out input {index}", feed)
+                             for index, feed in enumerate(heldout)])
     out_dir.mkdir(parents=True, exist_ok=True)
     model = out_dir / MODEL_FILE
+    model.unlink(missing_ok=True)  # what the check after the run sees is this run's
     with tempfile.TemporaryDirectory(prefix=".rknn-", dir=out_dir) as scratch_name:
         scratch = Path(scratch_name)
         names = [name for name, _ in inputs]
@@ -112,21 +116,21 @@ def convert(source: Path, out_dir: Path, platform: str, precision: str,
     return RknnConversion(model=model, outputs=outputs, toolkit_version=version)
 
 
-def _input_specs(feeds: list[Feed]) -> list[tuple[str, list[int]]]:
+def _input_specs(feeds: list[tuple[str, Feed]]) -> list[tuple[str, list[int]]]:
     """Input names in the first feed's order, each with its batch-1 shape; every feed must
     have the same inputs and per-sample shapes, since the .rknn has fixed shapes."""
     if not feeds:
         raise BuildError("rknn conversion needs at least one calibration or held-out input")
-    first = feeds[0]
+    first = feeds[0][1]
     specs = [(name, [1, *np.shape(array)[1:]]) for name, array in first.items()]
-    for index, feed in enumerate(feeds):
+    for label, feed in feeds:
         if set(feed) != set(first):
-            raise BuildError(f"input {index}: names {sorted(feed)} differ from the first "
-                             f"input's {sorted(first)}")
+            raise BuildError(f"{label}: names {sorted(feed)} differ from {feeds[0][0]}'s "
+                             f"{sorted(first)}")
         for name, shape in specs:
             array = feed[name]
             if array.ndim < 1 or array.shape[0] < 1 or list(array.shape[1:]) != shape[1:]:
-                raise BuildError(f"input {index}: {name} has shape {list(array.shape)}; the "
+                raise BuildError(f"{label}: {name} has shape {list(array.shape)}; the "
                                  f"rknn model takes [N, {', '.join(map(str, shape[1:]))}]")
     return specs
 

@@ -5,7 +5,8 @@ input is taken as NHWC unless ``data_format`` says 'nchw' (the real one then rai
 
 The simulator's outputs are arithmetic on the inputs, so a test can compute them: output 0
 is the sum of all inputs' elements ``[1, 1]``, output 1 the first input flattened ``[1, k]``.
-``FAKE_RKNN_MODE`` steers a failure (raises, build_fails, exit, crash, hang); what was called is
+``FAKE_RKNN_MODE`` steers a failure (raises, build_fails, exit, crash, hang,
+no_export: export_rknn returns 0 and writes nothing); what was called is
 written as JSON to ``FAKE_RKNN_LOG`` on release.
 """
 
@@ -88,7 +89,8 @@ class RKNN:
         self._record("export_rknn", export_path=export_path)
         if not self.built:
             return -1
-        Path(export_path).write_bytes(b"RKNN fake model")
+        if os.environ.get("FAKE_RKNN_MODE") != "no_export":
+            Path(export_path).write_bytes(b"RKNN fake model")
         return 0
 
     def init_runtime(self, target: str | None = None, **args: Any) -> int:
