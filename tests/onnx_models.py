@@ -111,3 +111,36 @@ def sqrt_model(path: Path) -> Path:
     graph = helper.make_graph([helper.make_node("Sqrt", ["x"], ["y"])], "sqrt_model", [x],
                               [y])
     return _save(finish_model(graph), path)
+
+
+def small_nchw_cnn(path: Path, batch: str | int = 1) -> Path:
+    """``image`` [batch,3,32,32] -> ``logits`` [batch,10]: three 3x3 Conv+Relu (8, 16, 32
+    channels; the last two stride 2), GlobalAveragePool, Flatten, Gemm.  No softmax, so a
+    converted model's error shows in the cosine of the logits."""
+    rng = np.random.RandomState(21)
+    initializers: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def weight(name: str, shape: tuple[int, ...], fan_in: int) -> str:
+        values = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
+        initializers.append(numpy_helper.from_array(values.astype(np.float32), name))
+        return name
+
+    x = "image"
+    for name, c_in, c_out, stride in (("c1", 3, 8, 1), ("c2", 8, 16, 2), ("c3", 16, 32, 2)):
+        w = weight(f"{name}.w", (c_out, c_in, 3, 3), c_in * 9)
+        b = weight(f"{name}.b", (c_out,), c_out)
+        nodes.append(helper.make_node("Conv", [x, w, b], [f"{name}.conv"], kernel_shape=[3, 3],
+                                      strides=[stride, stride], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"{name}.conv"], [name]))
+        x = name
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["gap"]),
+              helper.make_node("Flatten", ["gap"], ["flat"]),
+              helper.make_node("Gemm", ["flat", weight("fc.w", (10, 32), 32),
+                                        weight("fc.b", (10,), 10)], ["logits"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "small_nchw_cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [batch, 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 10])],
+        initializers)
+    return _save(finish_model(graph), path)

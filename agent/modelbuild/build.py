@@ -157,7 +157,7 @@ class _Judge:
 
 def _rknn(request: BuildRequest, workdir: Path, data: input_files.Inputs,
           judge: _Judge) -> None:
-    from agent.modelbuild import rknn
+    import agent.modelbuild.rknn as rknn
 
     tried = Tried(f"rknn-{request.rknn_platform}-{request.precision}",
                   {"platform": request.rknn_platform, "precision": request.precision})

@@ -1,0 +1,1 @@
+"""A fake rknn-toolkit2 for the converter's tests (see rknn/api)."""
