@@ -53,6 +53,15 @@ def test_the_header_names_the_toolkit_in_both_layouts() -> None:
         parse_rknn(b"\x08\x01onnx")
 
 
+def test_a_real_toolkit_2_5_export_is_read() -> None:
+    """rknn-toolkit2 2.5.0 writes format 6 with a 64-byte header (scripts/
+    setup_rknn_converter.sh's toolkit made this file from a small CNN for rk3588, int8)."""
+    real = Path(__file__).parent / "rknn_exports" / "toolkit-2.5.0-int8-rk3588.rknn"
+    info = parse_rknn(real.read_bytes())
+    assert (info.format_version, info.toolkit_version, info.target_platform) == (
+        6, "2.5.0", ("rk3588",))
+
+
 def test_a_model_newer_than_librknnrt_is_refused_naming_both(lite: Any, version: Path) -> None:
     version.write_bytes(rknn_bytes("2.3.0+81f21f4d"))
     with pytest.raises(SessionError) as caught:
