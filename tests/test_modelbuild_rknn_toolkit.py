@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx_models import small_nchw_cnn
 
+from agent.cli import main
+from agent.inference.backends.rknn_file import parse_rknn
 from agent.modelbuild import rknn
 from agent.modelbuild.request import BuildError, Feed
+from tests.onnx_models import small_nchw_cnn
 
 pytestmark = pytest.mark.rknn_toolkit
 
@@ -46,18 +46,6 @@ def feeds(seed: int, count: int, batch: int = 1) -> list[Feed]:
     rng = np.random.RandomState(seed)
     return [{"image": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)}
             for _ in range(count)]
-
-
-def metadata(data: bytes) -> dict[str, Any]:
-    """The JSON document at the end of a .rknn export (its u64 length before it), found
-    without assuming the header's size: 2.5.0 writes a 64-byte header for format 6."""
-    assert data[:4] == b"RKNN"
-    for start in range(len(data) - 2, 8, -1):
-        if data[start:start + 1] == b"{" and \
-                struct.unpack_from("<Q", data, start - 8)[0] == len(data) - start:
-            document: dict[str, Any] = json.loads(data[start:])
-            return document
-    raise AssertionError("no metadata document at the end of the .rknn")
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -95,10 +83,10 @@ def test_converted_model_matches_onnx_runtime_on_the_simulator(
           f"inputs, {seconds:.1f} s")
     assert min(cosines) >= MIN_COSINE[precision]
     assert result.toolkit_version == TOOLKIT
-    document = metadata(result.model.read_bytes())
-    assert document["version"].startswith(TOOLKIT)
-    assert platform in document["target_platform"]
-    quantized = {tensor["dtype"]["qnt_type"] for tensor in document["norm_tensor"]}
+    info = parse_rknn(result.model.read_bytes())  # as the RKNN backend reads it on a board
+    assert info.toolkit_version is not None and info.toolkit_version.startswith(TOOLKIT)
+    assert platform in info.target_platform
+    quantized = {tensor["dtype"]["qnt_type"] for tensor in info.metadata["norm_tensor"]}
     assert quantized == ({"int8"} if precision == "int8" else {""})
     assert progress[-1] == "running 10 held-out inputs on the simulator"
 
@@ -123,3 +111,26 @@ def test_an_unconvertible_model_fails_with_the_toolkits_reason(converter: Path,
         rknn.convert(source, tmp_path / "out", "rk3588", "fp16", [], feeds(2, 1), converter,
                      600, lambda _: None)
     assert "its stderr ends:" in str(caught.value)
+
+
+def test_model_build_installs_a_passing_rknn_with_its_onnx_and_report(
+        converter: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole command: the gate compares the simulator with ONNX Runtime, and the version
+    holds model.rknn, the source as model.onnx (the backend reads its I/O) and build.json."""
+    source = small_nchw_cnn(tmp_path / "model.onnx")
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for i, feed in enumerate(feeds(5, 24)):
+        np.save(inputs / f"{i:02}.npy", feed["image"])
+    status = main(["model", "build", str(source), "--name", "cnn", "--target", "rknn:rk3588",
+                   "--calibration", str(inputs), "--repository", str(tmp_path / "repo"),
+                   "--rknn-python", str(converter), "--gate", "top1=0.9,cosine=0.99", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0, report
+    version = tmp_path / "repo" / "cnn" / "1"
+    assert sorted(p.name for p in version.iterdir()) == ["build.json", "model.onnx",
+                                                         "model.rknn"]
+    assert report["chosen"] == "rknn-rk3588-int8" and report["tools"]["rknn-toolkit2"] == TOOLKIT
+    assert report["variants"][0]["agreement"]["cosine_mean"] >= 0.99
+    assert report["variants"][0]["speed_ratio"] is None and "simulator" in report["speed_note"]
+    assert parse_rknn((version / "model.rknn").read_bytes()).target_platform == ("rk3588",)
