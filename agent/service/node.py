@@ -32,7 +32,8 @@ from agent.link.homeassistant import discovery_messages
 from agent.link.mqtt import MqttLink
 from agent.link.settings import LinkSettings
 from agent.service import health, reports
-from agent.service.commands import Collaborators, ServiceCommands
+from agent.service.collaborators import Collaborators
+from agent.service.commands import ServiceCommands
 from agent.service.hotplug import Hotplug
 from agent.service.inference import Inference
 from agent.service.memory_events import MemoryEventsWatch
@@ -192,7 +193,8 @@ class Service:
             # agent parse an arbitrary file
             model_dirs=[Path(d) for d in control.model_dirs] + [
                 Path(config.state_dir) / "models", DEMO_MODEL_PATH.parent,
-                Path(config.inference.model).parent]))
+                Path(config.inference.model).parent],
+            state_dir=self.state_dir))
         return Controller(
             Identity(self.config.fleet, self.config.node_id, self.config.groups),
             TrustedKeys.from_config(control.trusted_keys), set(control.allow),
