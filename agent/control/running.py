@@ -165,8 +165,8 @@ class JobRunner:
                 entry.thread.join(max(0.0, deadline - time.monotonic()))
         for entry in entries:
             if entry.thread is not None and entry.thread.is_alive():
-                logger.warning("control: the %s job of command %s did not end within %.0f s "
+                logger.warning("control: the %s job of command %s did not end within %g s "
                                "of the stop: answered cancelled and left behind", entry.slot,
                                entry.command_id, self.grace_s)
                 self._end(entry, (protocol.FAILED, "cancelled", "the agent stopped; the job "
-                                  f"did not end within {self.grace_s:.0f} s", None))
+                                  f"did not end within {self.grace_s:g} s", None))
