@@ -207,3 +207,19 @@ def test_set_model_judges_the_build_report_beside_the_file(
     version = repository / "2"
     assert sorted(p.name for p in version.iterdir()) == ["build.json", "model.onnx"]
     assert json.loads((version / "build.json").read_text()) == PASSED
+
+
+def test_a_start_removes_a_version_whose_install_did_not_finish(
+        tmp_path: Path, broker: Broker, key: Ed25519PrivateKey) -> None:
+    config = node_config(tmp_path, copy_board(BOARD, tmp_path), broker, key)
+    repository = Path(config["state_dir"]) / "repository" / "demo"
+    for left in ("2", ".3.partial"):  # died in its canary; died while writing its files
+        (repository / left).mkdir(parents=True)
+        shutil.copy(DEMO_MODEL_PATH, repository / left / "model.onnx")
+    (repository / "2" / ".installing").touch()
+    (repository / "4").mkdir()  # a finished version stays
+    shutil.copy(DEMO_MODEL_PATH, repository / "4" / "model.onnx")
+    with running_node(config) as node:
+        assert sorted(p.name for p in repository.iterdir()) == ["4"]
+        assert wait_until(lambda: {"name": "demo", "versions": ["4"]}
+                          in node.inference.served_models(), 10)  # type: ignore[union-attr]
