@@ -129,6 +129,7 @@ class Controller:
     def stop(self, timeout: float = 30.0) -> None:
         """The worker ends after its current command; jobs are cancelled, waited for a
         bounded time, and answered ``cancelled`` when they do not end in it."""
+        self.long_jobs.cancel()  # first: a job does not wait for the worker's command
         self._jobs.put(None)
         if self._worker is not None:
             self._worker.join(timeout)

@@ -152,13 +152,18 @@ class JobRunner:
         except Exception:  # the store may be closed by a stop that gave up on the job
             logger.exception("control: answering command %s failed", entry.command_id)
 
-    def stop(self) -> None:
-        """Cancel every job and wait for them, ``grace_s`` in all; answer the rest."""
+    def cancel(self) -> list[_Running]:
+        """Cancel every job, and any started from now on; the ones running."""
         with self._lock:
             self._stopping = True
             entries = list(self._slots.values())
         for entry in entries:
             entry.cancel.set()
+        return entries
+
+    def stop(self) -> None:
+        """Cancel every job and wait for them, ``grace_s`` in all; answer the rest."""
+        entries = self.cancel()
         deadline = time.monotonic() + self.grace_s
         for entry in entries:
             if entry.thread is not None:
