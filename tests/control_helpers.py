@@ -25,6 +25,7 @@ from agent.control.operator import BrokerSettings
 from agent.control.store import CommandStore
 from agent.link.mqtt import MqttLink
 from agent.link.settings import LinkSettings
+from agent.service.builds import Builder
 from agent.service.node import Service
 from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence
@@ -181,8 +182,9 @@ def node_config(tmp_path: Path, root: Path, broker: Broker, key: Ed25519PrivateK
 
 
 @contextmanager
-def running_node(config: dict[str, Any]) -> Iterator[Service]:
-    service = Service(from_dict(config))
+def running_node(config: dict[str, Any], builder: Builder | None = None) -> Iterator[Service]:
+    """``builder``: build-model's build in place of agent.modelbuild's."""
+    service = Service(from_dict(config), builder=builder)
     service.start()
     try:
         assert wait_until(lambda: service.link is not None

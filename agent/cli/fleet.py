@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from agent.control.operator import BrokerSettings, Bus, Outcome
 
 
+DEFAULT_TIMEOUT_S = 15.0
+LONG_TIMEOUTS_S = {"build-model": 1800.0}  # commands that run as a job for minutes
+
+
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``fleet``: keygen, send, desired, watch."""
     fleet = commands.add_parser("fleet", help="operator side: keys, signed commands, desired "
@@ -54,11 +58,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         if name == "send":
             # not dest "command": that names the top-level command in error messages
             sub.add_argument("fleet_command", metavar="command",
-                             help="ping, get-status, apply-profile, ... (README)")
+                             help="ping, get-status, apply-profile, set-model, build-model, "
+                             "... (README)")
             sub.add_argument("--arg", action="append", metavar="K=V",
                              help="an argument; repeat; values are JSON when they parse")
             sub.add_argument("--args-json", metavar="JSON")
-            sub.add_argument("--timeout", type=positive_float, default=15.0)
+            sub.add_argument("--timeout", type=positive_float,
+                             help=f"seconds to wait for the replies (default "
+                             f"{DEFAULT_TIMEOUT_S:g}; build-model "
+                             f"{LONG_TIMEOUTS_S['build-model']:g})")
             sub.add_argument("--ttl", type=positive_float, default=60.0, help="seconds it is valid")
             sub.add_argument("--json", action="store_true")
         if name == "desired":
@@ -235,7 +243,8 @@ def send(args: argparse.Namespace) -> int:
                         ttl_s=args.ttl)
         sent_at = time.time()
         publish_command(bus, scope, envelope)
-        outcomes = collect(bus, envelope["id"], expected, sent_at, args.timeout)
+        timeout = args.timeout or LONG_TIMEOUTS_S.get(args.fleet_command, DEFAULT_TIMEOUT_S)
+        outcomes = collect(bus, envelope["id"], expected, sent_at, timeout)
     finally:
         bus.close()
     if args.json:

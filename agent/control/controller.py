@@ -1,4 +1,5 @@
-"""Fleet control: every incoming command is checked here, and accepted ones run one at a time.
+"""Fleet control: every incoming command is checked here, and accepted ones run one at a time
+(a long one's work as a job beside them, ``running``).
 
 Checks, in order, each with its reply code: retained, oversized, malformed (JSON, nesting,
 NaN, envelope schema), unsigned, bad_signature / unknown_key, then, the signature valid,
@@ -17,7 +18,6 @@ published retained on ``<node>/reported``.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import sqlite3
@@ -33,29 +33,28 @@ from agent.control.audit import JUNK_BURST, JUNK_REPLIES_PER_S, JunkCounter, Tok
 from agent.control.checks import Checks, Limits
 from agent.control.desired import REDELIVERED, DesiredStates
 from agent.control.envelope import EnvelopeError, TrustedKeys
+from agent.control.incoming import Incoming as Incoming
+from agent.control.incoming import incoming_of, loose_id
+from agent.control.running import CommandFailed as CommandFailed
+from agent.control.running import Job, JobRunner, outcome_of
+from agent.control.running import Progress as Progress
 from agent.control.store import CommandStore
 
 logger = logging.getLogger(__name__)
+# Incoming, CommandFailed and Progress are imported from here too (handlers, tests).
 
 PRUNE_INTERVAL_S = 3600.0  # how often the worker forgets ids a day past their expiry
 
 
-class CommandFailed(Exception):
-    """A command that ran and failed: ``code`` goes into the reply."""
-
-    def __init__(self, code: str, message: str, result: dict[str, Any] | None = None) -> None:
-        self.code, self.result = code, result
-        super().__init__(message)
+# A handler's result, or the Job it hands back when its work is long (running.py).
+Handler = Callable[[dict[str, Any], Progress], dict[str, Any] | Job]
 
 
-Progress = Callable[[str], None]
-Handler = Callable[[dict[str, Any], Progress], dict[str, Any]]
 class Reply(Protocol):
     """Publishes one reply; ``droppable``: a reply to junk the link may shed under load."""
 
     def __call__(self, topic: str, body: dict[str, Any], response_topic: str | None,
                  correlation: bytes | None, droppable: bool = False) -> None: ...
-
 
 
 @dataclass(frozen=True)
@@ -79,17 +78,6 @@ class Identity:
         return prefixes
 
 
-@dataclass
-class Incoming:
-    """What the controller needs of an MQTT message (paho's MQTTMessage fits)."""
-
-    topic: str
-    payload: bytes
-    retain: bool = False
-    response_topic: str | None = None
-    correlation: bytes | None = None
-
-
 class Controller:
     def __init__(self, identity: Identity, keys: TrustedKeys, allow: set[str],
                  store: CommandStore, handlers: Mapping[str, Handler], reply: Reply,
@@ -109,6 +97,7 @@ class Controller:
         self._scopes = identity.scopes()
         self._jobs: queue.Queue[tuple[Callable[[], None], str] | None] = queue.Queue()
         self._worker: threading.Thread | None = None
+        self.long_jobs = JobRunner()  # long commands' work, beside the worker
         self.desired = DesiredStates(store, f"node:{identity.node_id}")
         self.junk = JunkCounter(junk_bucket or TokenBucket(JUNK_REPLIES_PER_S, JUNK_BURST))
         self.rejected = 0
@@ -138,9 +127,13 @@ class Controller:
         self._worker.start()
 
     def stop(self, timeout: float = 30.0) -> None:
+        """The worker ends after its current command; jobs are cancelled, waited for a
+        bounded time, and answered ``cancelled`` when they do not end in it."""
+        self.long_jobs.cancel()  # first: a job does not wait for the worker's command
         self._jobs.put(None)
         if self._worker is not None:
             self._worker.join(timeout)
+        self.long_jobs.stop()
 
     def _work(self) -> None:
         while True:
@@ -180,7 +173,7 @@ class Controller:
         Whatever goes wrong in handling one message is logged, answered and counted here."""
         incoming: Incoming | None = None
         try:
-            incoming = _incoming(message)
+            incoming = incoming_of(message)
             command = protocol.command_of(incoming.topic)
             if command is not None and command[0] in self._scopes:
                 self._command(incoming, *command)
@@ -202,7 +195,7 @@ class Controller:
                 return
             if self.junk.admit("internal_error") is not None:
                 self._send(incoming, command[1], self._reply_body(
-                    _loose_id(incoming.payload), command[1], protocol.FAILED,
+                    loose_id(incoming.payload), command[1], protocol.FAILED,
                     "internal_error", "the node could not handle this message"),
                     droppable=True)
         except Exception:
@@ -215,7 +208,7 @@ class Controller:
                                     "(they would run again on every reconnect)")
             envelope = self.checks.command(incoming.payload, name, self._scopes[prefix])
         except EnvelopeError as error:
-            self._reject(incoming, name, _loose_id(incoming.payload), error)
+            self._reject(incoming, name, loose_id(incoming.payload), error)
             return
         stored = self.store.get(envelope["id"])
         if stored is not None:
@@ -262,17 +255,18 @@ class Controller:
             self._send(incoming, name, self._reply_body(envelope, name, protocol.IN_PROGRESS,
                                                           step=step))
 
-        try:
-            result = self.handlers[name](envelope["args"], progress)
-        except CommandFailed as failure:
-            self._finish(incoming, name, envelope, protocol.FAILED, failure.code, str(failure),
-                         failure.result)
+        def finish(status: str, code: str, message: str | None,
+                   result: dict[str, Any] | None) -> None:
+            self._finish(incoming, name, envelope, status, code, message, result)
+
+        outcome = outcome_of(name, lambda: self.handlers[name](envelope["args"], progress))
+        if not isinstance(outcome, Job):
+            finish(*outcome)
             return
-        except Exception as error:  # reported, not raised: the fleet must hear about it
-            logger.exception("control: %s failed", name)
-            self._finish(incoming, name, envelope, protocol.FAILED, "error", str(error))
-            return
-        self._finish(incoming, name, envelope, protocol.SUCCEEDED, "ok", None, result)
+        running = self.long_jobs.start(envelope["id"], outcome, progress, finish)
+        if running is not None:  # one job per slot: answered now, never queued
+            finish(protocol.FAILED, "busy", f"command {running} is running a {outcome.slot} "
+                   "job; one runs at a time", {"running": running})
 
     def _finish(self, incoming: Incoming, name: str, envelope: dict[str, Any], status: str,
                 code: str, message: str | None, result: dict[str, Any] | None = None) -> None:
@@ -302,7 +296,7 @@ class Controller:
                 return
         except EnvelopeError as error:
             self.rejected += 1
-            loose = _loose_id(incoming.payload)
+            loose = loose_id(incoming.payload)
             if error.verified or error.code == "stale":
                 self.junk.count(error.code)
             elif self.junk.admit(error.code) is None:
@@ -377,23 +371,3 @@ class Controller:
         under load; a reply to a validly signed command never is."""
         self.reply(topic, body, response, correlation, droppable=droppable)
 
-
-def _incoming(message: Any) -> Incoming:
-    if isinstance(message, Incoming):
-        return message
-    properties = getattr(message, "properties", None)
-    return Incoming(topic=message.topic, payload=bytes(message.payload),
-                    retain=bool(message.retain),
-                    response_topic=getattr(properties, "ResponseTopic", None),
-                    correlation=getattr(properties, "CorrelationData", None))
-
-
-def _loose_id(payload: bytes) -> dict[str, Any]:
-    """The id of a message that failed a check, when it has one, to address the reply: read
-    leniently (a NaN elsewhere does not hide it), but never raising."""
-    try:
-        document = json.loads(payload)
-    except (ValueError, RecursionError):
-        return {}
-    value = document.get("id") if isinstance(document, dict) else None
-    return {"id": value} if isinstance(value, str) and len(value) <= 128 else {}

@@ -20,6 +20,14 @@ NAME = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"}
 PATH = {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": "^[^\\x00]+$"}
 SHA256 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 NO_ARGS: dict[str, Any] = {"type": "object", "additionalProperties": False}
+MODEL_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$"}
+# What agent.modelbuild builds for (its request's TARGETS and rknn:<platform>): the control
+# layer sits below it, so the names are repeated here; the build checks them again.
+BUILD_TARGETS = ["cpu", "tensorrt", "openvino", "rknn:rk3588", "rknn:rk3576", "rknn:rk3566"]
+BUILD_PRECISIONS = ["int8", "fp16"]
+RATIO = {"type": "number", "minimum": 0, "maximum": 1}
+PIXEL_TRIPLE = {"type": "array", "minItems": 3, "maxItems": 3,
+                "items": {"type": "number", "minimum": -255, "maximum": 255}}
 
 PROFILE_GUARD = {
     "type": "object", "additionalProperties": False,
@@ -44,8 +52,22 @@ ARGS: dict[str, dict[str, Any]] = {
     "rollback-profile": NO_ARGS,
     "set-model": {"type": "object", "additionalProperties": False, "required": ["model"],
                   "properties": {"model": PATH, "sha256": SHA256, "guard": MODEL_GUARD,
-                                 "name": {"type": "string",
-                                          "pattern": "^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$"}}},
+                                 "name": MODEL_NAME}},
+    "build-model": {
+        "type": "object", "additionalProperties": False, "required": ["source"],
+        "properties": {
+            "source": PATH, "name": MODEL_NAME, "target": {"enum": BUILD_TARGETS},
+            "precision": {"enum": BUILD_PRECISIONS}, "calibration": PATH,
+            "gate": {"type": "object", "additionalProperties": False,
+                     "properties": {"top1": RATIO, "cosine": RATIO,
+                                    "speed": {"type": "number", "minimum": 0, "maximum": 100}}},
+            "preprocess": {"type": "object", "additionalProperties": False,
+                           "properties": {"mean": PIXEL_TRIPLE,
+                                          "std": {**PIXEL_TRIPLE, "items": {
+                                              "type": "number", "minimum": 1e-6,
+                                              "maximum": 255}},
+                                          "order": {"enum": ["rgb", "bgr"]}}},
+            "guard": MODEL_GUARD}},
     "set-telemetry": {
         "type": "object", "additionalProperties": False, "minProperties": 1,
         "properties": {"interval_s": {"type": "number", "minimum": 0.05, "maximum": 86400},

@@ -11,59 +11,25 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from agent import protocol
 from agent.control.controller import CommandFailed, Handler, Progress
+from agent.control.running import Job
+from agent.service import builds
+from agent.service.buildmodel import build_model
+from agent.service.collaborators import Collaborators
 from agent.service.health import guard_problem
 from agent.tuning.engine import TuningError
 from agent.tuning.errors import ProfileError
 
 if TYPE_CHECKING:
-    from agent.discovery.model import Topology
     from agent.inference.stats import Window
-    from agent.service.inference import Inference
-    from agent.service.tuning import Tuning
-    from agent.telemetry.sampler import Sampler
 
 
 MAX_WINDOW_S = 3600  # a health window longer than the schema's bound cannot be meant
 OPTIONAL_THRESHOLDS = ("max_temp_c", "max_p99_ms")  # null: not judged
-
-
-class Session(Protocol):
-    @property
-    def session(self) -> int: ...
-
-
-class Announcer(Protocol):
-    """The MQTT link as commands use it: announce again, publish a retained report."""
-
-    @property
-    def status(self) -> Session: ...
-
-    def rebirth(self) -> None: ...
-
-    def publish_now(self, suffix: str, payload: dict[str, Any],
-                    retain: bool = False) -> None: ...
-
-
-@dataclass(frozen=True)
-class Collaborators:
-    """What the handlers act on.  Getters where the root replaces or builds a thing after
-    the controller: the topology (hot-plug), the link (it needs the controller first)."""
-
-    tuning: Tuning
-    inference: Inference
-    sampler: Sampler
-    link: Callable[[], Announcer]
-    topology: Callable[[], Topology]
-    status: Callable[[], dict[str, Any]]
-    selftest: Callable[[], dict[str, Any]]
-    guard_defaults: dict[str, Any]
-    model_dirs: list[Path]  # where set-model may load from
 
 
 class ServiceCommands:
@@ -77,7 +43,8 @@ class ServiceCommands:
                 "get-status": self.get_status, "apply-profile": self.apply_profile,
                 "rollback-profile": self.rollback_profile, "set-model": self.set_model,
                 "set-telemetry": self.set_telemetry, "rebirth": self.rebirth,
-                "restart-inference": self.restart_inference, "selftest": self.selftest}
+                "restart-inference": self.restart_inference, "selftest": self.selftest,
+                "build-model": self.build_model}
 
     def _guard(self, args: dict[str, Any]) -> dict[str, Any]:
         """The thresholds of a guarded change; CommandFailed ``bad_args`` before anything
@@ -208,10 +175,7 @@ class ServiceCommands:
         self.parts.link().rebirth()
 
     def model_allowed(self, path: str) -> bool:
-        """Models load only from the configured directories (and the bundled demo), so a
-        command cannot make the agent parse an arbitrary file."""
-        resolved = Path(path).resolve()
-        return any(resolved.is_relative_to(d.resolve()) for d in self.parts.model_dirs)
+        return self.parts.model_allowed(path)
 
     def set_model(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         """Install a verified file as the next version of a model (the default one unless
@@ -225,18 +189,30 @@ class ServiceCommands:
         if not inference.enabled or not inference.supervisor.ready:
             raise CommandFailed("model_rejected", "the data plane is not ready: "
                                 + ("; ".join(inference.problems()) or "inference is disabled"))
+        model = Path(args["model"])
+        report = builds.read_report(model)  # built elsewhere: its report goes into the guard
+        extras: dict[str, Path] = {}
+        if report is not None:
+            problem = builds.refusal(model, report, builds.runnable_targets(
+                self.parts.topology(), inference.available))
+            if problem is not None:
+                raise CommandFailed("gate_failed", problem, {"build": builds.figures(report)})
+            extras = builds.version_files(model.parent, report)
         guard = self._guard(args)
         progress("loading")
-        canary = {key: guard[key] for key in ("canary_s", "max_p99_ratio", "max_error_rate",
-                                              "max_p99_ms") if guard.get(key) is not None}
         try:
-            installed = inference.install(Path(args["model"]), args.get("sha256"),
-                                          args.get("name"), canary)
+            installed = inference.install(model, args.get("sha256"), args.get("name"),
+                                          builds.canary_of(guard), extras)
         except InstallFailed as failure:
             raise CommandFailed(failure.code, str(failure),
                                 {"model": inference.model_path}) from None
         self.parts.link().rebirth()  # birth lists the served models
-        return {**installed, "canary": "passed"}
+        return {**installed, "canary": "passed",
+                **({"build": builds.figures(report)} if report is not None else {})}
+
+    def build_model(self, args: dict[str, Any], progress: Progress) -> Job:
+        """Build and install a model on this node, as a job beside the command worker."""
+        return build_model(self.parts, args, self._guard(args))
 
     # -- desired state ----------------------------------------------------------------------
 

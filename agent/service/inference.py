@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LOAD_ALLOWANCE_S = 300.0  # building a new version's sessions, on top of its canary
+MODEL_FILE = "model.onnx"
+EXTRA_FILES = ("build.json", "model.rknn")  # what a version may hold beside its model.onnx
+UNCOMMITTED = ".installing"  # in a version whose canary has not passed yet
 
 
 class InstallFailed(Exception):
@@ -79,6 +82,7 @@ class Inference:
         self.unused = unused_accelerators(available, self.topology, self.providers)
         for accelerator in self.unused:
             logger.warning("%s is not used: %s", accelerator.device, accelerator.reason)
+        self.sweep()
         self.supervisor.start()
         source = self.config.inference.source
         if source != "none":
@@ -158,18 +162,24 @@ class Inference:
     # -- a new version -------------------------------------------------------------------------
 
     def install(self, source: Path, sha256: str | None, name: str | None,
-                canary: dict[str, Any]) -> dict[str, Any]:
-        """Copy a verified file in as the next version of ``name`` and load it through the
-        data plane's canary; a version that fails is removed again and the old one serves."""
+                canary: dict[str, Any], extras: Mapping[str, Path] | None = None,
+                temporary: bool = False) -> dict[str, Any]:
+        """Copy a verified file in as the next version of ``name``, with ``extras`` beside it
+        (a name in EXTRA_FILES -> where it is: a build's ``build.json``, its ``model.rknn``),
+        and load it through the data plane's canary; a version that fails is removed again
+        and the old one serves.  The files go into a staging directory renamed into place,
+        marked until the canary passed (a start removes a version still marked: the agent
+        stopped or died during its canary).  ``temporary``: the source goes away after (a
+        build's work directory), so the default entry's path names the installed copy."""
         from agent.serving.errors import ServeError
 
         name = name or self.default
-        try:
-            data = source.read_bytes()
-        except OSError as error:
-            raise InstallFailed("model_rejected", f"{source}: {error.strerror or error}") \
-                from None
-        digest = hashlib.sha256(data).hexdigest()
+        files = {MODEL_FILE: self._read(source)}
+        for file, path in (extras or {}).items():
+            if file not in EXTRA_FILES:
+                raise ValueError(f"{file!r} is not a file a version holds")
+            files[file] = self._read(path)
+        digest = hashlib.sha256(files[MODEL_FILE]).hexdigest()
         if sha256 is not None and digest != sha256.lower():
             raise InstallFailed("model_rejected", f"{source}: has sha256 {digest}, expected "
                                 f"{sha256}; not installed")
@@ -178,10 +188,12 @@ class Inference:
         staging = target.with_name(f".{version}.partial")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        with open(staging / "model.onnx", "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        (staging / UNCOMMITTED).touch()
+        for file, data in files.items():
+            with open(staging / file, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
         staging.rename(target)
         try:
             self.supervisor.client().load(name, {"canary": json.dumps(canary)},
@@ -190,9 +202,30 @@ class Inference:
             shutil.rmtree(target, ignore_errors=True)
             code = "canary_failed" if error.code == "FAILED_PRECONDITION" else "model_rejected"
             raise InstallFailed(code, f"{name} version {version}: {error.message}") from None
+        (target / UNCOMMITTED).unlink(missing_ok=True)
+        path = target / MODEL_FILE if temporary else source
         if name == self.default:
-            self.model_path = str(source)
-        return {"model": name, "version": version, "sha256": digest, "path": str(source)}
+            self.model_path = str(path)
+        return {"model": name, "version": version, "sha256": digest, "path": str(path),
+                **({"files": sorted(files)} if extras else {})}
+
+    @staticmethod
+    def _read(path: Path) -> bytes:
+        try:
+            return path.read_bytes()
+        except OSError as error:
+            raise InstallFailed("model_rejected", f"{path}: {error.strerror or error}") \
+                from None
+
+    def sweep(self) -> list[Path]:
+        """Remove what an install left when the agent stopped or died in it: a staging
+        directory, a version whose canary never passed.  Before the data plane starts."""
+        removed = [*self.repository.glob("*/.*.partial"),
+                   *(marker.parent for marker in self.repository.glob(f"*/*/{UNCOMMITTED}"))]
+        for directory in removed:
+            logger.warning("%s: left by an install that did not finish; removed", directory)
+            shutil.rmtree(directory, ignore_errors=True)
+        return removed
 
     def _next_version(self, name: str) -> int:
         directory = self.repository / name

@@ -32,7 +32,9 @@ from agent.link.homeassistant import discovery_messages
 from agent.link.mqtt import MqttLink
 from agent.link.settings import LinkSettings
 from agent.service import health, reports
-from agent.service.commands import Collaborators, ServiceCommands
+from agent.service.builds import Builder, core_builder
+from agent.service.collaborators import Collaborators
+from agent.service.commands import ServiceCommands
 from agent.service.hotplug import Hotplug
 from agent.service.inference import Inference
 from agent.service.memory_events import MemoryEventsWatch
@@ -71,8 +73,9 @@ def _state_dir(path: str) -> Path:
 
 class Service:
     def __init__(self, config: Config, state_dir: str | None = None,
-                 notifier: Notifier | None = None) -> None:
+                 notifier: Notifier | None = None, builder: Builder | None = None) -> None:
         self.config = config
+        self.builder = builder or core_builder  # build-model's build (tests give their own)
         self.notifier = notifier or Notifier(enabled=False)
         self.state_dir = _state_dir(state_dir or config.state_dir)
         self.root = Root(config.root)
@@ -192,7 +195,8 @@ class Service:
             # agent parse an arbitrary file
             model_dirs=[Path(d) for d in control.model_dirs] + [
                 Path(config.state_dir) / "models", DEMO_MODEL_PATH.parent,
-                Path(config.inference.model).parent]))
+                Path(config.inference.model).parent],
+            state_dir=self.state_dir, builder=self.builder))
         return Controller(
             Identity(self.config.fleet, self.config.node_id, self.config.groups),
             TrustedKeys.from_config(control.trusted_keys), set(control.allow),
