@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnx
 import pytest
 from control_helpers import Operator, node_config, running_node
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -223,3 +225,39 @@ def test_a_start_removes_a_version_whose_install_did_not_finish(
         assert sorted(p.name for p in repository.iterdir()) == ["4"]
         assert wait_until(lambda: {"name": "demo", "versions": ["4"]}
                           in node.inference.served_models(), 10)  # type: ignore[union-attr]
+
+
+def test_a_build_with_the_real_core_installs_the_int8_model_it_judged(
+        tmp_path: Path, broker: Broker, key: Ed25519PrivateKey, operator: Operator) -> None:
+    """agent.modelbuild's own build (no injected builder) on the demo CNN, calibrated on
+    .npy batches under the model directory; the speed is not judged (speed=0), so the
+    outcome does not depend on this machine's load."""
+    config = node_config(tmp_path, copy_board(BOARD, tmp_path), broker, key,
+                         guard={"window_s": 0.5, "canary_s": 0.5})
+    with running_node(config) as service:
+        models = models_dir(service, "demo-copy.onnx")
+        inputs = models / "inputs"
+        inputs.mkdir()
+        rng = np.random.default_rng(3)
+        for i in range(8):
+            np.save(inputs / f"{i}.npy", rng.standard_normal((1, 3, 64, 64), np.float32))
+        sent = operator.send("orin-1", "build-model", {
+            "source": str(models / "demo-copy.onnx"), "calibration": str(inputs),
+            "gate": {"top1": 0.5, "cosine": 0.95, "speed": 0}, "guard": CALM_GUARD})
+        final = operator.final(sent["id"], seconds=120)
+        assert final["status"] == "succeeded", final
+        report = final["result"]["report"]
+        assert report["chosen"] == "u8s8-per-channel" and report["inputs"] == {
+            "calibration": 4, "heldout": 4}
+        assert final["result"]["build"]["chosen"] == "u8s8-per-channel"
+        assert steps(operator, sent["id"]) == [
+            "building demo for cpu (int8)", "reading the original model",
+            f"reading the inputs in {inputs}", "running the original on 4 held-out inputs",
+            "preparing the model for quantization", "building u8s8-per-channel",
+            "checking u8s8-per-channel on the held-out inputs", "installing"]
+        version = Path(service.config.state_dir) / "repository/demo/2"
+        installed = json.loads((version / "build.json").read_text())
+        assert installed["passed"] is True and installed["source"]["path"] == str(
+            models / "demo-copy.onnx")
+        ops = {node.op_type for node in onnx.load(str(version / "model.onnx")).graph.node}
+        assert "QuantizeLinear" in ops

@@ -22,11 +22,10 @@ from agent.modelbuild import inputs as input_files
 from agent.modelbuild import quantize, targets, variants
 from agent.modelbuild.compare import agreement
 from agent.modelbuild.measure import Measure, interleaved
-from agent.modelbuild.report import BuildReport, Tried
+from agent.modelbuild.report import MODEL_FILE, RKNN_FILE, BuildReport, Tried
 from agent.modelbuild.request import BuildError, BuildRequest, Feed, Progress, check_target
 
 MAX_SOURCE_BYTES = 2 << 30  # ONNX's protobuf limit; larger models keep external data
-MODEL_FILE, RKNN_FILE = "model.onnx", "model.rknn"
 
 
 def _digest(path: Path) -> str:

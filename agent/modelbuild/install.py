@@ -9,10 +9,10 @@ import shutil
 from collections.abc import Collection
 from pathlib import Path
 
-from agent.modelbuild.report import REPORT_FILE, BuildReport
+from agent.modelbuild.report import MODEL_FILE, REPORT_FILE, RKNN_FILE, BuildReport
 from agent.modelbuild.request import BuildError
 
-INSTALLED_FILES = ("model.onnx", "model.rknn", REPORT_FILE)
+INSTALLED_FILES = (MODEL_FILE, RKNN_FILE, REPORT_FILE)
 
 
 def next_version(directory: Path, builtin: bool) -> int:

@@ -14,6 +14,7 @@ from agent.modelbuild.request import BuildRequest
 
 SCHEMA = "build/1"
 REPORT_FILE = "build.json"
+MODEL_FILE, RKNN_FILE = "model.onnx", "model.rknn"  # a version's files (the .rknn beside)
 
 
 @dataclass
@@ -100,13 +101,3 @@ class BuildReport:
         lines.append(f"  {'installed' + where if self.passed else 'not installed'}: "
                      f"{self.reason}")
         return "\n".join(lines)
-
-
-def read(path: Path) -> dict[str, Any] | None:
-    """A ``build.json`` that a node finds next to a model file; None where there is none or
-    it is not one (``set-model`` judges a file built elsewhere by it)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("schema") == SCHEMA else None

@@ -16,6 +16,7 @@ Feed = dict[str, "np.ndarray"]  # input name -> array with the batch dimension
 Progress = Callable[[str], None]  # one short step, e.g. "calibrating int8 (per-channel)"
 
 TARGETS = ("cpu", "tensorrt", "openvino")
+PROVIDERS = {"tensorrt": "TensorrtExecutionProvider", "openvino": "OpenVINOExecutionProvider"}
 RKNN_PLATFORMS = ("rk3588", "rk3576", "rk3566")
 PRECISIONS = ("int8", "fp16")
 ORDERS = ("rgb", "bgr")

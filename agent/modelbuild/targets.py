@@ -9,10 +9,9 @@ from typing import Any
 
 import onnxruntime as ort
 
-from agent.modelbuild.request import BuildRequest
+from agent.modelbuild.request import PROVIDERS, BuildRequest
 
 CPU = "CPUExecutionProvider"
-PROVIDERS = {"tensorrt": "TensorrtExecutionProvider", "openvino": "OpenVINOExecutionProvider"}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.control.controller import CommandFailed, Progress
 from agent.control.running import Job
+from agent.modelbuild.report import MODEL_FILE, REPORT_FILE, RKNN_FILE
 from agent.service import builds
 
 if TYPE_CHECKING:
@@ -80,7 +81,8 @@ def _spec(parts: Collaborators, args: dict[str, Any]) -> builds.BuildSpec:
                             target=args.get("target", "cpu"),
                             precision=args.get("precision", "int8"), calibration=calibration,
                             gate=dict(args.get("gate", {})),
-                            preprocess=dict(args.get("preprocess", {})))
+                            preprocess=dict(args.get("preprocess", {})),
+                            rknn_python=parts.rknn_python)
 
 
 def _build_and_install(parts: Collaborators, spec: builds.BuildSpec, canary: dict[str, Any],
@@ -100,14 +102,14 @@ def _build_and_install(parts: Collaborators, spec: builds.BuildSpec, canary: dic
             raise CommandFailed("gate_failed", f"{spec.name}: {why}; nothing installed",
                                 {"report": summary})
         step("installing")  # the last point a stop cancels at: it never half-installs
-        build_json = workdir / builds.REPORT_FILE
+        build_json = workdir / REPORT_FILE
         if not build_json.is_file():  # the report is what the version keeps of its build
             build_json.write_text(json.dumps(summary, indent=2, sort_keys=True))
-        extras = {builds.REPORT_FILE: build_json}
-        if (workdir / builds.RKNN_FILE).is_file():
-            extras[builds.RKNN_FILE] = workdir / builds.RKNN_FILE
+        extras = {REPORT_FILE: build_json}
+        if (workdir / RKNN_FILE).is_file():
+            extras[RKNN_FILE] = workdir / RKNN_FILE
         try:
-            installed = parts.inference.install(workdir / builds.ONNX_FILE, None, spec.name,
+            installed = parts.inference.install(workdir / MODEL_FILE, None, spec.name,
                                                 canary, extras, temporary=True)
         except InstallFailed as failure:
             raise CommandFailed(failure.code, str(failure),

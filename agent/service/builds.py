@@ -10,7 +10,6 @@ its gate) and ``target`` (what it was built for: ``cpu``, ``tensorrt``, ``openvi
 
 from __future__ import annotations
 
-import importlib
 import json
 import threading
 from collections.abc import Callable, Sequence
@@ -19,17 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.control.controller import CommandFailed, Progress
+from agent.modelbuild.report import REPORT_FILE, RKNN_FILE
+from agent.modelbuild.request import PROVIDERS
 
 if TYPE_CHECKING:
     from agent.discovery.model import Topology
 
-REPORT_FILE = "build.json"
-ONNX_FILE = "model.onnx"
-RKNN_FILE = "model.rknn"
 MAX_REPORT_BYTES = 1 << 20  # a build.json is a few kB; a bigger one is not a report
-PROVIDERS = {"tensorrt": "TensorrtExecutionProvider", "openvino": "OpenVINOExecutionProvider"}
-FIGURES = ("passed", "reason", "target", "precision", "gate", "results", "speed_ratio",
-           "source_sha256")
+FIGURES = ("passed", "reason", "target", "precision", "gate", "chosen", "measured_with",
+           "speed_note", "source")
 
 
 @dataclass(frozen=True)
@@ -43,6 +40,7 @@ class BuildSpec:
     calibration: Path | None = None
     gate: dict[str, float] = field(default_factory=dict)  # keys left out: the core's default
     preprocess: dict[str, Any] = field(default_factory=dict)
+    rknn_python: str | None = None  # the converter's interpreter (model_build.rknn_python)
 
 
 class Report(Protocol):
@@ -70,19 +68,21 @@ def core_builder(spec: BuildSpec, workdir: Path, progress: Progress,
     """agent.modelbuild's ``build_candidate``, imported when a build runs (quantization
     pulls in onnx).  A BuildError (a file, a value the request got wrong) is
     ``build_failed``; ``cancel`` reaches the core through ``progress``."""
-    request_module = importlib.import_module("agent.modelbuild.request")
-    build_module = importlib.import_module("agent.modelbuild.build")
-    preprocess = {key: tuple(value) if isinstance(value, list) else value
-                  for key, value in spec.preprocess.items()}
-    request = request_module.BuildRequest(
-        source=spec.source, name=spec.name, target=spec.target, precision=spec.precision,
-        calibration=spec.calibration, gate=request_module.Gate(**spec.gate),
-        preprocess=request_module.Preprocess(**preprocess))
+    from agent.modelbuild.build import build_candidate
+    from agent.modelbuild.request import BuildError, BuildRequest, Gate, Preprocess
+
+    given, default = spec.preprocess, Preprocess()
+    preprocess = Preprocess(mean=tuple(given.get("mean", default.mean)),
+                            std=tuple(given.get("std", default.std)),
+                            order=str(given.get("order", default.order)))
+    request = BuildRequest(source=spec.source, name=spec.name, target=spec.target,
+                           precision=spec.precision, calibration=spec.calibration,
+                           gate=Gate(**spec.gate), preprocess=preprocess,
+                           rknn_python=spec.rknn_python)
     try:
-        report: Report = build_module.build_candidate(request, workdir, progress)
-    except request_module.BuildError as error:
+        return build_candidate(request, workdir, progress)
+    except BuildError as error:
         raise CommandFailed("build_failed", str(error)) from None
-    return report
 
 
 def runnable_targets(topology: Topology, available: Sequence[str]) -> list[str]:

@@ -49,6 +49,7 @@ class Collaborators:
     model_dirs: list[Path]  # where set-model may load from
     state_dir: Path  # build-model's work directories go under it
     builder: Builder = core_builder  # build-model's build (tests give their own)
+    rknn_python: str | None = None  # model_build.rknn_python: the .rknn converter
 
     def model_allowed(self, path: str | Path) -> bool:
         """Models load only from the configured directories (and the bundled demo), so a

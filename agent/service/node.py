@@ -196,7 +196,8 @@ class Service:
             model_dirs=[Path(d) for d in control.model_dirs] + [
                 Path(config.state_dir) / "models", DEMO_MODEL_PATH.parent,
                 Path(config.inference.model).parent],
-            state_dir=self.state_dir, builder=self.builder))
+            state_dir=self.state_dir, builder=self.builder,
+            rknn_python=self.config.model_build.rknn_python))
         return Controller(
             Identity(self.config.fleet, self.config.node_id, self.config.groups),
             TrustedKeys.from_config(control.trusted_keys), set(control.allow),
