@@ -129,6 +129,9 @@ class _Judge:
             built = session(output, providers)
             self.progress(f"checking {tried.name} on the held-out inputs")
             outputs = run_all(built, self.heldout)
+        except quantize.NothingQuantized as pointless:
+            tried.reason = str(pointless)
+            return False
         except BuildError as error:
             tried.verdict, tried.reason = "failed", str(error)
             return False

@@ -27,6 +27,12 @@ from agent.modelbuild.request import BuildError, Feed
 from agent.modelbuild.variants import SENSITIVE_TYPES, Variant
 
 QDQ_MIN_OPSET = 13  # QuantizeLinear/DequantizeLinear take a per-channel axis from opset 13
+COMPUTE_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # where INT8 saves the time
+
+
+class NothingQuantized(BuildError):
+    """A variant that left every compute node in float: it cannot be faster, and timing it
+    on a noisy machine could only let noise decide."""
 
 
 def opset(model: Any) -> int:
@@ -45,10 +51,25 @@ def prepare(source: Path, workdir: Path) -> Path:
         prepared = workdir / "prepared.onnx"
         with _quiet():
             quant_pre_process(str(start), str(prepared), skip_symbolic_shape=True)
+        _name_nodes(prepared)
     except Exception as error:  # onnx and the tool raise many kinds for a model they refuse
         raise BuildError(f"{source}: could not be prepared for quantization "
                          f"({type(error).__name__}: {error})") from None
     return prepared
+
+
+def _name_nodes(path: Path) -> None:
+    """Every node named (the optimizer leaves the nodes it makes unnamed, such as the
+    HardSigmoid and Mul a HardSwish becomes): the quantizer leaves nodes in float by name."""
+    model = onnx.load(str(path))
+    taken = {node.name for node in model.graph.node}
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{index}"
+            while node.name in taken:
+                node.name += "_"
+            taken.add(node.name)
+    onnx.save(model, str(path))
 
 
 class _Reader(CalibrationDataReader):  # type: ignore[misc]
@@ -89,6 +110,19 @@ def quantize(prepared: Path, output: Path, variant: Variant, calibration: Sequen
     except Exception as error:  # the tool's refusals are of many kinds
         raise BuildError(f"{variant.name}: quantization failed "
                          f"({type(error).__name__}: {error})") from None
+    check_quantized(output)
+
+
+def check_quantized(model: Path) -> None:
+    """NothingQuantized unless some Conv/MatMul/Gemm takes a dequantized weight."""
+    graph = onnx.load(str(model)).graph
+    dequantized = {out for node in graph.node if node.op_type == "DequantizeLinear"
+                   for out in node.output}
+    compute = [node for node in graph.node if node.op_type in COMPUTE_TYPES]
+    if compute and not any(len(node.input) > 1 and node.input[1] in dequantized
+                           for node in compute):
+        raise NothingQuantized(f"leaves all {len(compute)} Conv/MatMul/Gemm nodes in float: "
+                               "nothing to gain")
 
 
 def sensitive_nodes(prepared: Path) -> list[str]:
