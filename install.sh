@@ -345,6 +345,10 @@ trap 'rm -rf "$scratch"' EXIT
 # <prefix>/dts-overlays, where the agent looks: sys.prefix); the README goes beside them.
 mkdir -p "$venv/share/edge-agent"
 write_if_changed "$here/README.md" "$venv/share/edge-agent/README.md"
+# the .rknn converter's venv is made on demand (it is 5 GB): its setup script goes beside
+write_if_changed "$here/scripts/setup_rknn_converter.sh" \
+    "$venv/share/edge-agent/setup_rknn_converter.sh"
+chmod 755 "$venv/share/edge-agent/setup_rknn_converter.sh"
 
 # the unit, with this install's paths
 sed -e "s#/opt/edge-agent#$prefix#g" "$here/systemd/edge-agent.service" > "$scratch/unit"

@@ -19,13 +19,15 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from mqtt_helpers import Broker, Subscriber, wait_until
+from onnx_models import conv_net
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = ("pyproject.toml", "README.md", "agent", "profiles", "dts-overlays")
-INSTALLER = (*PACKAGE, "install.sh", "constraints", "systemd")
+INSTALLER = (*PACKAGE, "install.sh", "constraints", "systemd", "scripts")
 NOT_DEPENDENCIES = ("__editable__", "edge_agent", "agent", "__pycache__")
 
 
@@ -157,6 +159,26 @@ def test_the_installed_agent_has_its_profiles_and_overlay_sources(installed: Pat
         p.stem for p in (REPO / "dts-overlays").glob("*.dts")))
 
 
+def test_installed_model_build_runs_outside_the_checkout(installed: Path,
+                                                         tmp_path: Path) -> None:
+    """The wheel ships the build (and the .rknn converter's worker beside it)."""
+    model = conv_net(tmp_path / "cnn.onnx")
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for i in range(4):
+        np.save(inputs / f"{i}.npy", np.random.default_rng(i).standard_normal(
+            (1, 3, 64, 64), np.float32))
+    result = run([str(installed / "edge-agent"), "model", "build", str(model), "--name", "cnn",
+                  "--calibration", str(inputs), "--repository", str(tmp_path / "repo"),
+                  "--gate", "top1=0,cosine=0.9,speed=0", "--json"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["version"] == 1
+    assert (tmp_path / "repo" / "cnn" / "1" / "model.onnx").is_file()
+    worker = run([str(installed / "python"), "-c", "from agent.modelbuild import rknn; "
+                  "print(rknn.WORKER.is_file())"], cwd=tmp_path)
+    assert worker.stdout.strip() == "True", worker.stderr
+
+
 def test_installed_run_reports_to_a_broker(installed: Path, tmp_path: Path,
                                            broker: Broker) -> None:
     config = tmp_path / "agent.yaml"
@@ -267,6 +289,9 @@ def test_destdir_install_runs_once_moved_to_its_prefix(tmp_path: Path, deps: Pat
     unit = (stage / "etc/systemd/system/edge-agent.service").read_text()
     assert f"ExecStart={prefix}/bin/edge-agent run" in unit and str(stage) not in unit
     assert (stage / "etc/systemd/system/edge_agent.slice").read_text().count("[Slice]") == 1
+    setup = staged / "share/edge-agent/setup_rknn_converter.sh"
+    assert setup.read_bytes() == (REPO / "scripts/setup_rknn_converter.sh").read_bytes()
+    assert os.access(setup, os.X_OK)
     config = yaml.safe_load((stage / "etc/edge-agent/agent.yaml").read_text())
     assert config["tuning"]["profile"] == "auto"  # not the build machine's board
 
