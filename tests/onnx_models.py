@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.inference.demo_model import build_demo_cnn, finish_model
+from agent.inference.demo_model import HeWeights, build_demo_cnn, finish_model
 
 INPUT = "x"
 OUTPUT = "y"
@@ -117,14 +117,8 @@ def small_nchw_cnn(path: Path, batch: str | int = 1) -> Path:
     """``image`` [batch,3,32,32] -> ``logits`` [batch,10]: three 3x3 Conv+Relu (8, 16, 32
     channels; the last two stride 2), GlobalAveragePool, Flatten, Gemm.  No softmax, so a
     converted model's error shows in the cosine of the logits."""
-    rng = np.random.RandomState(21)
-    initializers: list[onnx.TensorProto] = []
+    weight = HeWeights(21)
     nodes: list[onnx.NodeProto] = []
-
-    def weight(name: str, shape: tuple[int, ...], fan_in: int) -> str:
-        values = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
-        initializers.append(numpy_helper.from_array(values.astype(np.float32), name))
-        return name
 
     x = "image"
     for name, c_in, c_out, stride in (("c1", 3, 8, 1), ("c2", 8, 16, 2), ("c3", 16, 32, 2)):
@@ -142,5 +136,5 @@ def small_nchw_cnn(path: Path, batch: str | int = 1) -> Path:
         nodes, "small_nchw_cnn",
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, [batch, 3, 32, 32])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 10])],
-        initializers)
+        weight.initializers)
     return _save(finish_model(graph), path)

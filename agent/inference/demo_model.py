@@ -26,6 +26,25 @@ DEMO_CLASSES = 10
 _SEED = 20240517
 
 
+class HeWeights:
+    """He-scaled initializers from one seeded generator, collected in creation order: the
+    same seed gives the same bytes, and activations stay in range through the layers."""
+
+    def __init__(self, seed: int) -> None:
+        import numpy as np
+
+        self.rng = np.random.RandomState(seed)
+        self.initializers: list[onnx.TensorProto] = []
+
+    def __call__(self, name: str, shape: tuple[int, ...], fan_in: int) -> str:
+        import numpy as np
+        from onnx import numpy_helper
+
+        values = self.rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
+        self.initializers.append(numpy_helper.from_array(values.astype(np.float32), name))
+        return name
+
+
 def finish_model(graph: onnx.GraphProto) -> onnx.ModelProto:
     """A checked model at the pinned opset and IR version."""
     import onnx
@@ -44,17 +63,11 @@ def build_demo_cnn(batch: str | int = "N") -> onnx.ModelProto:
     then a 1x1 conv), global average pool, a Gemm classifier and a softmax.  He-scaled weights
     from a fixed seed keep activations in range and the bytes reproducible.
     """
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
-    rng = np.random.RandomState(_SEED)
-    initializers: list[onnx.TensorProto] = []
+    weight = HeWeights(_SEED)
+    initializers = weight.initializers
     nodes: list[onnx.NodeProto] = []
-
-    def weight(name: str, shape: tuple[int, ...], fan_in: int) -> str:
-        values = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
-        initializers.append(numpy_helper.from_array(values.astype(np.float32), name))
-        return name
 
     def conv_relu(x: str, name: str, c_in: int, c_out: int, kernel: int, stride: int,
                   group: int = 1) -> str:
