@@ -5,6 +5,9 @@ here (exit 1 with the report when none does)."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING
 from agent.cli.common import UsageError, add_state_dir, emit
 
 if TYPE_CHECKING:
+    from agent.config import Config
     from agent.modelbuild.report import BuildReport
     from agent.modelbuild.request import BuildRequest
 
@@ -89,8 +93,44 @@ def build(args: argparse.Namespace) -> int:
         report = build_candidate(request, Path(work), progress)
         if report.passed:
             install(report, Path(work), repository, builtins)
-    emit(args.json, report.to_dict(), report.render() + _hint(report, repository))
-    return 0 if report.passed else 1
+    loaded, served = _load(config, report, repository) if config and report.passed \
+        else (report.passed, "")
+    document = {**report.to_dict(), **({"data_plane": served} if served else {})}
+    emit(args.json, document, report.render() + (f"\n  {served}" if served else "")
+         + _hint(report, repository))
+    return 0 if loaded else 1
+
+
+def _load(config: Config, report: BuildReport, repository: Path) -> tuple[bool, str]:
+    """Load the new version into the data plane ``edge-agent run`` supervises for this
+    config (model control is explicit: a running server serves a version once it is asked
+    to load it), through the ready file and control token it keeps in <state_dir>/serve.
+    A version the server refuses is removed again, so the next start does not fail on it."""
+    from agent.service.dataplane import own_child_tls
+    from agent.serving.errors import ServeError
+    from agent.serving.http_client import HttpClient
+
+    directory = Path(config.state_dir) / "serve"
+    try:
+        ready = json.loads((directory / "ready.json").read_text())
+        token = (directory / "control-token").read_text().strip()
+        os.kill(int(ready["pid"]), 0)
+        address = str(ready["http"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return True, (f"no data plane is running for {config.source}: it loads version "
+                      f"{report.version} when it starts")
+    tls = config.serve.tls
+    scheme = "https" if tls is not None else "http"
+    context = own_child_tls(tls.cert, tls.key, tls.client_ca) if tls is not None else None
+    try:
+        with HttpClient(f"{scheme}://{address}", token=token, ssl_context=context) as client:
+            client.load(report.request.name)
+    except ServeError as error:
+        shutil.rmtree(repository / report.request.name / str(report.version),
+                      ignore_errors=True)
+        return False, (f"the running data plane ({address}) refused version "
+                       f"{report.version} ({error.message}); it was removed again")
+    return True, f"loaded into the running data plane ({address})"
 
 
 def _hint(report: BuildReport, repository: Path) -> str:

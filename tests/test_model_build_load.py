@@ -1,0 +1,107 @@
+"""``model build --config``: the new version goes into the data plane that runs for that
+config, through its load call (model control is explicit), with the ready file and control
+token the supervisor keeps in <state_dir>/serve; a version the server refuses is removed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from agent.cli import main
+from agent.inference.demo_model import DEMO_MODEL_PATH
+from agent.serving.http_client import HttpClient
+from tests.agent_process import agent_config
+from tests.mqtt_helpers import wait_until
+
+GATE = "top1=0,cosine=0.9,speed=0"  # judged elsewhere; here the load is under test
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """``edge-agent serve`` as ``run`` starts it: ready file and control token in
+    <state_dir>/serve.  Yields the config file and the ready file's addresses."""
+    config = agent_config(tmp_path, 1883)
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(config))
+    serve = Path(config["state_dir"]) / "serve"
+    serve.mkdir(parents=True)
+    (serve / "control-token").write_text("control-token\n")
+    ready = serve / "ready.json"
+    process = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--config", str(path),
+                                "--ready-file", str(ready), "--token-file",
+                                str(serve / "control-token")])
+    try:
+        assert wait_until(lambda: ready.exists() or process.poll() is not None, 120)
+        assert process.poll() is None, "serve exited before it was ready"
+        yield path, json.loads(ready.read_text())
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def inputs(directory: Path) -> Path:
+    directory.mkdir()
+    for i in range(4):
+        np.save(directory / f"{i}.npy", np.random.default_rng(i).standard_normal(
+            (1, 3, 64, 64), np.float32))
+    return directory
+
+
+def test_a_passing_build_is_loaded_by_the_running_data_plane(
+        served: tuple[Path, dict[str, str]], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    config, addresses = served
+    source = shutil.copy(DEMO_MODEL_PATH, tmp_path / "demo.onnx")
+    status = main(["model", "build", str(source), "--name", "demo", "--calibration",
+                   str(inputs(tmp_path / "inputs")), "--config", str(config), "--gate", GATE,
+                   "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 0, report
+    assert report["version"] == 2  # the built-in demo is version 1
+    assert report["data_plane"] == f"loaded into the running data plane ({addresses['http']})"
+    with HttpClient(f"http://{addresses['http']}") as client:
+        assert list(client.model_metadata("demo").versions) == ["2"]
+
+
+def test_a_version_the_data_plane_refuses_is_removed_again(
+        served: tuple[Path, dict[str, str]], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    config, addresses = served
+    settings = tmp_path / "state" / "repository" / "demo" / "config.yaml"
+    settings.parent.mkdir(parents=True)
+    settings.write_text(yaml.safe_dump({"sha256": {2: "0" * 64}}))  # pins another file
+    source = shutil.copy(DEMO_MODEL_PATH, tmp_path / "demo.onnx")
+    status = main(["model", "build", str(source), "--name", "demo", "--calibration",
+                   str(inputs(tmp_path / "inputs")), "--config", str(config), "--gate", GATE])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert f"the running data plane ({addresses['http']}) refused version 2 (" in out
+    assert "it was removed again" in out
+    assert not (settings.parent / "2").exists()
+    with HttpClient(f"http://{addresses['http']}") as client:
+        assert list(client.model_metadata("demo").versions) == ["1"]
+
+
+def test_a_build_without_a_running_data_plane_waits_for_its_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(agent_config(tmp_path, 1883)))
+    source = shutil.copy(DEMO_MODEL_PATH, tmp_path / "demo.onnx")
+    status = main(["model", "build", str(source), "--name", "demo", "--calibration",
+                   str(inputs(tmp_path / "inputs")), "--config", str(path), "--gate", GATE])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert f"no data plane is running for {path}: it loads version 2 when it starts" in out
+    assert (tmp_path / "state" / "repository" / "demo" / "2" / "model.onnx").is_file()
