@@ -188,6 +188,9 @@ def test_a_source_that_is_no_model_is_refused(tmp_path: Path) -> None:
     (["--preprocess", "order=rbg"], "order=rbg: allowed rgb, bgr"),
     (["--preprocess", "std=0"], "std=0: expected a number from 1e-06 to 255"),
     (["--name", "../x"], "--name '../x'"),
+    (["--target", "rknn:rk3588", "--rknn-python", "/nonexistent/python"],
+     "/nonexistent/python is not an executable python; set the rknn converter up with "
+     "setup_rknn_converter.sh"),
 ])
 def test_bad_flags_end_with_status_2_naming_the_flag(
         model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],

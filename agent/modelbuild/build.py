@@ -76,6 +76,7 @@ def build_candidate(request: BuildRequest, workdir: Path,
         raise BuildError("--calibration DIR is needed: its inputs calibrate INT8 and are "
                          "the held-out inputs the gate compares on")
     plan = targets.plan(request)
+    converter = _converter(request)  # a converter that is not set up fails before any work
     progress("reading the original model")
     original = session(request.source, plan.providers)
     specs = [input_files.InputSpec.of(i) for i in original.get_inputs()]
@@ -88,8 +89,8 @@ def build_candidate(request: BuildRequest, workdir: Path,
     expected = run_all(original, data.heldout)
     judge = _Judge(request, report, original, expected, data.heldout,
                    (measure or interleaved) if plan.speed_note is None else None, progress)
-    if request.rknn_platform:
-        _rknn(request, workdir, data, judge)
+    if converter is not None:
+        _rknn(request, workdir, data, judge, converter)
     elif request.precision == "fp16":
         judge.onnx(Tried("fp16", {"io_types": "float32"}), workdir / MODEL_FILE,
                    lambda out: quantize.to_fp16(request.source, out), plan.providers)
@@ -157,15 +158,23 @@ class _Judge:
         return True
 
 
+def _converter(request: BuildRequest) -> Path | None:
+    """The .rknn converter's python for an rknn target (None for the ONNX targets)."""
+    if not request.rknn_platform:
+        return None
+    import agent.modelbuild.rknn as rknn
+
+    return rknn.converter_python(request.rknn_python)
+
+
 def _rknn(request: BuildRequest, workdir: Path, data: input_files.Inputs,
-          judge: _Judge) -> None:
+          judge: _Judge, python: Path) -> None:
     import agent.modelbuild.rknn as rknn
 
     tried = Tried(f"rknn-{request.rknn_platform}-{request.precision}",
                   {"platform": request.rknn_platform, "precision": request.precision})
     judge.report.tried.append(tried)
     try:
-        python = rknn.converter_python(request.rknn_python)
         converted = rknn.convert(request.source, workdir, str(request.rknn_platform),
                                  request.precision, data.calibration, data.heldout, python,
                                  rknn.TIMEOUT_S, judge.progress)

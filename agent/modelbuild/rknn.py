@@ -33,7 +33,8 @@ PRECISIONS = ("int8", "fp16")
 CONFIG_KEY = "model_build.rknn_python"
 ENV = "EDGE_AGENT_RKNN_PYTHON"
 DEFAULT_PYTHON = Path("/opt/edge-agent/rknn-venv/bin/python")
-SETUP = "scripts/setup_rknn_converter.sh [VENV_DIR]"
+SETUP = ("setup_rknn_converter.sh [VENV_DIR] (scripts/ in a checkout, "
+         "<prefix>/share/edge-agent/ in a device install)")
 WORKER = Path(__file__).with_name("rknn_worker.py")
 MODEL_FILE = "model.rknn"
 PROTOCOL = 1
