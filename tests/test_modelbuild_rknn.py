@@ -266,7 +266,8 @@ def test_converter_python_prefers_the_config_value_then_the_environment(
     assert rknn.converter_python(None) == fake_python
     with pytest.raises(BuildError, match=r"^model_build.rknn_python: .*/nowhere is not an "
                                          r"executable python; set the rknn converter up with "
-                                         r"scripts/setup_rknn_converter.sh \[VENV_DIR\]"):
+                                         r"setup_rknn_converter.sh \[VENV_DIR\] \(scripts/ in "
+                                         r"a checkout"):
         rknn.converter_python(str(tmp_path / "nowhere"))
 
 
