@@ -19,7 +19,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from tuning_helpers import BOARDS, FIXTURES, REPO_PROFILES, copy_board, engine_for, snapshot
+from tuning_helpers import (
+    BOARDS,
+    FIXTURES,
+    REPO_PROFILES,
+    SharedBoard,
+    copy_board,
+    engine_for,
+    plan_engine,
+    snapshot,
+)
 
 from agent.kernel.irqs import MANAGED
 from agent.tuning.errors import ProfileError
@@ -137,9 +146,10 @@ def test_housekeeping_is_not_its_own_definition(tmp_path: Path) -> None:
         plan_of("bare-vm", "loop", tmp_path, dirs)
 
 
-def test_no_rt_throttling_without_a_housekeeping_cpu(tmp_path: Path) -> None:
+def test_no_rt_throttling_without_a_housekeeping_cpu(tmp_path: Path,
+                                                    shared_board: SharedBoard) -> None:
     """Only when no CPU is known online: the rule still holds and says why."""
-    engine = engine_for(copy_board("bare-vm", tmp_path), tmp_path / "state")
+    engine = plan_engine(shared_board("bare-vm"), tmp_path / "state")
     cpu = dataclasses.replace(engine.topology.cpu, online=[])
     engine.topology = dataclasses.replace(engine.topology, cpu=cpu)
     dirs = profile_dir(tmp_path, "unsafe", "rt: {sched_rt_runtime_us: -1}\n")
