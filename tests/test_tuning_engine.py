@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_helpers import edge_agent
 from tuning_helpers import (
     BOARDS,
     SharedBoard,
@@ -266,25 +267,17 @@ def test_frequency_limits_never_cross(tmp_path: Path, shared_board: SharedBoard)
 
 
 def test_state_dir_defaults_below_the_fixture_root(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
+    """The profile commands, called in this process (tests/cli_helpers.py)."""
     tree = copy_board("rk3588-vendor", tmp_path)
-    command = [sys.executable, "-m", "agent", "profile"]
-    applied = subprocess.run([*command, "apply", "rk3588-latency", "--root", str(tree)],
-                             capture_output=True, text=True, check=False)
+    applied = edge_agent("profile", "apply", "rk3588-latency", "--root", tree)
     assert applied.returncode == 0, applied.stderr
     assert (tree / "var/lib/edge-agent" / FILE_NAME).exists()
-    status = subprocess.run([*command, "status", "--root", str(tree), "--json"],
-                            capture_output=True, text=True, check=False)
+    status = edge_agent("profile", "status", "--root", tree, "--json")
     assert json.loads(status.stdout)["applied"]["profile"] == "rk3588-latency"
-    verify = subprocess.run([*command, "verify", "--root", str(tree)], capture_output=True,
-                            text=True, check=False)
+    verify = edge_agent("profile", "verify", "--root", tree)
     assert verify.returncode == 0
     (tree / "proc/sys/vm/swappiness").write_text("33\n")
-    drifted = subprocess.run([*command, "verify", "--root", str(tree)], capture_output=True,
-                             text=True, check=False)
+    drifted = edge_agent("profile", "verify", "--root", tree)
     assert drifted.returncode == 1 and "/proc/sys/vm/swappiness" in drifted.stdout
-    bad = subprocess.run([*command, "plan", "nope", "--root", str(tree)], capture_output=True,
-                         text=True, check=False)
+    bad = edge_agent("profile", "plan", "nope", "--root", tree)
     assert bad.returncode == 2 and "no profile named 'nope'" in bad.stderr

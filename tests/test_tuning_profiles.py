@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import edge_agent
 from tuning_helpers import (
     FIXTURES,
     REPO_PROFILES,
@@ -122,9 +122,8 @@ BROKEN_ERROR = (f"{BROKEN}: thp.enable: unknown key (allowed: enabled, defrag, "
 
 
 def profile_cli(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agent", "profile", *args, "--root", str(tree)],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          cwd=REPO_PROFILES.parent)
+    """``edge-agent profile ARGS --root TREE``, called in this process (tests/cli_helpers.py)."""
+    return edge_agent("profile", *args, "--root", tree, cwd=REPO_PROFILES.parent)
 
 
 @pytest.fixture()
