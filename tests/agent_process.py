@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import json
 import os
 import signal
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from agent import cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -56,11 +60,16 @@ def serving_addresses(state_dir: Path) -> dict[str, Any]:
 
 def status(config: Path) -> tuple[int, dict[str, Any]]:
     """Exit status and JSON of ``edge-agent status``, read through the state directory
-    next to ``config`` (the config file itself may be broken on purpose)."""
-    result = subprocess.run([sys.executable, "-m", "agent", "status", "--state-dir",
-                             str(config.parent / "state"), "--json"], capture_output=True,
-                            text=True, timeout=60, check=False)
-    return result.returncode, json.loads(result.stdout) if result.stdout.strip() else {}
+    next to ``config`` (the config file itself may be broken on purpose).
+
+    The command's own entry point, called in this process: the tests poll it, and a fresh
+    interpreter per poll took a core away from the agent it waits for.  What it prints and
+    returns is the command's; the process, which these tests are not about, is the
+    test's."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["status", "--state-dir", str(config.parent / "state"), "--json"])
+    return code, json.loads(out.getvalue()) if out.getvalue().strip() else {}
 
 
 def sigint_at_default() -> None:

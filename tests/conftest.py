@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ from control_helpers import Operator
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from loop_devices import LoopDevices
 from mqtt_helpers import Broker
+from tuning_helpers import FIXTURES, copy_board, tree_listing
 
 TMPFS = "/dev/shm"
 
@@ -41,6 +42,26 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _MADE = pytest.StashKey[str]()
+
+
+@pytest.fixture(scope="session")
+def shared_board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Path]]:
+    """``shared_board(name)``: one copy of a board's fixture tree for every test of the
+    session that only reads and plans (through ``tuning_helpers.ReadOnlyRoot``, which fails a
+    write): a copy per test cost a 2,000-file copy and its removal each.  When the session
+    ends, each copy must still be the committed tree, byte for byte."""
+    base = tmp_path_factory.mktemp("shared-boards")
+    made: dict[str, Path] = {}
+
+    def board(name: str) -> Path:
+        if name not in made:
+            made[name] = copy_board(name, base)
+        return made[name]
+
+    yield board
+    changed = sorted(name for name, tree in made.items()
+                     if tree_listing(tree) != tree_listing(FIXTURES / name))
+    assert not changed, f"a test changed the shared fixture copies of {', '.join(changed)}"
 
 
 @pytest.fixture()

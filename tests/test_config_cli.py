@@ -1,4 +1,6 @@
-"""``edge-agent config check`` in a real subprocess: ok, or each problem and exit 2."""
+"""``edge-agent config check``: ok, or each problem and exit 2.  The good file is checked by a
+real subprocess too; the rest call the command in this process (tests/cli_helpers.py), its
+output and exit status being what they check."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import edge_agent
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -15,6 +18,10 @@ BUILTIN = ", ".join(sorted(p.stem for p in (REPO / "profiles").glob("*.yaml")))
 
 
 def check(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return edge_agent("config", "check", "--config", config, *args, cwd=REPO)
+
+
+def check_in_a_process(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agent", "config", "check", "--config",
                            str(config), *args], capture_output=True, text=True, cwd=REPO,
                           timeout=60, check=False)
@@ -29,8 +36,9 @@ def written(tmp_path: Path, text: str) -> Path:
 def test_a_good_file_is_ok(tmp_path: Path) -> None:
     config = written(tmp_path, f"root: {FIXTURES / 'x86-edge-npu'}\nmqtt: {{protocol: 5}}\n"
                      "tuning: {profile: x86-latency}\ntelemetry: {metrics: [cpu, outbox]}\n")
-    result = check(config)
-    assert (result.returncode, result.stdout, result.stderr) == (0, f"{config}: ok\n", "")
+    for run in (check_in_a_process, check):
+        result = run(config)
+        assert (result.returncode, result.stdout, result.stderr) == (0, f"{config}: ok\n", "")
     result = check(config, "--json")
     assert result.returncode == 0
     assert json.loads(result.stdout) == {"file": str(config), "ok": True, "problems": []}

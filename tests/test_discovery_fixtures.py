@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
 import pytest
+from cli_helpers import edge_agent
 
 from agent.discovery import Topology, discover
 from agent.discovery.nvml import NvmlGpu
@@ -64,12 +63,13 @@ def test_json_contract_keys(name: str) -> None:
 
 @pytest.mark.parametrize("name", BOARDS)
 def test_cli_json_and_summary_on_fixture(name: str) -> None:
-    """The command a person runs: exit 0, JSON parses, summary names the board's CPUs."""
-    base = [sys.executable, "-m", "agent", "discover", "--root", str(FIXTURES / name)]
-    as_json = subprocess.run([*base, "--json"], capture_output=True, text=True, check=False)
+    """The command a person runs: exit 0, JSON parses, summary names the board's CPUs.  In
+    this process (tests/cli_helpers.py): test_golden.py runs it as a process, per board."""
+    base = ["discover", "--root", str(FIXTURES / name)]
+    as_json = edge_agent(*base, "--json")
     assert as_json.returncode == 0, as_json.stderr
     assert json.loads(as_json.stdout)["cpu"]["count"] == board(name).cpu.count
-    summary = subprocess.run(base, capture_output=True, text=True, check=False)
+    summary = edge_agent(*base)
     assert summary.returncode == 0 and "Traceback" not in summary.stderr
     assert f"{board(name).cpu.count} CPUs" in summary.stdout
 

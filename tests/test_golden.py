@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import difflib
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tuning_helpers import copy_board
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 FIXTURES = CHECKOUT / "tests" / "fixtures"
@@ -73,6 +73,5 @@ def test_discover_matches_its_golden_file(board: str) -> None:
 def test_discover_does_not_depend_on_where_the_tree_is(board: str, tmp_path: Path) -> None:
     """A copy elsewhere, read by a second run, gives the same output: nothing from the
     checkout's path, the time or the host leaks in besides ``root``."""
-    copy = tmp_path / "elsewhere" / board
-    shutil.copytree(FIXTURES / board, copy, symlinks=True)
+    copy = copy_board(board, tmp_path / "elsewhere")  # cp -a: links kept as links
     assert discover_json(board, copy) == (GOLDEN / f"{board}.json").read_text()

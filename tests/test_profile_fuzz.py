@@ -297,6 +297,12 @@ def documents(mode: str) -> st.SearchStrategy[str]:
     return st.builds(dump, data, st.sampled_from([None, True, False]), st.booleans())
 
 
+# Built once each: a strategy built per example (as a flatmap's function would) is a fresh
+# tree of some 60,000 strategies whose emptiness hypothesis works out again each time, most
+# of an example's cost; the same strategy object draws the same values.
+DOCUMENTS = {mode: documents(mode) for mode in ("wild", "pools", "valid")}
+
+
 TOKENS = ["{", "}", "[", "]", ": ", ":", ", ", "- ", "\n", "  ", "&a ", "*a", "!!int ",
           "!!str ", "!!bool ", "!!float ", "!!timestamp ", "!!binary ", "!!set ", "!!map ",
           "!!python/object/apply:os.system ", "? ", "# c", "'", '"', "|\n", ">\n", "---\n",
@@ -313,7 +319,7 @@ def _splice(text: str, at: int, junk: str, cut: int) -> str:
 RAW_TEXT = st.one_of(
     st.text(max_size=80),
     st.lists(st.one_of(st.sampled_from(TOKENS), st.text(max_size=3)), max_size=30).map("".join),
-    st.builds(_splice, documents("pools"), st.integers(0, 10**4), st.text(max_size=4),
+    st.builds(_splice, DOCUMENTS["pools"], st.integers(0, 10**4), st.text(max_size=4),
               st.integers(0, 4)),
 )
 # Mostly text (written as UTF-8); one in eight random bytes, one in eight UTF-16.
@@ -417,7 +423,7 @@ def check_plan(world: World, board: str, profile: Profile) -> Plan | None:
 
 def test_random_documents_load_or_name_a_key(world: World) -> None:
     @settings(FUZZ, max_examples=400)
-    @given(text=documents("wild"))
+    @given(text=DOCUMENTS["wild"])
     @example(text=dump({"cgroup": {"path": "../../etc"}}, None, True))
     @example(text=dump({"sysctl": {"kernel.core_pattern": 1}}, None, True))
     @example(text=dump({"block": {"../sda": {"nr_requests": 4}}}, None, True))
@@ -455,8 +461,8 @@ def test_random_text_and_bytes_never_crash_the_loader(world: World) -> None:
 
 def test_loaded_profiles_plan_or_name_a_key_and_write_nothing(world: World) -> None:
     @settings(FUZZ, max_examples=500)
-    @given(text=st.integers(0, 7).flatmap(lambda i: documents(
-        "wild" if i == 0 else "pools" if i == 1 else "valid")), board=st.sampled_from(BOARDS))
+    @given(text=st.integers(0, 7).flatmap(lambda i: DOCUMENTS[
+        "wild" if i == 0 else "pools" if i == 1 else "valid"]), board=st.sampled_from(BOARDS))
     @example(text=dump({"dvfs": {"cpu": {"cluster:big": {"max_khz": 123}}}}, None, True),
              board="rk3588-vendor")
     @example(text=dump({"cgroup": {"path": "system.slice/edge-agent.service",

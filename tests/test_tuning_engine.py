@@ -7,7 +7,16 @@ import json
 from pathlib import Path
 
 import pytest
-from tuning_helpers import BOARDS, copy_board, engine_for, snapshot, write_profile
+from cli_helpers import edge_agent
+from tuning_helpers import (
+    BOARDS,
+    SharedBoard,
+    copy_board,
+    engine_for,
+    plan_engine,
+    snapshot,
+    write_profile,
+)
 
 from agent.kernel.fsroot import Root
 from agent.tuning.engine import TuningError
@@ -185,9 +194,10 @@ def test_verify_reports_drift(tmp_path: Path) -> None:
     assert (change.path, change.desired, actual) == ("/proc/sys/vm/swappiness", "10", "30")
 
 
-def test_profile_for_another_board_is_refused_unless_forced(tmp_path: Path) -> None:
-    tree = copy_board("rk3588-vendor", tmp_path)
-    engine = engine_for(tree, tmp_path / "state")
+def test_profile_for_another_board_is_refused_unless_forced(tmp_path: Path,
+                                                            shared_board: SharedBoard) -> None:
+    tree = shared_board("rk3588-vendor")
+    engine = plan_engine(tree, tmp_path / "state")
     with pytest.raises(ProfileError, match=r"jetson-orin\.yaml: match: .*use --force"):
         engine.plan("jetson-orin")
     assert engine.plan("auto").profile == "rk3588"
@@ -209,19 +219,20 @@ def test_profile_for_another_board_is_refused_unless_forced(tmp_path: Path) -> N
      "is not offered"),
 ])
 def test_plan_time_errors_name_key_and_allowed(tmp_path: Path, text: str, key: str,
-                                               message: str) -> None:
-    tree = copy_board("rk3588-vendor", tmp_path)
+                                               message: str, shared_board: SharedBoard) -> None:
+    tree = shared_board("rk3588-vendor")
     profiles = tmp_path / "profiles"
     path = write_profile(profiles, "bad", text)
-    engine = engine_for(tree, tmp_path / "state", [profiles])
+    engine = plan_engine(tree, tmp_path / "state", [profiles])
     with pytest.raises(ProfileError) as error:
         engine.plan("bad")
     assert str(error.value).startswith(f"{path}: {key}: ")
     assert message in str(error.value)
 
 
-def test_symbolic_values_resolve_against_the_hardware(tmp_path: Path) -> None:
-    tree = copy_board("rk3588-vendor", tmp_path)
+def test_symbolic_values_resolve_against_the_hardware(tmp_path: Path,
+                                                      shared_board: SharedBoard) -> None:
+    tree = shared_board("rk3588-vendor")
     profiles = tmp_path / "profiles"
     write_profile(profiles, "symbols", """
 dvfs:
@@ -230,7 +241,7 @@ dvfs:
     cpus:6-7: {min_khz: min, max_khz: max}
 cgroup: {memory_max: 25%, memory_high: 90%, cpus: cluster:big, cpu_max: "80000 100000"}
 """)
-    engine = engine_for(tree, tmp_path / "state", [profiles])
+    engine = plan_engine(tree, tmp_path / "state", [profiles])
     changes = {c.path: c.desired for c in engine.plan("symbols").changes}
     assert changes["/sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq"] == "1416000"
     # a systemd board: the limits are edge_agent.slice's unit properties, in their own form
@@ -244,37 +255,29 @@ cgroup: {memory_max: 25%, memory_high: 90%, cpus: cluster:big, cpu_max: "80000 1
     assert not [p for p in changes if p.startswith("/sys/fs/cgroup")]  # systemd's tree
 
 
-def test_frequency_limits_never_cross(tmp_path: Path) -> None:
+def test_frequency_limits_never_cross(tmp_path: Path, shared_board: SharedBoard) -> None:
     """Raising min above the current max writes max first; rollback undoes in reverse."""
-    tree = copy_board("jetson-agx-orin-jp6", tmp_path)
+    tree = shared_board("jetson-agx-orin-jp6")
     profiles = tmp_path / "profiles"
     write_profile(profiles, "pinned", "dvfs: {cpu: {all: {min_khz: max, max_khz: max}}}\n")
-    engine = engine_for(tree, tmp_path / "state", [profiles])
+    engine = plan_engine(tree, tmp_path / "state", [profiles])
     paths = [c.path.rsplit("/", 2)[1:] for c in engine.plan("pinned").changes]
     assert paths[:2] == [["policy0", "scaling_max_freq"], ["policy0", "scaling_min_freq"]]
     assert ["policy8", "scaling_max_freq"] not in paths  # offline cluster skipped
 
 
 def test_state_dir_defaults_below_the_fixture_root(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
+    """The profile commands, called in this process (tests/cli_helpers.py)."""
     tree = copy_board("rk3588-vendor", tmp_path)
-    command = [sys.executable, "-m", "agent", "profile"]
-    applied = subprocess.run([*command, "apply", "rk3588-latency", "--root", str(tree)],
-                             capture_output=True, text=True, check=False)
+    applied = edge_agent("profile", "apply", "rk3588-latency", "--root", tree)
     assert applied.returncode == 0, applied.stderr
     assert (tree / "var/lib/edge-agent" / FILE_NAME).exists()
-    status = subprocess.run([*command, "status", "--root", str(tree), "--json"],
-                            capture_output=True, text=True, check=False)
+    status = edge_agent("profile", "status", "--root", tree, "--json")
     assert json.loads(status.stdout)["applied"]["profile"] == "rk3588-latency"
-    verify = subprocess.run([*command, "verify", "--root", str(tree)], capture_output=True,
-                            text=True, check=False)
+    verify = edge_agent("profile", "verify", "--root", tree)
     assert verify.returncode == 0
     (tree / "proc/sys/vm/swappiness").write_text("33\n")
-    drifted = subprocess.run([*command, "verify", "--root", str(tree)], capture_output=True,
-                             text=True, check=False)
+    drifted = edge_agent("profile", "verify", "--root", tree)
     assert drifted.returncode == 1 and "/proc/sys/vm/swappiness" in drifted.stdout
-    bad = subprocess.run([*command, "plan", "nope", "--root", str(tree)], capture_output=True,
-                         text=True, check=False)
+    bad = edge_agent("profile", "plan", "nope", "--root", tree)
     assert bad.returncode == 2 and "no profile named 'nope'" in bad.stderr

@@ -7,7 +7,15 @@ import errno
 from pathlib import Path
 
 import pytest
-from tuning_helpers import REPO_PROFILES, copy_board, engine_for, snapshot, write_profile
+from tuning_helpers import (
+    REPO_PROFILES,
+    SharedBoard,
+    copy_board,
+    engine_for,
+    plan_engine,
+    snapshot,
+    write_profile,
+)
 
 from agent.kernel.fsroot import Root
 from agent.tuning.engine import TuningError
@@ -31,12 +39,12 @@ def _round_trip(tmp_path: Path, board: str, text: str) -> tuple[Path, dict[str, 
     return tree, written
 
 
-def _plan_error(tmp_path: Path, board: str, text: str) -> str:
-    tree = copy_board(board, tmp_path)
+def _plan_error(shared_board: SharedBoard, tmp_path: Path, board: str, text: str) -> str:
+    tree = shared_board(board)
     profiles = tmp_path / "profiles"
     path = write_profile(profiles, "bad", text)
     with pytest.raises(ProfileError) as error:
-        engine_for(tree, tmp_path / "state", [profiles]).plan("bad", force=True)
+        plan_engine(tree, tmp_path / "state", [profiles]).plan("bad", force=True)
     message = str(error.value)
     assert message.startswith(f"{path}: ")
     return message
@@ -50,9 +58,10 @@ def test_rk3588_latency_on_the_vendor_kernel(tmp_path: Path) -> None:
         "default [performance] powersave powersupersave \n"
 
 
-def test_rk3588_latency_on_mainline_skips_what_it_lacks(tmp_path: Path) -> None:
-    tree = copy_board("rk3588-mainline", tmp_path)
-    engine = engine_for(tree, tmp_path / "state")
+def test_rk3588_latency_on_mainline_skips_what_it_lacks(tmp_path: Path,
+                                                        shared_board: SharedBoard) -> None:
+    tree = shared_board("rk3588-mainline")
+    engine = plan_engine(tree, tmp_path / "state")
     plan = engine.plan("rk3588-latency")
     text = "\n".join(plan.warnings)
     assert "dvfs.dmc: skipped: this device has no dmc devfreq node" in text
@@ -60,8 +69,10 @@ def test_rk3588_latency_on_mainline_skips_what_it_lacks(tmp_path: Path) -> None:
     assert any(c.key == "pcie.aspm_policy" for c in plan.changes)  # mainline has ASPM
 
 
-def test_an_explicit_dmc_setting_is_an_error_on_mainline(tmp_path: Path) -> None:
-    message = _plan_error(tmp_path, "rk3588-mainline", "dvfs: {dmc: {governor: performance}}\n")
+def test_an_explicit_dmc_setting_is_an_error_on_mainline(tmp_path: Path,
+                                                         shared_board: SharedBoard) -> None:
+    message = _plan_error(shared_board, tmp_path,
+                          "rk3588-mainline", "dvfs: {dmc: {governor: performance}}\n")
     assert "dvfs.dmc: this device has no dmc devfreq node" in message
     assert "list dvfs under optional" in message
 
@@ -78,9 +89,10 @@ def test_rknpu_delayms_refuses_a_non_number_like_the_driver(tmp_path: Path) -> N
     assert error.value.errno == errno.EFAULT
 
 
-def test_aspm_disabled_on_the_command_line(tmp_path: Path) -> None:
+def test_aspm_disabled_on_the_command_line(tmp_path: Path, shared_board: SharedBoard) -> None:
     """x86-server-nvidia boots with pcie_aspm=off: the kernel answers EPERM."""
-    message = _plan_error(tmp_path, "x86-server-nvidia", "pcie: {aspm_policy: performance}\n")
+    message = _plan_error(shared_board, tmp_path,
+                          "x86-server-nvidia", "pcie: {aspm_policy: performance}\n")
     assert "pcie.aspm_policy: ASPM is disabled by pcie_aspm=off" in message
     assert "allowed: default, performance, powersave, powersupersave" in message
     root = Root(copy_board("x86-server-nvidia", tmp_path / "again"))
@@ -89,8 +101,8 @@ def test_aspm_disabled_on_the_command_line(tmp_path: Path) -> None:
     assert error.value.errno == errno.EPERM
 
 
-def test_aspm_policy_rejects_unknown_words(tmp_path: Path) -> None:
-    message = _plan_error(tmp_path, "rk3588-vendor", "pcie: {aspm_policy: fast}\n")
+def test_aspm_policy_rejects_unknown_words(tmp_path: Path, shared_board: SharedBoard) -> None:
+    message = _plan_error(shared_board, tmp_path, "rk3588-vendor", "pcie: {aspm_policy: fast}\n")
     assert "pcie.aspm_policy" in message and "powersupersave" in message
 
 
@@ -107,8 +119,9 @@ sysctl:
     assert written["/proc/sys/net/core/busy_read"] == "50\n"
 
 
-def test_sysctl_a_kernel_lacks_names_the_config(tmp_path: Path) -> None:
-    message = _plan_error(tmp_path, "rk3588-vendor", "sysctl: {kernel.numa_balancing: 0}\n")
+def test_sysctl_a_kernel_lacks_names_the_config(tmp_path: Path, shared_board: SharedBoard) -> None:
+    message = _plan_error(shared_board, tmp_path,
+                          "rk3588-vendor", "sysctl: {kernel.numa_balancing: 0}\n")
     assert "sysctl.kernel.numa_balancing" in message and "CONFIG_NUMA_BALANCING" in message
     assert "allowed: 0..1" in message
 
@@ -117,8 +130,9 @@ def test_sysctl_a_kernel_lacks_names_the_config(tmp_path: Path) -> None:
     ("sysctl: {kernel.timer_migration: 2}\n", "allowed: 0..1"),
     ("sysctl: {kernel.panic: 1}\n", "kernel.timer_migration"),
 ])
-def test_sysctl_refusals_name_the_allowed(text: str, words: str, tmp_path: Path) -> None:
-    assert words in _plan_error(tmp_path, "x86-edge-npu", text)
+def test_sysctl_refusals_name_the_allowed(text: str, words: str, tmp_path: Path,
+                                          shared_board: SharedBoard) -> None:
+    assert words in _plan_error(shared_board, tmp_path, "x86-edge-npu", text)
 
 
 def test_governor_fallbacks_pick_the_first_offered(tmp_path: Path) -> None:
@@ -130,8 +144,9 @@ def test_governor_fallbacks_pick_the_first_offered(tmp_path: Path) -> None:
     assert written["/sys/class/devfreq/dmc/governor"] == "performance\n"
 
 
-def test_no_governor_offered_lists_all(tmp_path: Path) -> None:
-    message = _plan_error(tmp_path, "x86-edge-npu", "dvfs: {cpu: {all: {governor: a|b}}}\n")
+def test_no_governor_offered_lists_all(tmp_path: Path, shared_board: SharedBoard) -> None:
+    message = _plan_error(shared_board, tmp_path,
+                          "x86-edge-npu", "dvfs: {cpu: {all: {governor: a|b}}}\n")
     assert "none of a, b is not available" not in message
     assert "none of a, b" in message and "available: performance, powersave" in message
 
@@ -150,8 +165,9 @@ dvfs: {cpu: {all: {governor: performance, epp: performance}}}
     assert written[f"/{CPUFREQ}/policy0/scaling_governor"] == "performance\n"
 
 
-def test_epp_other_than_performance_under_performance_is_refused(tmp_path: Path) -> None:
-    message = _plan_error(tmp_path, "x86-edge-npu", """
+def test_epp_other_than_performance_under_performance_is_refused(
+        tmp_path: Path, shared_board: SharedBoard) -> None:
+    message = _plan_error(shared_board, tmp_path, "x86-edge-npu", """
 dvfs: {cpu: {all: {governor: performance, epp: balance_power}}}
 """)
     assert "epp: balance_power under the performance governor" in message
@@ -168,17 +184,18 @@ def test_the_fixture_refuses_epp_under_performance_with_ebusy(tmp_path: Path) ->
     assert error.value.errno == errno.EBUSY
 
 
-def test_epp_needs_an_active_pstate_driver(tmp_path: Path) -> None:
-    message = _plan_error(tmp_path, "x86-server-nvidia", "dvfs: {cpu: {all: {epp: power}}}\n")
+def test_epp_needs_an_active_pstate_driver(tmp_path: Path, shared_board: SharedBoard) -> None:
+    message = _plan_error(shared_board, tmp_path,
+                          "x86-server-nvidia", "dvfs: {cpu: {all: {epp: power}}}\n")
     assert "scaling_driver acpi-cpufreq" in message and "intel_pstate" in message
 
 
-def test_boost_and_no_turbo(tmp_path: Path) -> None:
+def test_boost_and_no_turbo(tmp_path: Path, shared_board: SharedBoard) -> None:
     _, written = _round_trip(tmp_path, "x86-server-nvidia", "dvfs: {boost: 0}\n")
     assert written == {"/sys/devices/system/cpu/cpufreq/boost": "0\n"}
     _, written = _round_trip(tmp_path / "npu", "x86-edge-npu", "dvfs: {no_turbo: 1}\n")
     assert written == {"/sys/devices/system/cpu/intel_pstate/no_turbo": "1\n"}
-    message = _plan_error(tmp_path / "bad", "x86-edge-npu", "dvfs: {boost: 1}\n")
+    message = _plan_error(shared_board, tmp_path / "bad", "x86-edge-npu", "dvfs: {boost: 1}\n")
     assert "dvfs.boost" in message and "use dvfs.no_turbo" in message
 
 
@@ -202,8 +219,9 @@ def test_a_min_above_the_current_max_is_clamped(tmp_path: Path) -> None:
     assert snapshot(tree) == before
 
 
-def test_armbian_services_are_named_in_the_plan(tmp_path: Path) -> None:
-    tree = copy_board("rk3588-vendor", tmp_path)
+def test_armbian_services_are_named_in_the_plan(tmp_path: Path,
+                                                shared_board: SharedBoard) -> None:
+    tree = shared_board("rk3588-vendor")
     profiles = tmp_path / "profiles"
     write_profile(profiles, "t", """
 dvfs: {cpu: {all: {governor: performance}}}
@@ -211,7 +229,7 @@ block: {"nvme*": {scheduler: mq-deadline}}
 sysctl: {vm.page-cluster: 0}
 rt: {irq_affinity: {"*npu*": housekeeping}}
 """)
-    plan = engine_for(tree, tmp_path / "state", [profiles]).plan("t")
+    plan = plan_engine(tree, tmp_path / "state", [profiles]).plan("t")
     text = "\n".join(plan.warnings)
     assert "rt.irq_affinity" not in text  # the script distributes no IRQs on rockchip-rk3588
     assert "cpufrequtils (/etc/default/cpufrequtils: GOVERNOR=schedutil" in text

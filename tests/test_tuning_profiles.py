@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from tuning_helpers import FIXTURES, REPO_PROFILES, copy_board, engine_for
+from cli_helpers import edge_agent
+from tuning_helpers import (
+    FIXTURES,
+    REPO_PROFILES,
+    SharedBoard,
+    copy_board,
+    plan_engine,
+)
 
 from agent.discovery.model import Board
 from agent.kernel.fsroot import Root
@@ -72,9 +78,10 @@ def test_auto_picks_the_board_profile(board: Board, expected: str, tmp_path: Pat
     assert ProfileStore(Root(tmp_path), dirs=[REPO_PROFILES]).auto(board).name == expected
 
 
-def test_every_shipped_profile_plans_on_its_boards(tmp_path: Path) -> None:
+def test_every_shipped_profile_plans_on_its_boards(tmp_path: Path,
+                                                   shared_board: SharedBoard) -> None:
     for board in ("jetson-agx-orin-jp6", "rk3588-vendor", "x86-edge-npu"):
-        engine = engine_for(copy_board(board, tmp_path), tmp_path / board)
+        engine = plan_engine(shared_board(board), tmp_path / board)
         for name in engine.store.names():
             profile = engine.store.load(name)
             if profile.matches(engine.topology.board):
@@ -97,13 +104,13 @@ def test_nvpmodel_conf_and_active_caps() -> None:
     assert nvpmodel.active_caps(Root(FIXTURES / "rk3588-vendor")) is None
 
 
-def test_plan_warns_beyond_nvpmodel_caps(tmp_path: Path) -> None:
-    tree = copy_board("jetson-agx-orin-jp6", tmp_path)
+def test_plan_warns_beyond_nvpmodel_caps(tmp_path: Path, shared_board: SharedBoard) -> None:
+    tree = shared_board("jetson-agx-orin-jp6")
     profiles = tmp_path / "profiles"
     profiles.mkdir()
     (profiles / "maxed.yaml").write_text("dvfs: {cpu: {all: {max_khz: max, governor: "
                                          "performance}}, gpu: {max_hz: '~600000000'}}\n")
-    plan = engine_for(tree, tmp_path / "state", [profiles]).plan("maxed")
+    plan = plan_engine(tree, tmp_path / "state", [profiles]).plan("maxed")
     beyond = [w for w in plan.warnings if "nvpmodel mode MODE_30W" in w]
     assert len(beyond) == 2  # policy0 and policy4; the GPU ask is within its cap
     assert "policy0/scaling_max_freq = 2201600 is above the cap 1728000" in beyond[0]
@@ -115,9 +122,8 @@ BROKEN_ERROR = (f"{BROKEN}: thp.enable: unknown key (allowed: enabled, defrag, "
 
 
 def profile_cli(tree: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agent", "profile", *args, "--root", str(tree)],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          cwd=REPO_PROFILES.parent)
+    """``edge-agent profile ARGS --root TREE``, called in this process (tests/cli_helpers.py)."""
+    return edge_agent("profile", *args, "--root", tree, cwd=REPO_PROFILES.parent)
 
 
 @pytest.fixture()

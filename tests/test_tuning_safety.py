@@ -14,12 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from tuning_helpers import BOARDS, FIXTURES, REPO_PROFILES, copy_board, engine_for, snapshot
+from cli_helpers import edge_agent
+from tuning_helpers import (
+    BOARDS,
+    FIXTURES,
+    REPO_PROFILES,
+    SharedBoard,
+    copy_board,
+    engine_for,
+    plan_engine,
+    snapshot,
+)
 
 from agent.kernel.irqs import MANAGED
 from agent.tuning.errors import ProfileError
@@ -137,9 +145,10 @@ def test_housekeeping_is_not_its_own_definition(tmp_path: Path) -> None:
         plan_of("bare-vm", "loop", tmp_path, dirs)
 
 
-def test_no_rt_throttling_without_a_housekeeping_cpu(tmp_path: Path) -> None:
+def test_no_rt_throttling_without_a_housekeeping_cpu(tmp_path: Path,
+                                                    shared_board: SharedBoard) -> None:
     """Only when no CPU is known online: the rule still holds and says why."""
-    engine = engine_for(copy_board("bare-vm", tmp_path), tmp_path / "state")
+    engine = plan_engine(shared_board("bare-vm"), tmp_path / "state")
     cpu = dataclasses.replace(engine.topology.cpu, online=[])
     engine.topology = dataclasses.replace(engine.topology, cpu=cpu)
     dirs = profile_dir(tmp_path, "unsafe", "rt: {sched_rt_runtime_us: -1}\n")
@@ -151,12 +160,13 @@ def test_no_rt_throttling_without_a_housekeeping_cpu(tmp_path: Path) -> None:
 
 def test_plan_prints_the_cpu_sets(tmp_path: Path) -> None:
     tree = copy_board("rk3588-vendor", tmp_path)
-    base = [sys.executable, "-m", "agent", "profile", "plan", "realtime", "--root", str(tree),
-            "--force"]
-    text = subprocess.run(base, capture_output=True, text=True, check=True).stdout
-    assert "  cpus     housekeeping 0-3, inference 4-7, irqs 0-3\n" in text
-    data = json.loads(subprocess.run([*base, "--json"], capture_output=True, text=True,
-                                     check=True).stdout)
+    base = ["profile", "plan", "realtime", "--root", str(tree), "--force"]
+    done = edge_agent(*base)  # in this process (tests/cli_helpers.py)
+    assert done.returncode == 0, done.stderr
+    assert "  cpus     housekeeping 0-3, inference 4-7, irqs 0-3\n" in done.stdout
+    as_json = edge_agent(*base, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
     assert data["cpus"] == {"housekeeping": "0-3", "inference": "4-7", "irqs": "0-3"}
 
 
@@ -225,8 +235,7 @@ def test_an_explicit_missing_knob_is_a_usage_error_without_traceback(tmp_path: P
     site = tree / "etc/edge-agent/profiles"
     site.mkdir(parents=True)
     (site / "nothp.yaml").write_text("thp: {enabled: never}\n")
-    done = subprocess.run([sys.executable, "-m", "agent", "profile", "plan", "nothp", "--root",
-                           str(tree)], capture_output=True, text=True, check=False)
+    done = edge_agent("profile", "plan", "nothp", "--root", tree)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "/etc/edge-agent/profiles/nothp.yaml: thp.enabled: " \
         f"{THP}/enabled does not exist on this device" in done.stderr

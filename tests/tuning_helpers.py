@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,6 +21,8 @@ BOARDS = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name[0] n
 sys.path.insert(0, str(FIXTURES))
 from make_fixtures import tree_listing  # noqa: E402
 
+SharedBoard = Callable[[str], Path]  # the shared_board fixture's type (conftest.py)
+
 
 def copy_board(name: str, dest: Path) -> Path:
     """A copy of a board's fixture tree (symlinks kept as links) that a test may change.
@@ -31,6 +33,27 @@ def copy_board(name: str, dest: Path) -> Path:
     subprocess.run(["cp", "-a", "--no-target-directory", str(FIXTURES / name), str(target)],
                    check=True)
     return target
+
+
+class ReadOnlyRoot(Root):
+    """A Root over a fixture copy that several tests share (``shared_board`` in conftest.py):
+    a write through the filesystem layer fails the test that made it.  Writes past it (a
+    test's own) are caught when the session ends, where each shared copy is compared with
+    the committed tree."""
+
+    def write_text(self, path: str, value: str) -> None:
+        raise AssertionError(f"{path}: a plan-only test wrote to a shared fixture copy")
+
+    def mkdir(self, path: str) -> bool:
+        raise AssertionError(f"{path}: a plan-only test made a directory in a shared copy")
+
+    def rmdir(self, path: str) -> None:
+        raise AssertionError(f"{path}: a plan-only test removed a directory of a shared copy")
+
+
+def plan_engine(tree: Path, state: Path, profile_dirs: list[Path] | None = None) -> Engine:
+    """``engine_for`` on a shared copy, through a ReadOnlyRoot: for tests that only plan."""
+    return engine_for(tree, state, profile_dirs, root=ReadOnlyRoot(tree))
 
 
 def snapshot(tree: Path) -> dict[str, tuple[str, bytes]]:
