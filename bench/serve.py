@@ -129,12 +129,21 @@ def input_of(session: ort.InferenceSession, batch: int) -> tuple[str, np.ndarray
     return arg.name, np.random.default_rng(0).random(shape, dtype=np.float32)
 
 
+# A session with ORT's default spinning (the bare loops, the batcher's) keeps a worker
+# spinning a whole core for about 60 ms after its last run: whatever was measured next lost
+# that core (the kind after the bare loop in each round, the floor among them).  Every
+# measured stretch is followed by this pause, so each starts on a machine as quiet as the
+# others did.
+SETTLE_S = 0.1
+
+
 def timed(call: Callable[[], Any], seconds: float) -> list[float]:
     latencies = []
     end = time.perf_counter() + seconds
     while (start := time.perf_counter()) < end:
         call()
         latencies.append(time.perf_counter() - start)
+    time.sleep(SETTLE_S)
     return latencies
 
 
@@ -159,8 +168,10 @@ def concurrent_rate(call: Callable[[int], Any], clients: int,
     start_gate.wait()
     for thread in threads:
         thread.join()
+    took = time.perf_counter() - began
+    time.sleep(SETTLE_S)
     flat = [x for part in latencies for x in part]
-    return len(flat) / (time.perf_counter() - began), flat
+    return len(flat) / took, flat
 
 
 def p(latencies: list[float], q: float) -> float:

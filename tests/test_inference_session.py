@@ -597,3 +597,4 @@ def test_data_plane_sessions_spin_only_within_a_run_and_never_under_a_realtime_p
         options = built.session.get_session_options()
         assert options.get_session_config_entry("session.force_spinning_stop") == "1"
         assert options.enable_cpu_mem_arena is False
+        assert options.enable_mem_pattern is False

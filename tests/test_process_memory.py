@@ -51,3 +51,52 @@ def test_freed_buffers_are_reused_without_faults_and_released_on_request() -> No
     assert kept["faults"] < default["faults"] / 20
     # the 48 MB burst stays in the heap until release_freed_memory hands it back
     assert kept["burst"] - kept["released"] > 40 << 20
+
+
+SESSION_CHILD = r"""
+import json, resource, sys
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+from agent.kernel.process import keep_freed_buffers
+keep_freed_buffers(3 << 20)  # a 4 MB block is beyond it, each 512 KB tensor within it
+import onnxruntime as ort
+from agent.inference.options import session_options
+
+# eight 512 KB activations alive at once (a batch of 8 rows of 16384 floats each), summed
+ops = ["Relu", "Neg", "Abs", "Sigmoid", "Exp", "Tanh", "Floor", "Ceil"]
+nodes = [helper.make_node(op, ["x"], [f"a{i}"]) for i, op in enumerate(ops)]
+nodes.append(helper.make_node("Sum", [f"a{i}" for i in range(len(ops))], ["y"]))
+graph = helper.make_graph(
+    nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16384])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16384])])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+options = session_options(1, 1, memory_arena=False)
+if sys.argv[1] == "pattern":
+    options.enable_mem_pattern = True
+session = ort.InferenceSession(model.SerializeToString(), options,
+                               providers=["CPUExecutionProvider"])
+x = np.ones((8, 16384), np.float32)
+for _ in range(5):
+    session.run(None, {"x": x})
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    session.run(None, {"x": x})
+print(json.dumps({"faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_data_plane_sessions_take_activations_from_the_kept_heap_without_faults() -> None:
+    """Without ORT's arena, a run's activations come tensor by tensor from the heap the
+    data plane keeps; ORT's memory pattern would take them as one block per run, which
+    beyond the mmap threshold is mapped (and faulted in) afresh on every run."""
+
+    def faults(mode: str) -> float:
+        out = subprocess.run([sys.executable, "-c", SESSION_CHILD, mode], capture_output=True,
+                             text=True, check=True, timeout=60)
+        return float(json.loads(out.stdout)["faults"])
+
+    pattern, served = faults("pattern"), faults("served")
+    assert pattern > 500  # a 4 MB block faulted in per run: about 1000 pages
+    assert served * 5 < pattern  # (about 90 here, the output's pages)

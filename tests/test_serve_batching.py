@@ -420,6 +420,42 @@ def test_an_idle_instance_runs_the_request_on_its_callers_thread(registry: Model
     assert stats(registry, "twice")["execution_count"] == 1
 
 
+class WatchedCondition(threading.Condition):
+    """A queue's condition that says when a thread first waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+        self.waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+def test_a_restored_instance_is_claimable_again_without_waking_its_worker() -> None:
+    """Back-to-back requests at concurrency 1 all run on their callers' threads: an instance
+    handed back with nothing queued is idle again at once, its worker left asleep (waking it
+    only to wait again cost each request a thread switch, and a request that came before
+    the worker had listed itself idle again went through the queue)."""
+    queue = PendingQueue(SchedulePolicy(), "model m version 1")
+    ready = WatchedCondition()
+    queue._ready = ready
+    worker = threading.Thread(target=queue.take, args=(0,), daemon=True)
+    worker.start()
+    assert ready.waiting.wait(10)
+    with ready:  # the worker cannot take the lock in here: nothing but restore relists it
+        assert queue.claim() == 0
+        queue.restore(0)
+        assert queue.claim() == 0
+        queue.restore(0)
+    assert ready.waits == 1  # never woken by the two restores
+    queue.close()  # closing wakes it, and with nothing queued it is done
+    worker.join(10)
+    assert not worker.is_alive()
+
+
 def test_a_failing_batch_fails_its_requests_and_the_worker_goes_on(
         registry: ModelRegistry, gate: Gate, sender: Sender) -> None:
     hold(sender, gate, "batch")

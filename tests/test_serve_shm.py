@@ -32,7 +32,7 @@ from agent.serving.errors import ServeError
 from agent.serving.grpc_api import build_grpc_server, infer_request
 from agent.serving.grpc_client import GrpcClient
 from agent.serving.http_client import HttpClient, status_name
-from agent.serving.shm import SharedMemoryRegions
+from agent.serving.shm import CallerRegions, SharedMemoryRegions
 from agent.serving.shm_tensors import RegionInput, RegionRef
 
 TOKEN = "s3cret-token"
@@ -571,3 +571,30 @@ def test_our_clients_drive_shared_memory(plane: Plane) -> None:
         with pytest.raises(ServeError) as excinfo:
             http_client.shm_status("ours")
         assert excinfo.value.code == "NOT_FOUND"
+
+
+def test_a_request_checks_the_token_once_for_all_its_regions(tmp_path: Path) -> None:
+    """An input and an output in shared memory cost one token check (a stat of the token
+    file), not one per region; a check that fails still refuses every look-up."""
+    regions = SharedMemoryRegions(PREFIX, max_bytes=1 << 20)
+    key = f"{PREFIX}once-{os.getpid()}"
+    handle = shm.create_shared_memory_region(key, f"/{key}", 64)
+    try:
+        regions.register("once", f"/{key}", 0, 64)
+        checks: list[int] = []
+        caller = CallerRegions(regions, lambda: checks.append(1))
+        assert caller.get("once") is caller.get("once")
+        assert checks == [1]
+
+        def refuse() -> None:
+            checks.append(2)
+            raise ServeError("UNAUTHENTICATED", "no token")
+
+        refused = CallerRegions(regions, refuse)
+        for _ in range(2):
+            with pytest.raises(ServeError):
+                refused.get("once")
+        assert checks == [1, 2, 2]
+    finally:
+        regions.close()
+        shm.destroy_shared_memory_region(handle)

@@ -12,18 +12,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.inference.stats import LatencyStats
 
 COMPUTE = ("compute_input", "compute_infer", "compute_output")
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """One execution: its instance, its requests' batch rows and submit times, and the
-    perf_counter_ns marks of its phases (start, inputs ready, model ran, outputs split)."""
+    perf_counter_ns marks of its phases (start, inputs ready, model ran, outputs split).
+    A tuple: one is built per run, and a frozen dataclass's ``__init__`` cost 2 us."""
 
     instance: int
     rows: Sequence[int]
@@ -68,25 +67,36 @@ class Counters:
         """A run that answered each of its requests."""
         compute = run.compute()
         size = sum(run.rows)
+        requests = len(run.rows)
+        start, end, instance = run.start, run.end, run.instance
+        waits = (self.queue_wait, self.instance_wait[instance])
+        latency = self.instance_latency[instance]
+        count, total = self.count, self.ns
         with self.lock:
             for enqueued in run.enqueued_ns:
-                self._add("success", run.end - enqueued)
-                self._add("queue", run.start - enqueued)
-                for stats, ns in ((self.queue_wait, run.start - enqueued),
-                                  (self.instance_wait[run.instance], run.start - enqueued),
-                                  (self.instance_latency[run.instance], run.end - enqueued)):
+                wait = start - enqueued
+                for stats in waits:
                     stats.call_started(enqueued)
-                    stats.record(ns)
+                    stats.record(wait)
+                latency.call_started(enqueued)
+                latency.record(end - enqueued)
+                total["success"] += end - enqueued
+                total["queue"] += wait
+            count["success"] += requests
+            count["queue"] += requests
             for kind, ns in zip(COMPUTE, compute, strict=True):
-                self._add(kind, ns, len(run.rows))
-            batch = self.batches.setdefault(size, [0, 0, 0, 0])
+                self._add(kind, ns, requests)
+            batch = self.batches.get(size)
+            if batch is None:
+                batch = self.batches[size] = [0, 0, 0, 0]
             batch[0] += 1
-            for index, ns in enumerate(compute, 1):
-                batch[index] += ns
+            batch[1] += compute[0]
+            batch[2] += compute[1]
+            batch[3] += compute[2]
             self.inference_count += size
             self.execution_count += 1
-            self.executions[run.instance] += 1
-            self.busy_ns[run.instance] += run.end - run.start
+            self.executions[instance] += 1
+            self.busy_ns[instance] += end - start
             self.last_inference_ms = time.time_ns() // 1_000_000
 
     def view(self) -> dict[str, Any]:

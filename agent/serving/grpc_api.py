@@ -86,26 +86,32 @@ def infer_request(message: Any, *, regions: RegionLookup,
     """A ``ModelInferRequest`` decoded and size-checked: inputs in shared memory copied out
     of ``regions``, the others either all raw, one ``raw_input_contents`` entry each in
     their order (tritonclient sends none for an input in shared memory), or all typed.
-    ``raw_contents``: those entries as ``wire.split_infer_request`` kept them (not copied)."""
-    refs = [region_ref(parameter_values(t.parameters), f"input {t.name}")
-            for t in message.inputs]
-    in_shm = [t.name for t, ref in zip(message.inputs, refs, strict=True)
-              if ref is not None and t.HasField("contents")]
-    if in_shm:
-        raise invalid(f"inputs {', '.join(in_shm)} are in shared memory and carry contents: "
-                      "use one or the other")
-    by_value = [t for t, ref in zip(message.inputs, refs, strict=True) if ref is None]
+    ``raw_contents``: those entries as ``wire.split_infer_request`` kept them (not copied).
+    An input without parameters is not in shared memory: the usual request (every input raw,
+    none with parameters) is decoded without looking for references."""
+    tensors = message.inputs
+    refs = [region_ref(parameter_values(t.parameters), f"input {t.name}") if t.parameters
+            else None for t in tensors]
+    by_value = tensors
+    if any(ref is not None for ref in refs):
+        in_shm = [t.name for t, ref in zip(tensors, refs, strict=True)
+                  if ref is not None and t.HasField("contents")]
+        if in_shm:
+            raise invalid(f"inputs {', '.join(in_shm)} are in shared memory and carry "
+                          "contents: use one or the other")
+        by_value = [t for t, ref in zip(tensors, refs, strict=True) if ref is None]
     raw = message.raw_input_contents if raw_contents is None else raw_contents
-    typed = [t.name for t in by_value if t.HasField("contents")]
-    if raw and typed:
-        raise invalid(f"inputs {', '.join(typed)} carry typed contents while the request "
-                      "carries raw_input_contents: use one or the other")
-    if raw and len(raw) != len(by_value):
-        raise invalid(f"{len(raw)} raw_input_contents for {len(by_value)} inputs not in "
-                      "shared memory: one each, in the inputs' order")
+    if raw:
+        typed = [t.name for t in by_value if t.HasField("contents")]
+        if typed:
+            raise invalid(f"inputs {', '.join(typed)} carry typed contents while the request "
+                          "carries raw_input_contents: use one or the other")
+        if len(raw) != len(by_value):
+            raise invalid(f"{len(raw)} raw_input_contents for {len(by_value)} inputs not in "
+                          "shared memory: one each, in the inputs' order")
     contents = iter(raw)
     inputs = []
-    for tensor, ref in zip(message.inputs, refs, strict=True):
+    for tensor, ref in zip(tensors, refs, strict=True):
         if ref is not None:
             window = resolve(regions, ref, f"input {tensor.name}")
             inputs.append(read_input(window, tensor.name, tensor.datatype, list(tensor.shape)))
@@ -121,7 +127,8 @@ def infer_request(message: Any, *, regions: RegionLookup,
                           "supported")
         outputs.append(OutputRequest(output.name))
     return InferRequest(message.model_name, message.model_version, tuple(inputs),
-                        tuple(outputs), message.id, parameter_values(message.parameters))
+                        tuple(outputs), message.id,
+                        parameter_values(message.parameters) if message.parameters else {})
 
 
 def output_targets(message: Any, regions: RegionLookup) -> dict[str, Window]:

@@ -137,10 +137,15 @@ class PendingQueue:
             return instance
 
     def restore(self, instance: int) -> None:
-        """The claimed instance back to its worker, which takes what queued meanwhile."""
+        """The claimed instance back to its worker, which takes what queued meanwhile.  With
+        nothing queued the worker, still waiting in ``take``, is listed idle again without
+        being woken: waking it only to wait again cost each such request a thread switch."""
         with self._ready:
             self._lent.discard(instance)
-            self._ready.notify_all()
+            if self._size or self.closed:
+                self._ready.notify_all()
+            elif instance not in self._idle:
+                self._idle.append(instance)
 
     def withdraw(self, item: Pending) -> bool:
         """Take back a request past its deadline; False when a worker has it already."""

@@ -252,7 +252,10 @@ class CallerRegions:
 
     def __init__(self, regions: SharedMemoryRegions, check: Callable[[], None]) -> None:
         self.regions, self.check = regions, check
+        self._checked = False  # the token passed once: the request's other regions need no stat
 
     def get(self, name: str) -> Region:
-        self.check()
+        if not self._checked:
+            self.check()
+            self._checked = True
         return self.regions.get(name)
