@@ -89,14 +89,16 @@ def bench(label: str, source: Path, preprocess: Preprocess, target: str, images:
         report = build_candidate(BuildRequest(source, "m", calibration=images,
                                               preprocess=preprocess), work)
         took = time.monotonic() - started
-        installed = source
         if report.passed:
             install(report, work, repository)
-            installed = repository / "m" / str(report.version) / "model.onnx"
+        installed = repository / "m" / str(report.version) / "model.onnx"
         print(f"\n{label}: build {took:.0f} s, "
               + ("installed " + str(report.chosen) if report.passed else "kept the original"))
         for tried in report.tried:
             print(f"    {tried.verdict:7} {tried.name}: {tried.reason or 'passed'}")
+        if not report.passed:
+            print("  1.00x, top-1 1.000: the original stays, so the same file serves")
+            return
         original = session(source, ["CPUExecutionProvider"])
         built = session(installed, ["CPUExecutionProvider"])
         specs = [InputSpec.of(i) for i in original.get_inputs()]
