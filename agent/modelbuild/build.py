@@ -6,7 +6,6 @@ file with ``build.json`` into a working directory.  Installing is a separate ste
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import platform
 import shutil
@@ -18,22 +17,17 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from agent.inference.errors import SessionError
+from agent.inference.session import build_session
 from agent.modelbuild import inputs as input_files
 from agent.modelbuild import quantize, targets, variants
 from agent.modelbuild.compare import agreement
 from agent.modelbuild.measure import Measure, interleaved
 from agent.modelbuild.report import MODEL_FILE, RKNN_FILE, BuildReport, Tried
 from agent.modelbuild.request import BuildError, BuildRequest, Feed, Progress, check_target
+from agent.serving.versions import file_sha256
 
 MAX_SOURCE_BYTES = 2 << 30  # ONNX's protobuf limit; larger models keep external data
-
-
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _source(request: BuildRequest) -> int:
@@ -50,14 +44,12 @@ def _source(request: BuildRequest) -> int:
 
 
 def session(path: Path, providers: Sequence[Any]) -> ort.InferenceSession:
-    """One single-threaded session: the original and every candidate are run alike."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
+    """One single-threaded session, built as the data plane builds its sessions (no graph
+    cache): the original and every candidate are run alike."""
     try:
-        return ort.InferenceSession(str(path), options, providers=list(providers))
-    except Exception as error:  # ORT's Fail/InvalidGraph/NotImplemented: the file's fault
+        return build_session(path, providers=providers, intra_op=1, inter_op=1,
+                             cache_dir=None).session
+    except SessionError as error:  # the file's fault, or a provider this build lacks
         raise BuildError(f"{path}: ONNX Runtime cannot load it ({error})") from None
 
 
@@ -82,7 +74,7 @@ def build_candidate(request: BuildRequest, workdir: Path,
     specs = [input_files.InputSpec.of(i) for i in original.get_inputs()]
     progress(f"reading the inputs in {request.calibration}")
     data = input_files.load(request.calibration, specs, request.preprocess)
-    report = BuildReport(request, _digest(request.source), size, _tools(),
+    report = BuildReport(request, file_sha256(request.source), size, _tools(),
                          plan.measured_with, plan.speed_note,
                          {"calibration": len(data.calibration), "heldout": len(data.heldout)})
     progress(f"running the original on {len(data.heldout)} held-out inputs")

@@ -228,9 +228,6 @@ class Inference:
         return removed
 
     def _next_version(self, name: str) -> int:
-        directory = self.repository / name
-        versions = [int(p.name) for p in directory.iterdir() if p.name.isdigit()] \
-            if directory.is_dir() else []
-        if name in builtin_models(self.config):
-            versions.append(1)
-        return max(versions, default=0) + 1
+        from agent.modelbuild.install import next_version
+
+        return next_version(self.repository / name, name in builtin_models(self.config))
