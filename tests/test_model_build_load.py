@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +17,7 @@ from agent.cli import main
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.serving.http_client import HttpClient
 from tests.agent_process import agent_config
-from tests.mqtt_helpers import wait_until
+from tests.test_serve_process import serve_process
 
 GATE = "top1=0,cosine=0.9,speed=0"  # judged elsewhere; here the load is under test
 
@@ -29,26 +26,12 @@ GATE = "top1=0,cosine=0.9,speed=0"  # judged elsewhere; here the load is under t
 def served(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """``edge-agent serve`` as ``run`` starts it: ready file and control token in
     <state_dir>/serve.  Yields the config file and the ready file's addresses."""
-    config = agent_config(tmp_path, 1883)
-    path = tmp_path / "agent.yaml"
-    path.write_text(yaml.safe_dump(config))
-    serve = Path(config["state_dir"]) / "serve"
+    serve = Path(agent_config(tmp_path, 1883)["state_dir"]) / "serve"
     serve.mkdir(parents=True)
     (serve / "control-token").write_text("control-token\n")
-    ready = serve / "ready.json"
-    process = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--config", str(path),
-                                "--ready-file", str(ready), "--token-file",
-                                str(serve / "control-token")])
-    try:
-        assert wait_until(lambda: ready.exists() or process.poll() is not None, 120)
-        assert process.poll() is None, "serve exited before it was ready"
-        yield path, json.loads(ready.read_text())
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    with serve_process(tmp_path, serve / "ready.json",
+                       ["--token-file", str(serve / "control-token")]) as plane:
+        yield plane["config"], plane
 
 
 def inputs(directory: Path) -> Path:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +37,23 @@ TOKEN = "test-token"
 
 
 @contextlib.contextmanager
-def serve_process(tmp_path: Path, **serve: Any) -> Iterator[dict[str, Any]]:
-    """``edge-agent serve`` on free ports; yields the ready file's addresses."""
+def serve_process(tmp_path: Path, ready: Path | None = None, args: Sequence[str] = (),
+                  **serve: Any) -> Iterator[dict[str, Any]]:
+    """``edge-agent serve`` on free ports (more command-line ``args``, the ready file at
+    ``ready``); yields the ready file's addresses, the process, the repository and the
+    config file."""
     config = agent_config(tmp_path, 1883)
     config["serve"].update(serve)
     path = tmp_path / "serve.yaml"
     path.write_text(yaml.safe_dump(config))
-    ready = tmp_path / "ready.json"
+    ready = ready or tmp_path / "ready.json"
     process = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--config", str(path),
-                                "--ready-file", str(ready)])
+                                "--ready-file", str(ready), *args])
     try:
         assert wait_until(lambda: ready.exists() or process.poll() is not None, 120)
         assert process.poll() is None, "serve exited before it was ready"
         yield {**json.loads(ready.read_text()), "process": process,
-               "repository": Path(config["state_dir"]) / "repository"}
+               "repository": Path(config["state_dir"]) / "repository", "config": path}
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
     finally:
