@@ -15,7 +15,6 @@ next step and never installs it.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -102,10 +101,7 @@ def _build_and_install(parts: Collaborators, spec: builds.BuildSpec, canary: dic
             raise CommandFailed("gate_failed", f"{spec.name}: {why}; nothing installed",
                                 {"report": summary})
         step("installing")  # the last point a stop cancels at: it never half-installs
-        build_json = workdir / REPORT_FILE
-        if not build_json.is_file():  # the report is what the version keeps of its build
-            build_json.write_text(json.dumps(summary, indent=2, sort_keys=True))
-        extras = {REPORT_FILE: build_json}
+        extras = {REPORT_FILE: workdir / REPORT_FILE}  # the builder wrote it (Builder)
         if (workdir / RKNN_FILE).is_file():
             extras[RKNN_FILE] = workdir / RKNN_FILE
         try:
