@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from agent.modelbuild.report import MODEL_FILE, REPORT_FILE, RKNN_FILE, BuildReport
@@ -29,26 +29,49 @@ def install(report: BuildReport, workdir: Path, repository: Path,
         raise BuildError("a build that did not pass its gate is not installed")
     name = report.request.name
     directory = repository / name
-    staging: Path | None = None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         version = next_version(directory, name in builtins)
-        staging = directory / f".{version}.partial"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
         report.version = version
         report.write(workdir)
-        for file in INSTALLED_FILES:
-            if (workdir / file).is_file():
-                _copy(workdir / file, staging / file)
-        os.rename(staging, directory / str(version))
+        stage(directory, version, {file: workdir / file for file in INSTALLED_FILES
+                                   if (workdir / file).is_file()})
     except OSError as error:
         report.version = None
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
         raise BuildError(f"{directory}: could not install ({error.strerror or error})") \
             from None
     return version
+
+
+def stage(directory: Path, version: int, files: Mapping[str, bytes | Path],
+          marker: str | None = None) -> Path:
+    """``<directory>/<version>`` holding ``files`` (name -> bytes, or a file to copy), each
+    flushed to disk in a hidden staging directory that is then renamed; on an error the
+    staging directory goes and the error is raised.  ``marker``: an empty file put in first
+    (an install that is not committed until a later step removes it)."""
+    staging = directory / f".{version}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+        if marker is not None:
+            (staging / marker).touch()
+        for file, data in files.items():
+            if isinstance(data, bytes):
+                _write(data, staging / file)
+            else:
+                _copy(data, staging / file)
+        staging.rename(directory / str(version))
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return directory / str(version)
+
+
+def _write(data: bytes, target: Path) -> None:
+    with open(target, "wb") as writer:
+        writer.write(data)
+        writer.flush()
+        os.fsync(writer.fileno())
 
 
 def _copy(source: Path, target: Path) -> None:

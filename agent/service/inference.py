@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -171,6 +170,7 @@ class Inference:
         marked until the canary passed (a start removes a version still marked: the agent
         stopped or died during its canary).  ``temporary``: the source goes away after (a
         build's work directory), so the default entry's path names the installed copy."""
+        from agent.modelbuild.install import stage
         from agent.serving.errors import ServeError
 
         name = name or self.default
@@ -184,17 +184,7 @@ class Inference:
             raise InstallFailed("model_rejected", f"{source}: has sha256 {digest}, expected "
                                 f"{sha256}; not installed")
         version = self._next_version(name)
-        target = self.repository / name / str(version)
-        staging = target.with_name(f".{version}.partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        (staging / UNCOMMITTED).touch()
-        for file, data in files.items():
-            with open(staging / file, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-        staging.rename(target)
+        target = stage(self.repository / name, version, files, UNCOMMITTED)
         try:
             self.supervisor.client().load(name, {"canary": json.dumps(canary)},
                                           timeout_s=LOAD_ALLOWANCE_S + canary["canary_s"])
