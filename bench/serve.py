@@ -11,9 +11,12 @@ to a baseline measured in the same run, interleaved where it can be:
    grpcio server running the same bare ORT session on every call, sent the same bytes
    (target <= 1.3x).  An instant grpcio echo of those bytes is printed beside it: it
    understates the floor, since gRPC's round trip here grows by about 1 ms once a handler
-   blocks for milliseconds (a 4 ms sleep in the echo's handler shows it).  tritonclient's
-   figure follows, its own cost included; system shared memory through tritonclient
-   against tritonclient's gRPC overhead (target <= 0.5x).
+   blocks for milliseconds (a 4 ms sleep in the echo's handler shows it).  A bare Open
+   Inference Protocol handler in the floor's server (decode, run, respond, nothing else)
+   shows what the protocol alone costs.  tritonclient's figure follows, its own cost
+   included; system shared memory through tritonclient against tritonclient's gRPC
+   overhead (target <= 0.5x).  Each overhead is the median over 12 short rounds of that
+   round's p50 less that round's bare p50 (the machine's speed drifts within seconds).
 3. End to end: tritonclient gRPC at concurrency 16 with batching, on one single-threaded
    instance per core, against the bare batch-1 loop with every thread (target >= 1.0x),
    and its p99 against its p50 (target <= 3x).
@@ -37,6 +40,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -81,24 +85,44 @@ server.wait_for_termination()
 # The transport's floor with a handler as long as the model's: bare grpcio running the same
 # bare ORT session on every call (an instant echo understates it: gRPC's round trip here
 # grows by about 1 ms once a handler blocks for milliseconds, whatever the server framework).
+# With "oip" the same server speaks Triton's ModelInfer instead (protobuf in, the run, a
+# ModelInferResponse out, nothing else: no checks, queue or statistics): what the protocol
+# alone costs, so the data plane's margin over it is its own work.
 FLOOR_SERVER = r"""
 import sys, grpc, numpy as np, onnxruntime as ort
 from concurrent import futures
 from agent.kernel.process import keep_freed_buffers
+from agent.serving import proto
 keep_freed_buffers(32 << 20)
 options = ort.SessionOptions()
 options.intra_op_num_threads, options.inter_op_num_threads = int(sys.argv[2]), 1
 options.add_session_config_entry("session.force_spinning_stop", "1")
 session = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
-given = session.get_inputs()[0]
+given, output = session.get_inputs()[0], session.get_outputs()[0].name
 shape = [1] + [d if isinstance(d, int) else 1 for d in given.shape[1:]]
 def run(request, context):
     return session.run(None, {given.name: np.frombuffer(request, np.float32).reshape(shape)}
                        )[0].tobytes()
+def infer(request, context):
+    tensor = request.inputs[0]
+    array = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(tuple(tensor.shape))
+    result = session.run(None, {tensor.name: array})[0]
+    response = proto.ModelInferResponse(model_name=request.model_name, model_version="1")
+    response.outputs.add(name=output, datatype="FP32", shape=list(result.shape))
+    response.raw_output_contents.append(result.tobytes())
+    return response
 server = grpc.server(futures.ThreadPoolExecutor(4), options=[
     ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
-handler = grpc.unary_unary_rpc_method_handler(run)
-server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("echo", {"Call": handler})])
+if sys.argv[3] == "oip":
+    handler = grpc.unary_unary_rpc_method_handler(
+        infer, request_deserializer=proto.ModelInferRequest.FromString,
+        response_serializer=proto.ModelInferResponse.SerializeToString)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        proto.SERVICE, {"ModelInfer": handler})])
+else:
+    handler = grpc.unary_unary_rpc_method_handler(run)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "echo", {"Call": handler})])
 port = server.add_insecure_port("127.0.0.1:0")
 server.start()
 print(port, flush=True)
@@ -135,6 +159,7 @@ def input_of(session: ort.InferenceSession, batch: int) -> tuple[str, np.ndarray
 # measured stretch is followed by this pause, so each starts on a machine as quiet as the
 # others did.
 SETTLE_S = 0.1
+TRANSPORT_ROUNDS = 12
 
 
 def timed(call: Callable[[], Any], seconds: float) -> list[float]:
@@ -360,8 +385,9 @@ def started(code: str, *args: str) -> tuple[subprocess.Popen[str], int]:
 
 def transport(addresses: dict[str, Any], model: Path, seconds: float,
               bare: ort.InferenceSession, served: Callable[..., Any],
-              client: Any) -> list[float]:
-    """Section 2; returns the bare batch-1 latencies it measured."""
+              client: Any) -> None:
+    """Section 2: each figure is the median over the rounds of that round's p50, and each
+    overhead the median of that round's p50 less that round's bare p50."""
     from agent.serving import proto
 
     name, x = input_of(bare, 1)
@@ -374,13 +400,17 @@ def transport(addresses: dict[str, Any], model: Path, seconds: float,
     request = message.SerializeToString()  # the same bytes, sent the way the floor's are
     plain = grpcio_channel(addresses["grpc"]).unary_unary(f"/{proto.SERVICE}/ModelInfer")
     echo, echo_port = started(ECHO_SERVER, str(out_bytes))
-    floor, floor_port = started(FLOOR_SERVER, str(model), str(THREADS))
+    floor, floor_port = started(FLOOR_SERVER, str(model), str(THREADS), "raw")
+    protocol, protocol_port = started(FLOOR_SERVER, str(model), str(THREADS), "oip")
     try:
         echo_call = grpcio_channel(f"127.0.0.1:{echo_port}").unary_unary("/echo/Call")
         floor_call = grpcio_channel(f"127.0.0.1:{floor_port}").unary_unary("/echo/Call")
+        protocol_call = grpcio_channel(f"127.0.0.1:{protocol_port}").unary_unary(
+            f"/{proto.SERVICE}/ModelInfer")
         calls: dict[str, Callable[[], Any]] = {
             "bare": lambda: bare.run(None, {name: x}),
             "floor": lambda: floor_call(payload), "plain": lambda: plain(request),
+            "protocol": lambda: protocol_call(request),
             "tritonclient": lambda: served(0, "single"), "echo": lambda: echo_call(payload)}
         shared = SharedCall(client, name, x, output, out_bytes)
         calls["shm"] = shared.call
@@ -388,20 +418,28 @@ def transport(addresses: dict[str, Any], model: Path, seconds: float,
             for call in calls.values():
                 for _ in range(20):
                     call()
-            measured: dict[str, list[float]] = {key: [] for key in calls}
-            for _ in range(3):  # interleaved rounds
-                for key, call in calls.items():
-                    measured[key] += timed(call, seconds / 6)
+            # short stretches in many rounds, each in an order of its own, each overhead
+            # taken against its own round's bare p50: this machine's speed drifts within
+            # seconds, which one pooled p50 per kind turns into a kind's bias
+            rounds: list[dict[str, float]] = []
+            for round_ in range(TRANSPORT_ROUNDS):
+                order = list(calls)
+                random.Random(round_).shuffle(order)
+                rounds.append({key: p(timed(calls[key], 3 * seconds / TRANSPORT_ROUNDS / 7),
+                                      50) for key in order})
         finally:
             shared.close()
     finally:
-        echo.terminate()
-        floor.terminate()
-    p50 = {key: p(values, 50) for key, values in measured.items()}
-    over = {key: p50[key] - p50["bare"] for key in p50}
+        for server in (echo, floor, protocol):
+            server.terminate()
+    p50 = {key: float(np.median([r[key] for r in rounds])) for key in calls}
+    over = {key: float(np.median([r[key] - r["bare"] for r in rounds])) for key in calls}
     print(f"2. transport at concurrency 1 (bare ORT p50 {p50['bare']:.3f} ms): the floor, "
           f"bare grpcio running the same bare ORT session, adds {over['floor']:.3f} ms "
           f"(an instant grpcio echo of the same bytes: {p50['echo']:.3f} ms round trip)")
+    print(f"   a bare Open Inference Protocol handler in that server (decode, run, respond; no "
+          f"checks, queue or statistics): +{over['protocol']:.3f} ms, "
+          f"{over['protocol'] / over['floor']:.2f}x the floor")
     print(f"   data plane, the same bytes through plain grpcio: +{over['plain']:.3f} ms, "
           f"{over['plain'] / over['floor']:.2f}x the floor (target <= 1.3x; "
           f"{over['plain'] / p50['echo']:.2f}x the instant echo)")
@@ -410,8 +448,7 @@ def transport(addresses: dict[str, Any], model: Path, seconds: float,
           f"({over['tritonclient'] / p50['echo']:.2f}x the instant echo)")
     print(f"   system shared memory through tritonclient: +{over['shm']:.3f} ms, "
           f"{over['shm'] / over['tritonclient']:.2f}x tritonclient's gRPC overhead "
-          "(target <= 0.5x)")
-    return measured["bare"]
+          f"(target <= 0.5x; {over['shm'] / p50['echo']:.2f}x the instant echo)")
 
 
 def end_to_end(addresses: dict[str, Any], model: Path, seconds: float, pid: int) -> None:
