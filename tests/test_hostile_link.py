@@ -130,6 +130,74 @@ def test_a_wildcard_response_topic_is_skipped_and_the_reply_goes_to_res(
     assert all(correlation == b"c-1" for _, correlation in got)
 
 
+def _seen_sizes(link: Any) -> list[int]:
+    """The payload size of every message the link hands its handler from now on."""
+    handler, sizes = link.on_message, []
+
+    def counting(message: Any) -> None:
+        sizes.append(len(message.payload))
+        handler(message)
+
+    link.on_message = counting
+    return sizes
+
+
+OVERSIZED = 3 << 20  # over the node's incoming bound (1 MiB: control.max_payload_kb is 16)
+
+
+def test_an_oversized_packet_is_discarded_by_an_mqtt5_broker(node: Service, operator: Operator,
+                                                            raw: RawClient) -> None:
+    """The node tells the broker its bound at CONNECT: Mosquitto never sends the 3 MiB
+    message, so the link neither reads it nor drops its connection."""
+    link = node.link
+    assert link is not None
+    assert link.settings.max_incoming_bytes == 1 << 20
+    sizes, connects = _seen_sizes(link), link.status.connects
+    raw.publish(cmd_topic("ping"), b"x" * OVERSIZED)
+    raw.publish(cmd_topic("ping"), b"{}")  # after it, in order: junk the controller refuses
+    assert raw.drain()
+    assert wait_until(lambda: 2 in sizes)
+    assert pinged(operator)["status"] == "succeeded"
+    assert max(sizes) < 1 << 20 and link.status.connects == connects
+    assert link.status.faults.get("oversized_packet", 0) == 0
+    assert link.alive and link.status.state == "connected"
+
+
+def test_an_oversized_packet_ends_an_mqtt311_connection_unread(
+        tmp_path: Path, broker: Broker, key: Ed25519PrivateKey, operator: Operator,
+        raw: RawClient) -> None:
+    """MQTT 3.1.1 cannot tell the broker a bound: the link refuses the packet's body before
+    paho buffers a byte of it, counts it, connects again (backing off: a retained one would
+    come back) and goes on."""
+    config = node_config(tmp_path, copy_board(BOARD, tmp_path), broker, key, allow=["ping"])
+    config["inference"] = {"enabled": False}
+    config["mqtt"]["protocol"] = "3.1.1"
+    with running_node(config) as node:
+        link = node.link
+        assert link is not None
+        sizes, connects = _seen_sizes(link), link.status.connects
+        taken: list[int] = []
+        client = link._client
+        assert client is not None
+        receive = client._sock_recv
+
+        def reading(bufsize: int) -> bytes:
+            data = receive(bufsize)
+            taken.append(len(data))
+            return data
+
+        client._sock_recv = reading  # type: ignore[method-assign]
+        raw.publish(cmd_topic("ping"), b"x" * OVERSIZED)
+        assert raw.drain()
+        assert wait_until(lambda: link.status.faults.get("oversized_packet", 0) == 1)
+        assert wait_until(lambda: link.status.connects == connects + 1 and
+                          link.status.subscribed, 20)
+        assert pinged(operator)["status"] == "succeeded"
+        assert max(taken) < 1 << 20  # not one read of the body
+        assert sizes and max(sizes) < 1 << 20
+        assert link.alive and link.status.state == "connected"
+
+
 def test_a_link_thread_that_dies_is_reported_and_restarted(
         node: Service, operator: Operator, broker: Broker,
         monkeypatch: pytest.MonkeyPatch) -> None:

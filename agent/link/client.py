@@ -1,5 +1,6 @@
-"""A fresh paho client for one connect: protocol, Last Will, TLS, credentials, and callbacks
-that only append to the link thread's queues (so none of them can raise into paho)."""
+"""A fresh paho client for one connect: protocol, Last Will, TLS, credentials, a bound on
+what it takes in, and callbacks that only append to the link thread's queues (so none of
+them can raise into paho)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,65 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from agent.link.delivery import IN_FLIGHT
 from agent.link.settings import LinkSettings, read_password
+from agent.link.sockets import no_delay
+
+
+class OversizedPacket(ConnectionAbortedError):
+    """An incoming packet over the link's bound: the connection ends before its body is
+    read (paho reports the connection lost, and the link connects again)."""
+
+
+class BoundedClient(mqtt.Client):
+    """paho reads a packet's header a byte at a time, then asks the socket for the whole
+    remaining length at once, and keeps whatever it is: up to the 256 MB MQTT allows, from
+    anyone the broker lets publish to the node's topics.  A read of more than
+    ``max_packet_bytes`` is such a packet's body, refused before a byte of it is taken
+    (``events`` gets ``("oversized", why)``).  MQTT 5 brokers are also told the bound at
+    CONNECT, and discard such a packet instead of sending it."""
+
+    def __init__(self, *args: Any, max_packet_bytes: int, events: deque[tuple[Any, ...]],
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_packet_bytes, self._events = max_packet_bytes, events
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        if bufsize > self.max_packet_bytes:
+            message = (f"an incoming packet of {bufsize} bytes is over the link's bound of "
+                       f"{self.max_packet_bytes}")
+            self._events.append(("oversized", message))
+            raise OversizedPacket(message)
+        return super()._sock_recv(bufsize)
+
+
+def connect_properties(s: LinkSettings) -> Properties | None:
+    """MQTT 5's CONNECT properties: the largest packet the node takes (the broker must not
+    send a larger one); None for 3.1.1, which has no such property."""
+    if s.protocol != "5":
+        return None
+    properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    properties.MaximumPacketSize = s.max_incoming_bytes
+    return properties
+
+
+def connect(client: mqtt.Client, s: LinkSettings) -> None:
+    """TCP (and TLS) connected and CONNECT sent, with MQTT 5's bound on what comes in."""
+    client.connect(s.host, s.port, s.keepalive_s, properties=connect_properties(s))
+    no_delay(client.socket())
 
 
 def new_client(s: LinkSettings, will_topic: str, will: bytes, events: deque[tuple[Any, ...]],
                inbox: deque[mqtt.MQTTMessage]) -> mqtt.Client:
     version = MQTTProtocolVersion.MQTTv5 if s.protocol == "5" else MQTTProtocolVersion.MQTTv311
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id, protocol=version,
-                         clean_session=None if version == MQTTProtocolVersion.MQTTv5 else True)
+    client = BoundedClient(CallbackAPIVersion.VERSION2, client_id=s.client_id,
+                           protocol=version, max_packet_bytes=s.max_incoming_bytes,
+                           events=events,
+                           clean_session=None if version == MQTTProtocolVersion.MQTTv5 else True)
     client.max_inflight_messages_set(IN_FLIGHT)
     client.connect_timeout = 5.0
     client.will_set(will_topic, will, qos=1, retain=True)
@@ -31,3 +81,10 @@ def new_client(s: LinkSettings, will_topic: str, will: bytes, events: deque[tupl
     client.on_message = lambda c, u, message: inbox.append(message)
     client.on_subscribe = lambda c, u, mid, codes, props: events.append(("suback",))
     return client
+
+
+def subscribe(client: mqtt.Client, s: LinkSettings, patterns: tuple[str, ...]) -> None:
+    """At QoS 1; MQTT 5 keeps the retain flag as published, so a command sent retained is
+    recognised (and refused) even when it arrives live."""
+    options: Any = SubscribeOptions(qos=1, retainAsPublished=True) if s.protocol == "5" else 1
+    client.subscribe([(pattern, options) for pattern in patterns])

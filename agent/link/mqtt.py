@@ -10,8 +10,9 @@ published on every connect, and the Last Will says ``offline`` with the connect'
 
 No message stops the thread: what the handler (the controller) raises is caught and counted
 per reason (``status.faults``); a publish paho refuses drops that message.  Incoming messages
-wait in a bounded inbox, dispatched a batch a round and fewer while replies wait (replies are
-never dropped, a flood cannot grow memory).  A thread that dies anyway leaves the state
+wait in a bounded inbox, each at most ``max_incoming_bytes`` (``client.BoundedClient``),
+dispatched a batch a round and fewer while replies wait (replies are never dropped, a flood
+cannot grow memory).  A thread that dies anyway leaves the state
 ``dead``, its cause in ``died``, for the service to ``restart``.  ``status.subscribed``
 says when commands sent from now on reach the node (the broker confirmed the subscriptions).
 """
@@ -28,14 +29,13 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
-from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from agent import protocol
-from agent.link.client import new_client
+from agent.link.client import connect, new_client, subscribe
 from agent.link.delivery import WINDOW, Delivery, reason_failed
 from agent.link.outgoing import REPLY_HIGH, Faults, Message, Outgoing
 from agent.link.settings import LinkSettings, LinkStatus, backoff_delay
-from agent.link.sockets import Waker, close_now, cork, no_delay, watch
+from agent.link.sockets import Waker, close_now, cork, watch
 from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence, encode, stamp
 
@@ -67,7 +67,7 @@ class MqttLink:
         self._thread: threading.Thread | None = None
         self._client: mqtt.Client | None = None
         self.died: str | None = None  # why the thread last ended abnormally
-        self._flush_s, self._candidate_session = 0.0, 0
+        self._flush_s, self._candidate_session, self._oversized = 0.0, 0, False
         self._delivery = Delivery(settings, outbox, self.status)
 
     # -- API for other threads --------------------------------------------------------------
@@ -163,7 +163,7 @@ class MqttLink:
         while not self._stop.is_set():
             client = self._client = self._connect()
             if client is not None:
-                if self._serve(client):
+                if self._serve(client) and not self._oversized:  # a resent one: back off
                     attempt = 0
                 sock = client.socket()
                 client.disconnect()  # written at once (no paho thread); no-op when gone
@@ -198,12 +198,12 @@ class MqttLink:
         # when the broker accepts the connection.
         self._candidate_session = self.outbox.counter("session") + 1
         self._events.clear()
+        self._oversized = False
         try:
             client = new_client(self.settings, self.topic(protocol.STATE),
                                 self._state_payload("offline", self._candidate_session),
                                 self._events, self._inbox)
-            client.connect(self.settings.host, self.settings.port, self.settings.keepalive_s)
-            no_delay(client.socket())
+            connect(client, self.settings)
         except (OSError, ValueError) as error:
             message = f"cannot reach the broker {self.status.broker}: {error}"
             if message != self.status.last_error:
@@ -302,6 +302,9 @@ class MqttLink:
                     outcome = "refused"
                 else:
                     outcome = "accepted"
+            elif kind == "oversized":  # the connection ends: "gone" follows
+                self.faults.record("oversized_packet", "%s; connecting again", event[1])
+                self.status.last_error, self._oversized = event[1], True
             elif kind == "suback":  # commands sent from now on reach this node
                 self.status.subscribed = True
             elif kind == "gone":
@@ -336,11 +339,7 @@ class MqttLink:
         logger.info("mqtt: connected to %s, session %d", self.status.broker, session)
         self._announce(client)
         if self.subscriptions:
-            # MQTT 5 keeps the retain flag as published, so a command sent retained is
-            # recognised (and refused) even when it arrives live.
-            options: Any = (SubscribeOptions(qos=1, retainAsPublished=True)
-                            if self.settings.protocol == "5" else 1)
-            client.subscribe([(pattern, options) for pattern in self.subscriptions])
+            subscribe(client, self.settings, self.subscriptions)
         # Everything stored before this connect is the backlog: replayed, marked historical.
         self._delivery.begin()
 

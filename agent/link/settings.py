@@ -25,6 +25,8 @@ class LinkSettings:
     password_file: str | None = None
     keepalive_s: int = 30
     max_payload_bytes: int = 64 * 1024
+    # the largest packet the link takes in: paho would otherwise buffer whatever arrives
+    max_incoming_bytes: int = 1024 * 1024
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
     replay_per_s: float = 200.0
@@ -55,6 +57,13 @@ class LinkStatus:
         fields["faults"] = dict(self.faults)  # a copy: the link thread adds to it
         del fields["sessions_ended"], fields["heartbeat"]
         return fields
+
+
+def incoming_bound(command_kb: int) -> int:
+    """The largest packet a node's link takes in: commands up to twice
+    ``control.max_payload_kb`` still reach the controller (which answers ``oversized``),
+    and never less than 1 MiB."""
+    return max(1 << 20, 2 * command_kb * 1024)
 
 
 def backoff_delay(attempt: int, low: float, high: float) -> float:

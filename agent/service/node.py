@@ -30,7 +30,7 @@ from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.kernel.fsroot import Root
 from agent.link.homeassistant import discovery_messages
 from agent.link.mqtt import MqttLink
-from agent.link.settings import LinkSettings
+from agent.link.settings import LinkSettings, incoming_bound
 from agent.service import health, reports
 from agent.service.builds import Builder, core_builder
 from agent.service.collaborators import Collaborators
@@ -170,8 +170,10 @@ class Service:
             tls_ca=tls.ca if tls else None, tls_cert=tls.cert if tls else None,
             tls_key=tls.key if tls else None, username=m.username,
             password_file=m.password_file, keepalive_s=m.keepalive_s,
-            max_payload_bytes=m.max_payload_kb * 1024, reconnect_min_s=m.reconnect_min_s,
-            reconnect_max_s=m.reconnect_max_s, replay_per_s=self.config.telemetry.replay_per_s)
+            max_payload_bytes=m.max_payload_kb * 1024,
+            max_incoming_bytes=incoming_bound(self.config.control.max_payload_kb),
+            reconnect_min_s=m.reconnect_min_s, reconnect_max_s=m.reconnect_max_s,
+            replay_per_s=self.config.telemetry.replay_per_s)
         return MqttLink(settings, outbox, self.sequence, self.announcements,
                         on_message=controller.on_message if controller else None,
                         subscriptions=controller.subscriptions() if controller else ())
