@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import numpy as np
 import onnx
@@ -115,6 +116,12 @@ def test_a_build_runs_beside_other_commands_and_installs_with_its_report(
     assert builder.started.wait(30)
     ping = operator.send("orin-1", "ping")
     assert operator.final(ping["id"])["status"] == "succeeded"
+    status = operator.final(operator.send("orin-1", "get-status")["id"])
+    assert status["status"] == "succeeded", status
+    job = status["result"]["jobs"]["build"]  # what runs, and where it is
+    assert (job["id"], job["command"], job["step"]) == (
+        build["id"], "build-model", "calibrating int8 per-channel")
+    assert node.status()["jobs"] == {"build": {**job, "running_s": ANY}}
     again = operator.send("orin-1", "build-model", {"source": str(models / "good.onnx")})
     busy = operator.final(again["id"])
     assert (busy["status"], busy["code"]) == ("failed", "busy")
@@ -135,6 +142,7 @@ def test_a_build_runs_beside_other_commands_and_installs_with_its_report(
     assert sorted(p.name for p in version.iterdir()) == ["build.json", "model.onnx"]
     assert json.loads((version / "build.json").read_text()) == PASSED
     assert result["path"] == str(version / "model.onnx")  # the work directory is gone
+    assert node.status()["jobs"] == {}
     assert not builder.workdirs[0].exists()
     assert wait_until(lambda: {"name": "demo", "versions": ["2"]}
                       in node.inference.served_models(), 10)  # type: ignore[union-attr]

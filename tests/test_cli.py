@@ -203,3 +203,28 @@ def test_the_units_rollback_finds_the_journal_run_writes(tmp_path: Path,
     config.write_text("{}\n")
     assert service.command_config(build_parser().parse_args(
         ["run", "--config", str(config)])).state_dir == DEFAULT_STATE_DIR
+
+
+def test_status_names_the_long_commands_running(tmp_path: Path) -> None:
+    """A job (``build-model``) shows in ``edge-agent status`` with its last step; none, no
+    line."""
+    import time
+
+    from cli_helpers import edge_agent
+
+    from agent.link.settings import LinkStatus
+    from agent.service import reports
+
+    state = tmp_path / "state"
+    state.mkdir()
+    job = {"id": "c-7", "command": "build-model", "step": "checking the gate",
+           "running_s": 42.5}
+    for jobs, lines in (({"build": job}, ["job: build-model c-7 (build), 42.5 s: checking "
+                                          "the gate"]), ({}, [])):
+        reports.write_status(state, reports.status(
+            "orin-1", time.monotonic(), LinkStatus(state="connected").to_dict(), {"depth": 0},
+            [], [], None, jobs=jobs))
+        done = edge_agent("status", "--state-dir", state)
+        assert [line for line in done.stdout.splitlines() if line.startswith("job:")] == lines
+        assert json.loads(edge_agent("status", "--state-dir", state, "--json").stdout
+                          )["jobs"] == jobs

@@ -110,6 +110,11 @@ def test_a_job_runs_beside_the_worker_reports_in_order_and_holds_its_slot(
     try:
         first = node.send(LONG)
         assert started.wait(10)
+        held = node.controller.long_jobs.running()
+        assert set(held) == {"build"} and held["build"]["running_s"] >= 0
+        assert {k: v for k, v in held["build"].items() if k != "running_s"} == {
+            "id": first, "command": LONG, "step": "one"}
+        assert node.controller.metrics()["jobs_running"] == 1
         ping = node.send("ping")
         assert node.replies.final(ping)["status"] == "succeeded"
         second = node.send(LONG)
@@ -126,6 +131,7 @@ def test_a_job_runs_beside_the_worker_reports_in_order_and_holds_its_slot(
         assert node.replies.steps(first) == ["checked", "one", "two"]
         assert node.store.get(first) == done  # a replay gets the job's outcome
         assert node.controller.long_jobs.running() == {}
+        assert node.controller.metrics()["jobs_running"] == 0
         third = node.send(LONG)  # the slot is free once the final reply is out
         release.set()
         assert node.replies.final(third)["status"] == "succeeded"

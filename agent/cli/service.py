@@ -135,6 +135,9 @@ def status(args: argparse.Namespace) -> int:
            f"not running (no update for {state['age_s']} s)")
           + f", node {state['node_id']}, pid {state['pid']}")
     print(status_line(state))
+    for slot, job in sorted((state.get("jobs") or {}).items()):
+        print(f"job: {job['command']} {job['id']} ({slot}), {job['running_s']} s"
+              + (f": {job['step']}" if job["step"] else ""))
     for problem in state.get("problems") or []:
         print(f"problem: {problem}")
     for warning in state.get("warnings") or []:

@@ -111,7 +111,8 @@ class Controller:
         """The ``control`` telemetry group: refusals by code, what junk was not answered."""
         return {"rejected": dict(self.junk.by_code), "rejected_total": self.rejected,
                 "replies_suppressed": self.junk.suppressed, "errors": self.errors,
-                "desired_ignored": self.desired_ignored}
+                "desired_ignored": self.desired_ignored,
+                "jobs_running": len(self.long_jobs.running())}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -263,7 +264,7 @@ class Controller:
         if not isinstance(outcome, Job):
             finish(*outcome)
             return
-        running = self.long_jobs.start(envelope["id"], outcome, progress, finish)
+        running = self.long_jobs.start(envelope["id"], name, outcome, progress, finish)
         if running is not None:  # one job per slot: answered now, never queued
             finish(protocol.FAILED, "busy", f"command {running} is running a {outcome.slot} "
                    "job; one runs at a time", {"running": running})

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent import protocol
@@ -81,11 +81,18 @@ def outcome_of(label: str, call: Callable[[], Any]) -> Outcome | Job:
 @dataclass
 class _Running:
     command_id: str
+    command: str
     slot: str
     finish: Finish
     cancel: threading.Event
+    started: float = field(default_factory=time.monotonic)
+    step: str = ""  # the last progress step it reported
     thread: threading.Thread | None = None
     answered: bool = False  # under the runner's lock: the final reply is claimed
+
+    def view(self) -> dict[str, Any]:
+        return {"id": self.command_id, "command": self.command, "step": self.step,
+                "running_s": round(time.monotonic() - self.started, 1)}
 
 
 class JobRunner:
@@ -97,12 +104,13 @@ class JobRunner:
         self._slots: dict[str, _Running] = {}
         self._stopping = False
 
-    def running(self) -> dict[str, str]:
-        """slot -> the id of the command whose job holds it."""
+    def running(self) -> dict[str, dict[str, Any]]:
+        """slot -> the job that holds it: its command's id and name, its last progress
+        step and how long it has run (``get-status`` and ``edge-agent status`` show it)."""
         with self._lock:
-            return {slot: entry.command_id for slot, entry in self._slots.items()}
+            return {slot: entry.view() for slot, entry in self._slots.items()}
 
-    def start(self, command_id: str, job: Job, progress: Progress,
+    def start(self, command_id: str, command: str, job: Job, progress: Progress,
               finish: Finish) -> str | None:
         """Run ``job`` on a thread of its own and ``finish`` with its outcome; when another
         job holds the slot, nothing starts and the id of its command is returned."""
@@ -110,7 +118,7 @@ class JobRunner:
             held = self._slots.get(job.slot)
             if held is not None:
                 return held.command_id
-            entry = _Running(command_id, job.slot, finish, threading.Event())
+            entry = _Running(command_id, command, job.slot, finish, threading.Event())
             if self._stopping:
                 entry.cancel.set()  # it starts and ends at its first step
             self._slots[job.slot] = entry
@@ -125,6 +133,7 @@ class JobRunner:
                 raise Cancelled()
             with self._lock:
                 answered = entry.answered
+                entry.step = text
             if not answered:
                 progress(text)
 

@@ -283,9 +283,10 @@ class Service:
 
     def status(self, stopped: bool = False) -> dict[str, Any]:
         assert self.outbox is not None and self.link is not None
+        jobs = self.controller.long_jobs.running() if self.controller is not None else {}
         return reports.status(self.config.node_id, self.started, self.link.status.to_dict(),
                               self.outbox.stats(), self.problems(), self.warnings(),
-                              self.last, stopped=stopped)
+                              self.last, stopped=stopped, jobs=jobs)
 
     def tick(self) -> dict[str, Any]:
         """Once a second from the main thread: periodic verify, the status file; returns the

@@ -76,14 +76,14 @@ def _library_versions() -> dict[str, str]:
 
 def status(node_id: str, started: float, link: dict[str, Any], outbox: dict[str, Any],
            problems: list[str], warnings: list[str], last_sample: dict[str, Any] | None,
-           stopped: bool = False) -> dict[str, Any]:
+           stopped: bool = False, jobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """What ``edge-agent status`` reads back from ``status.json``; ``started`` is the
-    agent's start on the monotonic clock."""
+    agent's start on the monotonic clock; ``jobs``: the long commands running, by slot."""
     return {"schema": "status/1", "pid": os.getpid(), "stopped": stopped,
             "updated_ms": int(time.time() * 1000),
             "node_id": node_id, "uptime_s": round(time.monotonic() - started, 1),
             "link": link, "outbox": outbox, "problems": problems, "warnings": warnings,
-            "last_sample": last_sample}
+            "last_sample": last_sample, "jobs": jobs or {}}
 
 
 def write_status(state_dir: Path, status: dict[str, Any]) -> None:
