@@ -141,12 +141,21 @@ class Supervisor:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """The child spawned and watched; its first ready is ``wait_ready``'s."""
         self._prepare()
         self.prepare_placement()
         self._stop.clear()
         self._spawn()
         self._thread = threading.Thread(target=self._watch, name="data-plane", daemon=True)
         self._thread.start()
+
+    def wait_ready(self) -> None:
+        """Until the first ready, the child's exit, or ``wait_ready_s`` (extended while
+        engines build, as systemd's start timeout is)."""
         deadline = time.monotonic() + self.wait_ready_s
         while time.monotonic() < deadline and not self._ready.is_set():
             process = self.process

@@ -64,6 +64,12 @@ class Inference:
         return self.config.inference.enabled
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """The data plane spawned, not waited for (``wait_ready``): the agent goes on to the
+        broker meanwhile, as a TensorRT build takes minutes."""
         if not self.enabled:
             return
         import onnxruntime as ort
@@ -82,7 +88,13 @@ class Inference:
         for accelerator in self.unused:
             logger.warning("%s is not used: %s", accelerator.device, accelerator.reason)
         self.sweep()
-        self.supervisor.start()
+        self.supervisor.launch()
+
+    def wait_ready(self) -> None:
+        """The data plane's first ready (or its failure), then the load driver, if any."""
+        if not self.enabled:
+            return
+        self.supervisor.wait_ready()
         source = self.config.inference.source
         if source != "none":
             from agent.service.loaddriver import LoadDriver

@@ -1,10 +1,12 @@
 """``edge-agent run``'s composition root: builds the agent's parts and wires them together.
 
 It only wires.  Parts are built in data-flow order (discover, plan and apply the configured
-profile, start the supervised data plane, then the link, the controller, the exporter and
-the sampler) and each consumer gets the narrow collaborators it needs; every running part
-is a ``parts.Part``, started in that order and stopped in reverse, and rolls tuning back on
-the way out if the config says so.  A part that fails for a reason an operator can fix (a
+profile, launch the supervised data plane, then the link, the controller, the exporter and
+the sampler, and only then wait for the data plane's first ready, so that a node building
+TensorRT engines for minutes is on the broker meanwhile, ``degraded`` with the data plane
+starting) and each consumer gets the narrow collaborators it needs; every running part is a
+``parts.Part``, started in that order and stopped in reverse, and rolls tuning back on the
+way out if the config says so.  A part that fails for a reason an operator can fix (a
 missing model, a profile the hardware refuses) leaves the agent running and reachable in
 state ``degraded`` (``health``); only an unusable state directory stops it.  What it
 announces and writes is built in ``reports``.
@@ -131,7 +133,8 @@ class Service:
         self.memory_watch = MemoryEventsWatch(self.placement, self.event)
         self.notifier.notify(STATUS="starting the data plane",
                              EXTEND_TIMEOUT_USEC=MODEL_LOAD_ALLOWANCE_S * 1_000_000)
-        self._start(self.inference)
+        inference = self.inference  # waited for last: the node is on the broker meanwhile
+        self._start(Wrapped(inference.launch, inference.stop, inference.problems))
         self.sampler = Sampler(self._collectors(), self.outbox, self.sequence,
                                protocol.topic(self.config.topic_root, protocol.TELEMETRY),
                                self.config.telemetry.interval_s,
@@ -150,6 +153,10 @@ class Service:
             self._start(Wrapped(exporter.start, lambda ending: exporter.stop()))
         sampler = self.sampler
         self._start(Wrapped(sampler.start, lambda ending: sampler.stop()))
+        self._announce_health()  # degraded while the data plane starts
+        inference.wait_ready()
+        if link.status.connects:  # the birth went out before the data plane served
+            link.rebirth()
         self._announce_health()
 
     def _announce_health(self) -> None:
