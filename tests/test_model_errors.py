@@ -63,9 +63,10 @@ def test_run_reports_the_same_message_as_its_problem(tmp_path: Path, broker: Bro
     config = write_config(tmp_path, broker.port, inference={"model": str(model)})
     agent = start_agent(config)
     try:
-        assert wait_until(lambda: watcher.on("state") and watcher.on("state")[-1]["state"]
-                          == "degraded", 60), agent.stdout
-        assert watcher.on("state")[-1]["reason"].startswith(expected)
+        # degraded from the start ("data plane: starting"), then for the model's reason
+        assert wait_until(lambda: watcher.on("state") and watcher.on("state")[-1].get(
+            "reason", "").startswith(expected), 60), (agent.stdout, watcher.on("state"))
+        assert watcher.on("state")[-1]["state"] == "degraded"
         assert wait_until(lambda: status(config)[1].get("problems"), 30)
         (problem,) = status(config)[1]["problems"]
         assert problem.startswith(expected) and problem.endswith(")")

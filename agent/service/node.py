@@ -142,6 +142,7 @@ class Service:
                                self.config.telemetry.metrics)
         self.controller = self._controller(self.tuning, self.inference, self.sampler)
         link = self.link = self._link(self.outbox, self.controller)
+        self._announce_health()  # before it connects: its first state says the data plane starts
         self._start(Wrapped(link.start, lambda ending: link.stop(flush_s=ending.flush_s),
                             self._link_problems), late=True)
         if self.controller is not None:
@@ -153,7 +154,6 @@ class Service:
             self._start(Wrapped(exporter.start, lambda ending: exporter.stop()))
         sampler = self.sampler
         self._start(Wrapped(sampler.start, lambda ending: sampler.stop()))
-        self._announce_health()  # degraded while the data plane starts
         inference.wait_ready()
         if link.status.connects:  # the birth went out before the data plane served
             link.rebirth()
