@@ -326,7 +326,8 @@ def test_the_supervisor_spawns_through_the_placement_and_reports_failures(
     placement = Recording(Root(tree), f"{CG}")
     supervisor = Supervisor(load_config(None), tmp_path / "state", lambda *a, **k: None,
                             wait_ready_s=0.1, placement=placement)
-    supervisor.start()
+    supervisor.launch()
+    supervisor.wait_ready()
     try:
         assert supervisor.process is not None
         assert adopted == [supervisor.process.pid]

@@ -42,14 +42,19 @@ def inputs(directory: Path) -> Path:
     return directory
 
 
+def build_demo(tmp_path: Path, config: Path, *extra: str) -> int:
+    """``model build`` of a copy of the demo model as ``demo``, loaded through ``config``."""
+    source = shutil.copy(DEMO_MODEL_PATH, tmp_path / "demo.onnx")
+    return main(["model", "build", str(source), "--name", "demo", "--calibration",
+                 str(inputs(tmp_path / "inputs")), "--config", str(config), "--gate", GATE,
+                 *extra])
+
+
 def test_a_passing_build_is_loaded_by_the_running_data_plane(
         served: tuple[Path, dict[str, str]], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     config, addresses = served
-    source = shutil.copy(DEMO_MODEL_PATH, tmp_path / "demo.onnx")
-    status = main(["model", "build", str(source), "--name", "demo", "--calibration",
-                   str(inputs(tmp_path / "inputs")), "--config", str(config), "--gate", GATE,
-                   "--json"])
+    status = build_demo(tmp_path, config, "--json")
     report = json.loads(capsys.readouterr().out)
     assert status == 0, report
     assert report["version"] == 2  # the built-in demo is version 1
@@ -65,9 +70,7 @@ def test_a_version_the_data_plane_refuses_is_removed_again(
     settings = tmp_path / "state" / "repository" / "demo" / "config.yaml"
     settings.parent.mkdir(parents=True)
     settings.write_text(yaml.safe_dump({"sha256": {2: "0" * 64}}))  # pins another file
-    source = shutil.copy(DEMO_MODEL_PATH, tmp_path / "demo.onnx")
-    status = main(["model", "build", str(source), "--name", "demo", "--calibration",
-                   str(inputs(tmp_path / "inputs")), "--config", str(config), "--gate", GATE])
+    status = build_demo(tmp_path, config)
     out = capsys.readouterr().out
     assert status == 1
     assert f"the running data plane ({addresses['http']}) refused version 2 (" in out
@@ -81,9 +84,7 @@ def test_a_build_without_a_running_data_plane_waits_for_its_start(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "agent.yaml"
     path.write_text(yaml.safe_dump(agent_config(tmp_path, 1883)))
-    source = shutil.copy(DEMO_MODEL_PATH, tmp_path / "demo.onnx")
-    status = main(["model", "build", str(source), "--name", "demo", "--calibration",
-                   str(inputs(tmp_path / "inputs")), "--config", str(path), "--gate", GATE])
+    status = build_demo(tmp_path, path)
     out = capsys.readouterr().out
     assert status == 0
     assert f"no data plane is running for {path}: it loads version 2 when it starts" in out

@@ -169,8 +169,10 @@ class FakeServerSupervisor(Supervisor):
 def test_a_new_schedule_reaches_a_server_that_is_still_starting(tmp_path: Path) -> None:
     supervisor = FakeServerSupervisor(from_dict({}), tmp_path, lambda kind, **fields: None,
                                       rt.ThreadSched("fifo", 80, [1]), wait_ready_s=30)
-    # start() waits for a ready server, which this stand-in never is: it runs beside the test
-    threading.Thread(target=supervisor.start, daemon=True).start()
+    # wait_ready() waits for a ready server, which this stand-in never is: it runs beside
+    # the test
+    supervisor.launch()
+    threading.Thread(target=supervisor.wait_ready, daemon=True).start()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and supervisor.process is None:
         time.sleep(0.05)

@@ -140,10 +140,6 @@ class Supervisor:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self.launch()
-        self.wait_ready()
-
     def launch(self) -> None:
         """The child spawned and watched; its first ready is ``wait_ready``'s."""
         self._prepare()

@@ -63,10 +63,6 @@ class Inference:
     def enabled(self) -> bool:
         return self.config.inference.enabled
 
-    def start(self) -> None:
-        self.launch()
-        self.wait_ready()
-
     def launch(self) -> None:
         """The data plane spawned, not waited for (``wait_ready``): the agent goes on to the
         broker meanwhile, as a TensorRT build takes minutes."""
