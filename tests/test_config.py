@@ -71,6 +71,10 @@ def test_values_merge_over_the_defaults() -> None:
      "true or false"),
     ({"telemetry": {"metrics": "cpu"}}, "telemetry.metrics", "expected all, or a list of cpu,"),
     ({"telemetry": {"metrics": [["cpu"]]}}, "telemetry.metrics", "(['cpu'] is not a metric"),
+    ({"serve": {"max_inflight_mb": 32}}, "serve.max_inflight_mb",
+     "32 is below serve.max_request_mb 64"),
+    ({"serve": {"max_inflight_mb": 0}}, "serve.max_inflight_mb", "a number 1"),
+    ({"serve": {"privileged_priority": -1}}, "serve.privileged_priority", "0"),
 ])
 def test_bad_values_name_the_file_and_key(tmp_path: Path, document: dict[str, object],
                                           key: str, allowed: str) -> None:

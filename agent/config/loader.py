@@ -47,6 +47,11 @@ def _check_serve(serve: dict[str, Any], file: str) -> None:
     tls = serve["tls"]
     if tls is not None and not (tls.get("cert") and tls.get("key")):
         raise ConfigError(file, "serve.tls", "needs both cert and key")
+    inflight = serve["max_inflight_mb"]
+    if inflight is not None and inflight < serve["max_request_mb"]:
+        raise ConfigError(file, "serve.max_inflight_mb", f"{inflight} is below "
+                          f"serve.max_request_mb {serve['max_request_mb']}: no request of the "
+                          "largest allowed size could ever be admitted")
     for key in ("http", "grpc", "metrics"):
         if serve[key] is None:
             continue

@@ -140,6 +140,12 @@ class ServeConfig:
     tls: ServeTlsConfig | None = section(ServeTlsConfig, nullable="cert and key")
     token_file: str = setting(PATH, "/etc/edge-agent/serve-token")
     max_request_mb: float = setting(number(0.001, 4096), 64)
+    # every request's bytes in flight at once (bodies, decoded tensors, queued inputs,
+    # outputs being sent); None: from the device's memory (agent.serving.budget)
+    max_inflight_mb: float | None = setting(optional(number(1, 1 << 20)), None)
+    # a request's ``priority`` at this level or higher (1 is the highest) needs the bearer
+    # token, so that any local process cannot jump the queue; 0: every level is open
+    privileged_priority: int = setting(integer(0, 1000), 1)
     # system shared memory: only objects whose name starts with it may be registered
     shm_prefix: str = setting(text(re.compile(r"^[A-Za-z0-9_.-]{1,64}$"),
                                    "a name prefix such as edge-agent- (letters, digits, "
@@ -148,6 +154,10 @@ class ServeConfig:
     @property
     def max_request_bytes(self) -> int:
         return int(self.max_request_mb * 1024 * 1024)
+
+    @property
+    def max_inflight_bytes(self) -> int | None:
+        return None if self.max_inflight_mb is None else int(self.max_inflight_mb * 1024 * 1024)
 
 
 @dataclass(frozen=True)

@@ -74,15 +74,22 @@ class Access:
         self._read[path] = (signature, token)
         return token
 
+    def holds(self, presented: str | None) -> bool:
+        """Whether ``presented`` is a configured token (for what a token unlocks beyond
+        the routes ``check`` guards: the privileged priority levels)."""
+        if presented is None:
+            return False
+        given = presented.encode("utf-8", "surrogateescape")
+        return any(hmac.compare_digest(given, token) for token in self._tokens())
+
     def check(self, presented: str | None, control: bool) -> None:
         """Raise UNAUTHENTICATED unless the call may go ahead (``control``: load/unload)."""
         if not (control or self.everything):
             return
         if presented is None:
-            where = self.token_files[0] if self.token_files else "none configured"
-            raise ServeError("UNAUTHENTICATED", "this call needs the bearer token of "
-                             f"serve.token_file ({where})")
-        given = presented.encode("utf-8", "surrogateescape")
-        if not any(hmac.compare_digest(given, token) for token in self._tokens()):
+            # no path: a caller without the token learns nothing of where it lives
+            raise ServeError("UNAUTHENTICATED", "token required: this call needs the bearer "
+                             "token of serve.token_file")
+        if not self.holds(presented):
             raise ServeError("UNAUTHENTICATED", "the bearer token is not the one in "
                              "serve.token_file")

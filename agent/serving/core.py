@@ -85,6 +85,9 @@ class InferRequest:
     outputs: tuple[OutputRequest, ...] = ()  # empty: every output
     id: str = ""
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    # the caller showed the bearer token (the front end checked it): it may ask for the
+    # privileged priority levels (serve.privileged_priority)
+    trusted: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,16 +28,15 @@ HTTP_STATUS = {
 class ServeError(Exception):
     """A request refused or failed, with the gRPC status name (``HTTP_STATUS`` keys)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, http_status: int | None = None) -> None:
+        """``http_status``: where HTTP spells this refusal apart from the code's usual one
+        (the memory budget's RESOURCE_EXHAUSTED is a 503, busy, not a 413, too big)."""
         if code not in HTTP_STATUS:
             raise ValueError(f"unknown status {code}")
         super().__init__(message)
         self.code = code
         self.message = message
-
-    @property
-    def http_status(self) -> int:
-        return HTTP_STATUS[self.code]
+        self.http_status = HTTP_STATUS[code] if http_status is None else http_status
 
 
 def invalid(message: str) -> ServeError:

@@ -19,6 +19,7 @@ from google.protobuf import json_format  # type: ignore[import-untyped,unused-ig
 
 from agent.serving import proto
 from agent.serving.access import Access, bearer
+from agent.serving.budget import MemoryBudget, default_limit_bytes
 from agent.serving.core import (
     InferRequest,
     InferResult,
@@ -210,10 +211,12 @@ class Service:
     """One method per call, named as the protocol names it, each a message in and a message
     out; raises ``ServeError``."""
 
-    def __init__(self, models: Models, regions: SharedMemoryRegions, access: Access) -> None:
+    def __init__(self, models: Models, regions: SharedMemoryRegions, access: Access,
+                 budget: MemoryBudget) -> None:
         self.models = models
         self.regions = regions
         self.access = access
+        self.budget = budget
 
     def ServerLive(self, request: Any) -> Any:
         return proto.ServerLiveResponse(live=self.models.live())
@@ -320,12 +323,15 @@ def guarded(name: str, call: Callable[..., Any], access: Access
 
 def build_grpc_server(models: Models, access: Access, *, max_request_bytes: int,
                       executor: concurrent.futures.ThreadPoolExecutor,
-                      regions: SharedMemoryRegions | None = None) -> grpc.Server:
+                      regions: SharedMemoryRegions | None = None,
+                      budget: MemoryBudget | None = None) -> grpc.Server:
     """The server, not yet bound nor started: the caller adds the port
     (``add_insecure_port`` or a secure one) and starts it.  Without ``regions`` (the data
-    plane shares one with HTTP) it keeps its own under the default prefix."""
+    plane shares one with HTTP) it keeps its own under the default prefix; without
+    ``budget`` (the data plane's is shared too) one of its own, sized for no device."""
     service = Service(models, regions if regions is not None
-                      else bounded_regions(DEFAULT_PREFIX, max_request_bytes), access)
+                      else bounded_regions(DEFAULT_PREFIX, max_request_bytes), access,
+                      budget or MemoryBudget(default_limit_bytes(None, max_request_bytes)))
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             guarded(name, getattr(service, name), access),

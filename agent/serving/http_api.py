@@ -24,6 +24,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from agent.serving import http_codec as codec
 from agent.serving.access import Access, bearer
+from agent.serving.budget import MemoryBudget, default_limit_bytes
 from agent.serving.core import Models
 from agent.serving.errors import ServeError, invalid
 from agent.serving.shm import (
@@ -59,7 +60,9 @@ class _Api:
     """The handlers, over one ``Models``; each returns a response or raises ServeError."""
 
     def __init__(self, models: Models, access: Access, max_request_bytes: int,
-                 executor: concurrent.futures.Executor, regions: SharedMemoryRegions) -> None:
+                 executor: concurrent.futures.Executor, regions: SharedMemoryRegions,
+                 budget: MemoryBudget) -> None:
+        self.budget = budget
         self.models = models
         self.regions = regions
         self.access = access
@@ -213,13 +216,16 @@ class _Api:
 
 def make_app(models: Models, access: Access, *, max_request_bytes: int,
              executor: concurrent.futures.Executor,
-             regions: SharedMemoryRegions | None = None) -> web.Application:
+             regions: SharedMemoryRegions | None = None,
+             budget: MemoryBudget | None = None) -> web.Application:
     """The application to serve (with ``aiohttp.web.AppRunner``); bodies above
     ``max_request_bytes`` are refused with 413.  Without ``regions`` (the data plane shares
-    one with gRPC) the app keeps its own, under the default prefix, closed at cleanup."""
+    one with gRPC) the app keeps its own, under the default prefix, closed at cleanup;
+    without ``budget`` (shared with gRPC too) one of its own, sized for no device."""
     api = _Api(models, access, max_request_bytes, executor,
                regions if regions is not None
-               else bounded_regions(DEFAULT_PREFIX, max_request_bytes))
+               else bounded_regions(DEFAULT_PREFIX, max_request_bytes),
+               budget or MemoryBudget(default_limit_bytes(None, max_request_bytes)))
     app = web.Application(client_max_size=max_request_bytes, middlewares=[api.guard])
     if regions is None:
         async def close_regions(app: web.Application) -> None:

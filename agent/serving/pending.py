@@ -67,7 +67,8 @@ class Answer:
     def result(self) -> dict[str, np.ndarray]:
         self.wait()
         if self.error is not None:
-            raise ServeError(self.error.code, self.error.message)  # one raise per caller
+            raise ServeError(self.error.code, self.error.message,  # one raise per caller
+                             self.error.http_status)
         return self.outputs
 
 

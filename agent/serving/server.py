@@ -27,6 +27,7 @@ from agent.inference.options import spinning_for
 from agent.inference.session import Building, build_session
 from agent.kernel.process import keep_freed_buffers, release_freed_memory
 from agent.serving.access import Access, is_loopback
+from agent.serving.budget import MemoryBudget, default_limit_bytes
 from agent.serving.instances import Board
 from agent.serving.registry import ModelRegistry
 from agent.serving.shm import bounded_regions
@@ -77,6 +78,8 @@ class ServerSettings:
     state_dir: Path | None = None  # engine caches live under it
     available: Sequence[str] = ()  # onnxruntime.get_available_providers()
     building: Building | None = None  # a TensorRT build's "still going" (seconds so far)
+    max_inflight_bytes: int | None = None  # None: from the device's memory (budget.py)
+    privileged_priority: int = 1  # this level and higher need the token; 0: none do
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -184,6 +187,9 @@ class DataPlane:
                           and is_loopback(split_address(settings.grpc)[0]))
         self.access = Access(list(settings.token_files), everything=everything)
         self.regions = bounded_regions(settings.shm_prefix, settings.max_request_bytes)
+        self.budget = MemoryBudget(settings.max_inflight_bytes or default_limit_bytes(
+            settings.topology.memory.total_bytes if settings.topology else None,
+            settings.max_request_bytes))
         self.http_pool = ThreadPoolExecutor(settings.workers, "infer-http",
                                             initializer=self.threads.adopt_current)
         self.grpc_pool = ThreadPoolExecutor(settings.workers, "infer-grpc",
@@ -208,7 +214,7 @@ class DataPlane:
         await asyncio.get_running_loop().run_in_executor(None, self.registry.start)
         self.grpc_server = build_grpc_server(
             self.registry, self.access, max_request_bytes=settings.max_request_bytes,
-            executor=self.grpc_pool, regions=self.regions)
+            executor=self.grpc_pool, regions=self.regions, budget=self.budget)
         host, port = split_address(settings.grpc)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         bound = (self.grpc_server.add_secure_port(target, _grpc_credentials(settings))
@@ -218,7 +224,7 @@ class DataPlane:
         self.grpc_server.start()
         self.addresses["grpc"] = f"{host}:{bound}"
         app = make_app(self.registry, self.access, max_request_bytes=settings.max_request_bytes,
-                       executor=self.http_pool, regions=self.regions)
+                       executor=self.http_pool, regions=self.regions, budget=self.budget)
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self.runner.setup()
         host, port = split_address(settings.http)
