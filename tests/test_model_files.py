@@ -1,0 +1,286 @@
+"""Model files are data, not paths: external data resolves only inside the version directory
+(never against the working directory), model files do not follow links out of the repository,
+the optimised-graph cache is private, and a pin covers every file the model reads."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_models
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from serving_helpers import cpu_factory
+
+from agent.inference.demo_model import DEMO_MODEL_PATH
+from agent.inference.errors import SessionError
+from agent.inference.session import build_session
+from agent.serving.core import InferRequest, Tensor
+from agent.serving.errors import ServeError
+from agent.serving.registry import ModelRegistry
+
+WEIGHTS = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
+DECOY = np.array([[-7.0, -7.0, -7.0, -7.0]], np.float32)
+X = np.array([[0.5, 0.25, 0.125, 0.0]], np.float32)
+
+
+def external(location: str, name: str = "w", size: int | None = None,
+             offset: str = "0") -> onnx.TensorProto:
+    """``WEIGHTS`` as a tensor whose data lives at ``location``."""
+    tensor = numpy_helper.from_array(WEIGHTS, name)
+    length = len(tensor.raw_data) if size is None else size
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", offset), ("length", str(length))):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+def add_model(path: Path, weight: onnx.TensorProto | None = None,
+              nodes: list[onnx.NodeProto] | None = None) -> Path:
+    """``y = x + w`` [1, 4], ``w`` an initializer (or what ``nodes`` make of it)."""
+    graph = helper.make_graph(
+        [*(nodes or []), helper.make_node("Add", ["x", "w"], ["y"])], "add",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [weight] if weight is not None else [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def version_dir(repo: Path, number: int = 1, model: str = "ext") -> Path:
+    directory = repo / model / str(number)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def sha256sum(*files: Path) -> str:
+    """The digest as the README defines it: sha256 of ``sha256sum``'s lines."""
+    lines = "".join(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n" for f in files)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+@pytest.fixture()
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "repository"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture()
+def decoy_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory holding a ``weights.bin`` of other values."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "weights.bin").write_bytes(DECOY.tobytes())
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+def start(repo: Path) -> Iterator[ModelRegistry]:
+    registry = ModelRegistry(repo, {"demo": DEMO_MODEL_PATH}, cpu_factory,
+                             probe_interval_s=3600)
+    registry.start()
+    try:
+        yield registry
+    finally:
+        registry.stop()
+
+
+@pytest.fixture()
+def registry(repo: Path) -> Iterator[ModelRegistry]:
+    yield from start(repo)
+
+
+def reason(registry: ModelRegistry, model: str = "ext") -> str:
+    with pytest.raises(ServeError) as raised:
+        registry.load(model, {})
+    assert raised.value.code == "INVALID_ARGUMENT"
+    return raised.value.message
+
+
+def answer(registry: ModelRegistry, model: str = "ext") -> np.ndarray:
+    result = registry.infer(InferRequest(model, "", (Tensor("x", X),), ()))
+    return np.asarray(result.outputs[0].array)
+
+
+# -- locations -----------------------------------------------------------------------------
+
+def test_external_data_inside_the_version_directory_serves_and_ignores_the_cwd(
+        registry: ModelRegistry, repo: Path, decoy_cwd: Path) -> None:
+    directory = version_dir(repo)
+    add_model(directory / "model.onnx", external("weights.bin"))
+    (directory / "weights.bin").write_bytes(WEIGHTS.tobytes())
+    registry.load("ext", {})
+    np.testing.assert_array_equal(answer(registry), X + WEIGHTS)  # never the cwd's DECOY
+    digest = registry.model_config("ext").parameters["sha256.1"]
+    assert digest == sha256sum(directory / "model.onnx", directory / "weights.bin")
+
+
+def test_a_data_file_only_the_cwd_holds_is_not_read(registry: ModelRegistry, repo: Path,
+                                                    decoy_cwd: Path) -> None:
+    directory = version_dir(repo)
+    add_model(directory / "model.onnx", external("weights.bin"))
+    message = reason(registry)
+    assert message.startswith(f"model ext version 1: {directory / 'model.onnx'}: "
+                              "initializer w: external data location 'weights.bin': ")
+    assert "cannot read it: No such file or directory" in message
+
+
+@pytest.mark.parametrize("location", ["../secret", "sub/../../secret", "..", "."])
+def test_a_location_leaving_the_version_directory_is_refused(
+        registry: ModelRegistry, repo: Path, location: str) -> None:
+    directory = version_dir(repo)
+    (directory / "sub").mkdir()
+    (directory.parent / "secret").write_bytes(WEIGHTS.tobytes())
+    add_model(directory / "model.onnx", external(location))
+    assert reason(registry) == (
+        f"model ext version 1: {directory / 'model.onnx'}: initializer w: external data "
+        f"location {location!r} is not a file inside {directory}; refused")
+
+
+def test_an_absolute_location_is_refused(registry: ModelRegistry, repo: Path,
+                                         tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(WEIGHTS.tobytes())
+    directory = version_dir(repo)
+    add_model(directory / "model.onnx", external(str(secret)))
+    assert f"initializer w: external data location '{secret}' is not a file inside " \
+           f"{directory}; refused" in reason(registry)
+
+
+def test_a_data_file_linked_out_of_the_version_directory_is_refused(
+        registry: ModelRegistry, repo: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(WEIGHTS.tobytes())
+    directory = version_dir(repo)
+    add_model(directory / "model.onnx", external("weights.bin"))
+    (directory / "weights.bin").symlink_to(outside)
+    message = reason(registry)
+    assert "initializer w: external data location 'weights.bin': " in message
+    assert f"is {outside}, outside {directory}; refused" in message
+    # a link that stays inside the directory is a file of the model like any other
+    (directory / "weights.bin").unlink()
+    (directory / "data").mkdir()
+    (directory / "data" / "w.bin").write_bytes(WEIGHTS.tobytes())
+    (directory / "weights.bin").symlink_to("data/w.bin")
+    registry.load("ext", {})
+    np.testing.assert_array_equal(answer(registry), X + WEIGHTS)
+
+
+def test_a_fifo_as_data_file_is_refused_without_hanging(registry: ModelRegistry,
+                                                        repo: Path) -> None:
+    directory = version_dir(repo)
+    add_model(directory / "model.onnx", external("weights.bin"))
+    os.mkfifo(directory / "weights.bin")
+    assert "'weights.bin': " in reason(registry)
+    assert "is not a regular file; refused" in reason(registry)
+
+
+@pytest.mark.parametrize(("offset", "size", "why"), [
+    ("-1", None, "external data offset '-1' is not a non-negative integer"),
+    ("1e3", None, "external data offset '1e3' is not a non-negative integer"),
+    ("4", None, "external data 'weights.bin' offset 4 length 16 goes past the file's 16 "
+                "bytes"),
+    ("0", 64, "external data 'weights.bin' offset 0 length 64 goes past the file's 16 bytes"),
+])
+def test_an_offset_or_length_outside_the_file_is_refused(
+        tmp_path: Path, offset: str, size: int | None, why: str) -> None:
+    model = add_model(tmp_path / "model.onnx", external("weights.bin", size=size,
+                                                         offset=offset))
+    (tmp_path / "weights.bin").write_bytes(WEIGHTS.tobytes())
+    with pytest.raises(SessionError) as raised:
+        build_session(model, providers=["CPUExecutionProvider"], intra_op=1, inter_op=1,
+                      cache_dir=None)
+    assert str(raised.value) == f"{model}: initializer w: {why}; refused"
+
+
+def test_a_constant_in_a_subgraph_is_checked_too(tmp_path: Path) -> None:
+    """Not only initializers carry external data: a Constant's value, here in an If branch."""
+    (tmp_path.parent / "secret").write_bytes(WEIGHTS.tobytes())
+    branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], name="leak", value=external("../secret",
+                                                                             name=""))],
+        "branch", [], [helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 4])])
+    cond = numpy_helper.from_array(np.array(True), "cond")
+    nodes = [helper.make_node("Constant", [], ["cond"], value=cond),
+             helper.make_node("If", ["cond"], ["w"], then_branch=branch, else_branch=branch)]
+    model = add_model(tmp_path / "model.onnx", nodes=nodes)
+    with pytest.raises(SessionError) as raised:
+        build_session(model, providers=["CPUExecutionProvider"], intra_op=1, inter_op=1,
+                      cache_dir=None)
+    assert str(raised.value) == (f"{model}: node leak's tensor: external data location "
+                                 f"'../secret' is not a file inside {tmp_path}; refused")
+
+
+# -- model files and the repository --------------------------------------------------------
+
+def test_a_model_file_linked_out_of_the_repository_is_refused(
+        registry: ModelRegistry, repo: Path, tmp_path: Path) -> None:
+    outside = onnx_models.mlp(tmp_path / "elsewhere.onnx")
+    (version_dir(repo, model="linked") / "model.onnx").symlink_to(outside)
+    message = reason(registry, "linked")
+    assert message == (f"model linked version 1: {repo / 'linked' / '1' / 'model.onnx'}: "
+                       f"is {outside}, outside {repo}; refused")
+    # a link inside the repository, and a built-in outside it by design, both serve
+    onnx_models.mlp(version_dir(repo, 1, "shared") / "model.onnx")
+    (version_dir(repo, model="linked") / "model.onnx").unlink()
+    (version_dir(repo, model="linked") / "model.onnx").symlink_to(
+        repo / "shared" / "1" / "model.onnx")
+    registry.load("linked", {})
+    assert registry.model_ready("linked", "") and registry.model_ready("demo", "")
+    # without external data the digest is the file's own, as pins written before expect
+    assert registry.model_config("linked").parameters["sha256.1"] == hashlib.sha256(
+        (repo / "shared" / "1" / "model.onnx").read_bytes()).hexdigest()
+
+
+# -- the pin -------------------------------------------------------------------------------
+
+def test_a_pin_covers_the_external_data(registry: ModelRegistry, repo: Path) -> None:
+    directory = version_dir(repo)
+    model = add_model(directory / "model.onnx", external("weights.bin"))
+    data = directory / "weights.bin"
+    data.write_bytes(WEIGHTS.tobytes())
+    pin = sha256sum(model, data)
+    (repo / "ext" / "config.yaml").write_text(f"sha256: {{1: '{pin}'}}\n")
+    registry.load("ext", {})
+    np.testing.assert_array_equal(answer(registry), X + WEIGHTS)
+    data.write_bytes(DECOY.tobytes())  # the same size; model.onnx unchanged
+    changed = sha256sum(model, data)
+    message = reason(registry)
+    assert message == (f"model ext version 1: {model} has sha256 {changed}, but it is pinned "
+                       f"to {pin}; refused")
+    np.testing.assert_array_equal(answer(registry), X + WEIGHTS)  # the pinned one serves on
+
+
+# -- the cache -----------------------------------------------------------------------------
+
+def test_cache_files_are_private(tmp_path: Path) -> None:
+    """An optimised graph holds the model's weights: 0600 in a 0700 directory, also where an
+    older agent left the directory 0755."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o755)
+    plain = onnx_models.mlp(tmp_path / "plain.onnx")
+    assert build_session(plain, providers=["CPUExecutionProvider"], intra_op=1, inter_op=1,
+                         cache_dir=cache).cache == "miss"
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert [stat.S_IMODE(f.stat().st_mode) for f in cache.iterdir()] == [0o600]
+    # a model with external data is cached whole: its hit needs no data file
+    directory = tmp_path / "model"
+    model = add_model(directory / "model.onnx", external("weights.bin"))
+    (directory / "weights.bin").write_bytes(WEIGHTS.tobytes())
+    for expected in ("miss", "hit"):
+        built = build_session(model, providers=["CPUExecutionProvider"], intra_op=1,
+                              inter_op=1, cache_dir=cache)
+        assert built.cache == expected
+        np.testing.assert_array_equal(built.session.run(None, {"x": X})[0], X + WEIGHTS)
+    assert sorted(stat.S_IMODE(f.stat().st_mode) for f in cache.iterdir()) == [0o600, 0o600]
