@@ -284,3 +284,14 @@ def test_cache_files_are_private(tmp_path: Path) -> None:
         assert built.cache == expected
         np.testing.assert_array_equal(built.session.run(None, {"x": X})[0], X + WEIGHTS)
     assert sorted(stat.S_IMODE(f.stat().st_mode) for f in cache.iterdir()) == [0o600, 0o600]
+
+
+def test_a_model_whose_protobuf_does_not_parse_is_refused_unchecked(tmp_path: Path) -> None:
+    """A file naming a ``location`` that cannot be parsed is not handed to ORT unchecked."""
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"\xff\xfflocation")
+    with pytest.raises(SessionError) as raised:
+        build_session(model, providers=["CPUExecutionProvider"], intra_op=1, inter_op=1,
+                      cache_dir=None)
+    assert str(raised.value).startswith(f"{model}: not an ONNX model (its external data "
+                                        "cannot be checked: ")

@@ -2,27 +2,30 @@
 and hashed here, and ONNX Runtime is handed their bytes, never a path of its own to open.
 
 An ONNX tensor may keep its data in another file (``external_data``: ``location``, ``offset``,
-``length``).  Given a model's bytes, ORT resolves such a location against the process's working
-directory (and releases before 1.2x follow ``..`` and absolute paths), so a model file could
-make the root data plane read ``/etc/shadow`` into an initializer, answer it to any client and
-copy it into the optimised-graph cache.  Here every location must be relative, without ``..``,
-name a regular file inside the directory holding the model, and keep its ``offset``/``length``
-within that file; ORT then gets each file's contents from memory
+``length``).  Given a model's bytes, ORT resolves such a location against the process's
+working directory (older releases follow ``..`` and absolute paths too; under systemd the
+working directory is ``/``), so a model file could make the root data plane read
+``/etc/shadow`` into an initializer, answer it to any client and copy it into the
+optimised-graph cache.  Here every location must be relative, without ``..``, name a regular
+file inside the directory holding the model, and keep its ``offset``/``length`` within that
+file; ORT then gets each file's contents from memory
 (``add_external_initializers_from_files_in_memory``), so what it builds from is exactly what
 was hashed and a pin covers it.  The files are mapped, not read: their pages are the page
-cache's, and ORT copies what it keeps while the session is built.
+cache's, and ORT copies what it keeps while the session is built (as it keeps the weights of
+a model without external data).
 
 Symbolic links: a file is opened (following links) and then the path of the open descriptor
 (``/proc/self/fd``) must lie inside the allowed directory.  ``O_NOFOLLOW`` alone guards only
 the last component and refuses links that stay inside (weights shared by two versions); a
 ``realpath`` check before the open races with a rename.  Checking what was actually opened
-does neither.
+does neither.  A repository's model file is checked the same way against the repository
+(versions.build); a built-in (the demo model, ``inference.model``) lies outside it by design.
 
 A model's digest (what ``sha256`` pins and the caches are keyed by) is the sha256 of
 ``model.onnx`` when it names no external file, so pins of such models keep their value;
 otherwise it is the sha256 of ``sha256sum``'s lines (``<hex>  <name>\\n``) for the model file
-and then each external file by its normalised location, sorted:
-``(cd 1 && sha256sum model.onnx $(LC_ALL=C ls <data files>)) | sha256sum``.
+and then each external file by its normalised location, sorted, which an operator can
+compute: ``cd <model>/<version> && sha256sum model.onnx weights.bin | sha256sum``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from agent.inference.errors import SessionError, model_error
 
 IN_MEMORY = "add_external_initializers_from_files_in_memory"
+FOLDER = "session.model_external_initializers_file_folder_path"
+RKNN_SUFFIX = ".rknn"  # a Rockchip NPU build, served beside its model.onnx
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ class ExternalFile:
     sha256: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelFiles:
     """A model's bytes, its external files and its digest; close it (or use ``with``) once
     the session is built, which unmaps the files."""
@@ -80,6 +85,9 @@ class ModelFiles:
         names = [spelling for file in self.external for spelling in file.spellings]
         buffers = [file.data for file in self.external for _ in file.spellings]
         getattr(options, IN_MEMORY)(names, buffers, [len(data) for data in buffers])
+        # should a release ever miss a name in memory, it reads the checked directory, not
+        # the working directory
+        options.add_session_config_entry(FOLDER, str(self.path.parent))
         return options
 
     def close(self) -> None:
@@ -105,19 +113,14 @@ def open_model(path: Path, *, root: Path | None = None) -> ModelFiles:
     except OSError as error:
         raise model_error(path, f"cannot read it: {error.strerror or error}") from error
     digest = hashlib.sha256(model).hexdigest()
-    locations = _external_locations(path, model)
-    if not locations:
+    references = _references(path, model)
+    if not references:
         return ModelFiles(path, model, digest)
-    files = ModelFiles(path, model, digest)
-    try:
-        files.external = _map_external(path, locations)
-    except BaseException:
-        files.close()
-        raise
+    external = _map_external(path, references)
     lines = [f"{digest}  {path.name}\n"]
-    lines += [f"{file.sha256}  {file.name}\n" for file in files.external]
-    files.sha256 = hashlib.sha256("".join(lines).encode()).hexdigest()
-    return files
+    lines += [f"{file.sha256}  {file.name}\n" for file in external]
+    return ModelFiles(path, model, hashlib.sha256("".join(lines).encode()).hexdigest(),
+                      external)
 
 
 def model_sha256(path: Path, *, root: Path | None = None) -> str:
@@ -136,18 +139,21 @@ class _Reference:
     length: str | None
 
 
-def _external_locations(path: Path, model: bytes) -> list[_Reference]:
+def _references(path: Path, model: bytes) -> list[_Reference]:
     """Every tensor's external data reference, wherever ONNX lets a tensor be (initializers,
     sparse initializers, Constant and other node attributes, subgraphs, functions, training
     graphs): the walk goes through every message field, so none is forgotten."""
-    if b"location" not in model:
-        # the key is stored as this literal string: a model without it names no file, and
-        # an embedded model is not parsed twice (the parse copies every weight)
+    if path.suffix == RKNN_SUFFIX or b"location" not in model:
+        # an NPU build is no protobuf; the key is stored as this literal string, so a model
+        # without it names no file, and an embedded model is not parsed twice (the parse
+        # copies every weight)
         return []
     try:
         proto = onnx.ModelProto.FromString(model)
-    except DecodeError:
-        return []  # not an ONNX model (a model.rknn): ORT or the NPU runtime says so
+    except DecodeError as error:
+        # ORT may read what this parser refuses (nesting limits): unchecked, it is refused
+        raise model_error(path, f"not an ONNX model (its external data cannot be checked: "
+                          f"{error}); refused") from None
     return [_reference(path, label, tensor) for label, tensor in _tensors(proto, "")]
 
 
