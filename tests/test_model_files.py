@@ -13,16 +13,24 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_models
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from serving_helpers import cpu_factory
 
+from agent.discovery import discover
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.inference.errors import SessionError
+from agent.inference.provider_options import RuntimeVersions
 from agent.inference.session import build_session
+from agent.kernel.fsroot import Root
 from agent.serving.core import InferRequest, Tensor
 from agent.serving.errors import ServeError
 from agent.serving.registry import ModelRegistry
+from agent.serving.server import ServerSettings, session_factory
+from agent.serving.threads import InferenceThreads
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 WEIGHTS = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
 DECOY = np.array([[-7.0, -7.0, -7.0, -7.0]], np.float32)
@@ -259,6 +267,42 @@ def test_a_pin_covers_the_external_data(registry: ModelRegistry, repo: Path) -> 
     assert message == (f"model ext version 1: {model} has sha256 {changed}, but it is pinned "
                        f"to {pin}; refused")
     np.testing.assert_array_equal(answer(registry), X + WEIGHTS)  # the pinned one serves on
+
+
+# -- the server's factory ------------------------------------------------------------------
+
+def test_the_servers_sessions_serve_external_data_and_cache_it_privately(
+        repo: Path, tmp_path: Path, decoy_cwd: Path) -> None:
+    """As ``serve`` builds them: the board's plan (keyed by the digest), the state
+    directory's graph cache, a pin; the cwd's decoy is never read."""
+    directory = version_dir(repo)
+    model = add_model(directory / "model.onnx", external("weights.bin"))
+    (directory / "weights.bin").write_bytes(WEIGHTS.tobytes())
+    (repo / "ext" / "config.yaml").write_text(
+        f"sha256: {{1: '{sha256sum(model, directory / 'weights.bin')}'}}\n")
+    escaping = add_model(version_dir(repo, model="escaping") / "model.onnx",
+                         external("../../../secret"))
+    (tmp_path / "secret").write_bytes(WEIGHTS.tobytes())
+    cache = tmp_path / "state" / "model-cache"
+    settings = ServerSettings(
+        http="127.0.0.1:0", grpc="127.0.0.1:0", repository=repo, builtins={}, pins={},
+        token_files=[], max_request_bytes=1 << 20, providers=["CPUExecutionProvider"],
+        threads=(1, 1), cache_dir=cache, topology=discover(Root(FIXTURES / "bare-vm")),
+        state_dir=tmp_path / "state", available=["CPUExecutionProvider"],
+        versions=RuntimeVersions(ort.__version__))
+    registry = ModelRegistry(repo, {}, session_factory(settings, InferenceThreads(None)),
+                             probe_interval_s=3600)
+    registry.start()
+    try:
+        np.testing.assert_array_equal(answer(registry), X + WEIGHTS)
+        assert "initializer w: external data location '../../../secret' is not a file " \
+               f"inside {escaping.parent}; refused" in reason(registry, "escaping")
+    finally:
+        registry.stop()
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    stored = list(cache.iterdir())
+    assert len(stored) == 1 and stat.S_IMODE(stored[0].stat().st_mode) == 0o600
+    assert DECOY.tobytes() not in stored[0].read_bytes()
 
 
 # -- the cache -----------------------------------------------------------------------------
