@@ -32,9 +32,10 @@ from agent.serving.threads import InferenceThreads
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-WEIGHTS = np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)
-DECOY = np.array([[-7.0, -7.0, -7.0, -7.0]], np.float32)
-X = np.array([[0.5, 0.25, 0.125, 0.0]], np.float32)
+N = 20_000  # 80 kB of weights: above INLINE_BYTES, so ORT takes them from memory
+WEIGHTS = np.arange(N, dtype=np.float32).reshape(1, N) / 8
+DECOY = np.full((1, N), -7.0, np.float32)
+X = np.linspace(-1, 1, N, dtype=np.float32).reshape(1, N)
 
 
 def external(location: str, name: str = "w", size: int | None = None,
@@ -51,11 +52,11 @@ def external(location: str, name: str = "w", size: int | None = None,
 
 def add_model(path: Path, weight: onnx.TensorProto | None = None,
               nodes: list[onnx.NodeProto] | None = None) -> Path:
-    """``y = x + w`` [1, 4], ``w`` an initializer (or what ``nodes`` make of it)."""
+    """``y = x + w`` [1, N], ``w`` an initializer (or what ``nodes`` make of it)."""
     graph = helper.make_graph(
         [*(nodes or []), helper.make_node("Add", ["x", "w"], ["y"])], "add",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, N])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, N])],
         [weight] if weight is not None else [])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -133,6 +134,32 @@ def test_external_data_inside_the_version_directory_serves_and_ignores_the_cwd(
     assert digest == sha256sum(directory / "model.onnx", directory / "weights.bin")
 
 
+def test_every_tensor_external_in_one_file_as_onnx_saves_it(
+        registry: ModelRegistry, repo: Path, decoy_cwd: Path) -> None:
+    """``onnx.save_model(..., size_threshold=0)``: a Reshape's shape is external data too,
+    which ORT's shape inference reads from the graph, and the weights follow it in the file."""
+    shape = numpy_helper.from_array(np.array([N // 2, 2], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["sum"]),
+         helper.make_node("Reshape", ["sum", "shape"], ["y"])], "reshape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, N])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N // 2, 2])],
+        [shape, numpy_helper.from_array(WEIGHTS, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    directory = version_dir(repo)
+    onnx.save_model(model, str(directory / "model.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.onnx.data",
+                    size_threshold=0)
+    # (onnx refuses to save over a file of that name in the working directory)
+    (decoy_cwd / "model.onnx.data").write_bytes((directory / "model.onnx.data").read_bytes()
+                                                [::-1])
+    registry.load("ext", {})
+    np.testing.assert_array_equal(answer(registry), (X + WEIGHTS).reshape(N // 2, 2))
+    assert registry.model_config("ext").parameters["sha256.1"] == sha256sum(
+        directory / "model.onnx", directory / "model.onnx.data")
+
+
 def test_a_data_file_only_the_cwd_holds_is_not_read(registry: ModelRegistry, repo: Path,
                                                     decoy_cwd: Path) -> None:
     directory = version_dir(repo)
@@ -197,9 +224,10 @@ def test_a_fifo_as_data_file_is_refused_without_hanging(registry: ModelRegistry,
 @pytest.mark.parametrize(("offset", "size", "why"), [
     ("-1", None, "external data offset '-1' is not a non-negative integer"),
     ("1e3", None, "external data offset '1e3' is not a non-negative integer"),
-    ("4", None, "external data 'weights.bin' offset 4 length 16 goes past the file's 16 "
-                "bytes"),
-    ("0", 64, "external data 'weights.bin' offset 0 length 64 goes past the file's 16 bytes"),
+    ("4", None, f"external data 'weights.bin' offset 4 length {4 * N} goes past the file's "
+                f"{4 * N} bytes"),
+    ("0", 4 * N + 1, f"external data 'weights.bin' offset 0 length {4 * N + 1} goes past the "
+                     f"file's {4 * N} bytes"),
 ])
 def test_an_offset_or_length_outside_the_file_is_refused(
         tmp_path: Path, offset: str, size: int | None, why: str) -> None:
@@ -218,7 +246,7 @@ def test_a_constant_in_a_subgraph_is_checked_too(tmp_path: Path) -> None:
     branch = helper.make_graph(
         [helper.make_node("Constant", [], ["c"], name="leak", value=external("../secret",
                                                                              name=""))],
-        "branch", [], [helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 4])])
+        "branch", [], [helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, N])])
     cond = numpy_helper.from_array(np.array(True), "cond")
     nodes = [helper.make_node("Constant", [], ["cond"], value=cond),
              helper.make_node("If", ["cond"], ["w"], then_branch=branch, else_branch=branch)]

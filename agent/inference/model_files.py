@@ -36,7 +36,7 @@ import os
 import posixpath
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from agent.inference.errors import SessionError, model_error
 
 IN_MEMORY = "add_external_initializers_from_files_in_memory"
 FOLDER = "session.model_external_initializers_file_folder_path"
+INLINE_BYTES = 1 << 16  # shape tensors are a few bytes; weights are what external data is for
 RKNN_SUFFIX = ".rknn"  # a Rockchip NPU build, served beside its model.onnx
 
 
@@ -67,9 +68,9 @@ class ModelFiles:
     the session is built, which unmaps the files."""
 
     path: Path
-    model: bytes
+    model: bytes  # what ORT builds from: small external tensors inlined (_inline_small)
     sha256: str
-    external: tuple[ExternalFile, ...] = field(default_factory=tuple)
+    external: tuple[ExternalFile, ...] = ()
 
     def attach(self, options: Any) -> Any:
         """``options`` (an ``ort.SessionOptions``) with the external files' contents, so
@@ -113,14 +114,14 @@ def open_model(path: Path, *, root: Path | None = None) -> ModelFiles:
     except OSError as error:
         raise model_error(path, f"cannot read it: {error.strerror or error}") from error
     digest = hashlib.sha256(model).hexdigest()
-    references = _references(path, model)
-    if not references:
+    proto, references = _references(path, model)
+    if proto is None or not references:
         return ModelFiles(path, model, digest)
     external = _map_external(path, references)
     lines = [f"{digest}  {path.name}\n"]
     lines += [f"{file.sha256}  {file.name}\n" for file in external]
-    return ModelFiles(path, model, hashlib.sha256("".join(lines).encode()).hexdigest(),
-                      external)
+    return ModelFiles(path, _inline_small(model, proto, references, external),
+                      hashlib.sha256("".join(lines).encode()).hexdigest(), external)
 
 
 def model_sha256(path: Path, *, root: Path | None = None) -> str:
@@ -131,15 +132,17 @@ def model_sha256(path: Path, *, root: Path | None = None) -> str:
 
 @dataclass(frozen=True)
 class _Reference:
-    """A tensor's external data, as the model writes it."""
+    """A tensor's external data, as the model writes it, and the tensor itself."""
 
-    tensor: str
+    tensor: str  # how errors name it
     location: str
+    name: str  # the location normalised
     offset: str
     length: str | None
+    proto: onnx.TensorProto = field(compare=False, repr=False)
 
 
-def _references(path: Path, model: bytes) -> list[_Reference]:
+def _references(path: Path, model: bytes) -> tuple[Any, list[_Reference]]:
     """Every tensor's external data reference, wherever ONNX lets a tensor be (initializers,
     sparse initializers, Constant and other node attributes, subgraphs, functions, training
     graphs): the walk goes through every message field, so none is forgotten."""
@@ -147,14 +150,14 @@ def _references(path: Path, model: bytes) -> list[_Reference]:
         # an NPU build is no protobuf; the key is stored as this literal string, so a model
         # without it names no file, and an embedded model is not parsed twice (the parse
         # copies every weight)
-        return []
+        return None, []
     try:
         proto = onnx.ModelProto.FromString(model)
     except DecodeError as error:
         # ORT may read what this parser refuses (nesting limits): unchecked, it is refused
         raise model_error(path, f"not an ONNX model (its external data cannot be checked: "
                           f"{error}); refused") from None
-    return [_reference(path, label, tensor) for label, tensor in _tensors(proto, "")]
+    return proto, [_reference(path, label, tensor) for label, tensor in _tensors(proto, "")]
 
 
 def _tensors(message: Any, where: str) -> Iterator[tuple[str, onnx.TensorProto]]:
@@ -182,7 +185,9 @@ def _reference(path: Path, label: str, tensor: onnx.TensorProto) -> _Reference:
         if value is not None and not (value.isascii() and value.isdigit()):
             raise model_error(path, f"{label}: external data {key} {value!r} is not a "
                               "non-negative integer; refused")
-    return _Reference(label, location, entries.get("offset", "0"), entries.get("length"))
+    reference = _Reference(label, location, "", entries.get("offset", "0"),
+                           entries.get("length"), tensor)
+    return replace(reference, name=_normalised(path, reference))
 
 
 def _map_external(path: Path, references: list[_Reference]) -> tuple[ExternalFile, ...]:
@@ -191,22 +196,42 @@ def _map_external(path: Path, references: list[_Reference]) -> tuple[ExternalFil
     first: dict[str, _Reference] = {}  # the first tensor naming each file names it in errors
     spellings: dict[str, list[str]] = {}
     for reference in references:
-        name = _normalised(path, reference)
-        first.setdefault(name, reference)
-        if reference.location not in spellings.setdefault(name, []):
-            spellings[name].append(reference.location)
+        first.setdefault(reference.name, reference)
+        if reference.location not in spellings.setdefault(reference.name, []):
+            spellings[reference.name].append(reference.location)
     mapped: dict[str, ExternalFile] = {}
     try:
         for name in sorted(spellings):
             mapped[name] = _map_file(path, first[name], name, tuple(spellings[name]))
         for reference in references:
-            _check_range(path, reference, len(mapped[_normalised(path, reference)].data))
+            _check_range(path, reference, len(mapped[reference.name].data))
     except BaseException:
         for file in mapped.values():
             if isinstance(file.data, mmap.mmap):
                 file.data.close()
         raise
     return tuple(mapped.values())
+
+
+def _inline_small(model: bytes, proto: Any, references: list[_Reference],
+                  files: tuple[ExternalFile, ...]) -> bytes:
+    """The model ORT is given: external tensors up to INLINE_BYTES are copied into it from
+    the checked files, because ORT's shape inference reads a Reshape's shape (and the like)
+    from the graph, before it looks at files in memory; the weights stay external."""
+    data = {file.name: file.data for file in files}
+    inlined = False
+    for reference in references:
+        start = int(reference.offset)
+        size = len(data[reference.name]) - start
+        length = int(reference.length) if reference.length is not None else size
+        if length > INLINE_BYTES:
+            continue
+        tensor = reference.proto
+        tensor.raw_data = bytes(data[reference.name][start:start + length])
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+        inlined = True
+    return proto.SerializeToString() if inlined else model
 
 
 def _check_range(path: Path, reference: _Reference, size: int) -> None:
