@@ -36,7 +36,7 @@ import os
 import posixpath
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -185,9 +185,8 @@ def _reference(path: Path, label: str, tensor: onnx.TensorProto) -> _Reference:
         if value is not None and not (value.isascii() and value.isdigit()):
             raise model_error(path, f"{label}: external data {key} {value!r} is not a "
                               "non-negative integer; refused")
-    reference = _Reference(label, location, "", entries.get("offset", "0"),
-                           entries.get("length"), tensor)
-    return replace(reference, name=_normalised(path, reference))
+    return _Reference(label, location, _normalised(path, label, location),
+                      entries.get("offset", "0"), entries.get("length"), tensor)
 
 
 def _map_external(path: Path, references: list[_Reference]) -> tuple[ExternalFile, ...]:
@@ -243,15 +242,14 @@ def _check_range(path: Path, reference: _Reference, size: int) -> None:
                           f"the file's {size} bytes; refused")
 
 
-def _normalised(path: Path, reference: _Reference) -> str:
+def _normalised(path: Path, label: str, location: str) -> str:
     """The location as a plain relative name; refused when absolute or leaving the model's
     directory."""
-    location = reference.location
     normal = posixpath.normpath(location)
-    if "\0" in location or posixpath.isabs(location) or normal == ".." or normal.startswith(
-            "../") or normal == ".":
-        raise model_error(path, f"{reference.tensor}: external data location {location!r} "
-                          f"is not a file inside {path.parent}; refused")
+    if "\0" in location or posixpath.isabs(location) or normal in (".", "..") or (
+            normal.startswith("../")):
+        raise model_error(path, f"{label}: external data location {location!r} is not a "
+                          f"file inside {path.parent}; refused")
     return normal
 
 
