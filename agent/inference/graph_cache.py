@@ -3,7 +3,8 @@
 Graph optimisation at level ``all`` costs more than the load itself on small boards, so the
 optimised graph is cached on disk.  A cache file is named ``<key>.<sha256 of its bytes>.onnx``
 and is only ever created by an atomic rename, so a crash or a torn write can never be loaded:
-the digest in the name is checked on every hit.
+the digest in the name is checked on every hit.  Files are 0600 in a 0700 directory: they
+hold the model's weights.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import logging
 import os
 import platform
+import stat
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -93,7 +95,7 @@ def create_session(path: Path, model: bytes, digest: str, providers: list[Provid
         return _session(path, model, fresh(), providers), "off"
     key = cache_key(digest, names, graph_optimization)
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        _private_dir(cache_dir)
         session = _load_cached(cache_dir, key, providers, fresh)
     except OSError as error:
         logger.warning("optimised-model cache %s unusable (%s); building uncached",
@@ -102,6 +104,14 @@ def create_session(path: Path, model: bytes, digest: str, providers: list[Provid
     if session is not None:
         return session, "hit"
     return _build_and_store(path, model, providers, fresh, cache_dir, key)
+
+
+def _private_dir(cache_dir: Path) -> None:
+    """The cache directory, 0700 even where an older agent made it 0755: an optimised graph
+    holds the model's weights, which are no other local user's to read."""
+    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if stat.S_IMODE(cache_dir.stat().st_mode) != 0o700:
+        cache_dir.chmod(0o700)
 
 
 def _load_cached(cache_dir: Path, key: str, providers: list[Provider],
@@ -164,7 +174,9 @@ def _build_and_store(path: Path, model: bytes, providers: list[Provider], fresh:
 
 
 def _publish(tmp: Path, cache_dir: Path, key: str) -> None:
-    """Rename into place under its content digest, then drop older files for the key."""
+    """Rename into place, 0600 (ORT creates it under the umask), under its content digest,
+    then drop older files for the key."""
+    tmp.chmod(0o600)
     final = cache_dir / f"{key}.{_sha256(tmp.read_bytes())}.onnx"
     os.replace(tmp, final)
     for other in cache_dir.glob(f"{key}.*.onnx"):

@@ -1,5 +1,6 @@
 """Builds the ONNX Runtime session: reads the (pinned) model, then builds its session with the
-providers and threads chosen for it, through the optimised-graph cache.
+providers and threads chosen for it, through the optimised-graph cache.  The model and its
+external data reach ORT as bytes (``model_files``): ORT opens no path of the model's.
 
 The choices themselves are made elsewhere: the providers in ``providers``, the threads and
 session options in ``options``, the cache in ``graph_cache``.
@@ -8,7 +9,6 @@ session options in ``options``, the cache in ``graph_cache``.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import threading
@@ -27,6 +27,7 @@ from agent.inference.graph_cache import (
     create_session,
     provider_names,
 )
+from agent.inference.model_files import ModelFiles, open_model
 from agent.inference.options import GraphOptimization, optimisation_level, session_options
 
 logger = logging.getLogger(__name__)
@@ -53,20 +54,18 @@ class BuiltSession:
 
 def load_model(path: Path, expected_sha256: str | None) -> bytes:
     """The model's bytes, refused unless they match the pinned digest (when one is pinned)."""
-    return _read_model(path, expected_sha256)[0]
+    with _open_pinned(path, expected_sha256) as files:
+        return files.model
 
 
-def _read_model(path: Path, expected_sha256: str | None) -> tuple[bytes, str]:
-    """Bytes and digest, hashed once: the digest is also the cache key."""
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise model_error(path, f"cannot read it: {error.strerror or error}") from error
-    actual = hashlib.sha256(data).hexdigest()
-    if expected_sha256 is not None and actual != expected_sha256.strip().lower():
-        raise model_error(path, f"has sha256 {actual}, expected {expected_sha256}; "
+def _open_pinned(path: Path, expected_sha256: str | None) -> ModelFiles:
+    """The model and its external files, hashed once: the digest is also the cache key."""
+    files = open_model(path)
+    if expected_sha256 is not None and files.sha256 != expected_sha256.strip().lower():
+        files.close()
+        raise model_error(path, f"has sha256 {files.sha256}, expected {expected_sha256}; "
                           "refusing to load it")
-    return data, actual
+    return files
 
 
 def build_session(model_path: Path, *, providers: Sequence[Provider], intra_op: int,
@@ -84,15 +83,16 @@ def build_session(model_path: Path, *, providers: Sequence[Provider], intra_op: 
     fresh = functools.partial(session_options, intra_op, inter_op, graph_optimization,
                               allow_spinning, stop_spinning_after_run=stop_spinning_after_run,
                               memory_arena=memory_arena)
-    model, digest = _read_model(model_path, expected_sha256)
     threads_before = _own_threads()
     compiling = building is not None and COMPILING_PROVIDERS.intersection(
         provider_names(providers))
-    with _heartbeat(building if compiling else None, start):
-        session, cache = create_session(model_path, model, digest, list(providers), fresh,
+    with _open_pinned(model_path, expected_sha256) as files, \
+            _heartbeat(building if compiling else None, start):
+        session, cache = create_session(model_path, files.model, files.sha256,
+                                        list(providers), lambda: files.attach(fresh()),
                                         cache_dir, graph_optimization)
     built = BuiltSession(session=session, providers=list(session.get_providers()),
-                         intra_op=intra_op, inter_op=inter_op, model_sha256=digest,
+                         intra_op=intra_op, inter_op=inter_op, model_sha256=files.sha256,
                          load_ms=(time.perf_counter() - start) * 1000, cache=cache,
                          worker_tids=frozenset(_own_threads() - threads_before))
     logger.info("model %s: providers %s, threads %d/%d, cache %s, %.1f ms", model_path,

@@ -4,6 +4,7 @@ precision, and the RKNN backend for a Rockchip NPU's cores (the data plane's fac
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,23 +12,25 @@ from typing import TYPE_CHECKING
 
 from agent.discovery.model import Topology
 from agent.inference.devices import parse_device
+from agent.inference.model_files import model_sha256
 from agent.inference.provider_options import ProviderPlan, RuntimeVersions, plan_instance
 from agent.serving.repository import RKNN_FILE
-from agent.serving.versions import file_sha256
 
 if TYPE_CHECKING:
     from agent.inference.backends.rknn import RknnBackend
 
 
 def _digest(path: Path) -> str:
-    """The file's sha256, hashed once for all the instances of a version."""
-    stat = path.stat()
-    return _digest_of(path, stat.st_mtime_ns, stat.st_size)
+    """The model's digest (model_files: external data included), hashed once for all the
+    instances of a version: cached while no file of its directory changes."""
+    files = sorted((entry.name, entry.stat().st_mtime_ns, entry.stat().st_size)
+                   for entry in os.scandir(path.parent) if entry.is_file())
+    return _digest_of(path, tuple(files))
 
 
 @functools.lru_cache(maxsize=64)
-def _digest_of(path: Path, mtime_ns: int, size: int) -> str:
-    return file_sha256(path)
+def _digest_of(path: Path, files: tuple[tuple[str, int, int], ...]) -> str:
+    return model_sha256(path)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import agent
+from agent.inference.errors import SessionError
+from agent.inference.model_files import model_sha256
 from agent.serving import canary as canaries
 from agent.serving.core import (
     IndexEntry,
@@ -30,9 +32,16 @@ from agent.serving.core import (
 from agent.serving.errors import ServeError, invalid, not_found, unavailable
 from agent.serving.pending import Retired
 from agent.serving.probe import Prober
-from agent.serving.repository import CONFIG_FILE, ModelEntry, scan, scan_model, valid_name
+from agent.serving.repository import (
+    BUILTIN_VERSION,
+    CONFIG_FILE,
+    ModelEntry,
+    scan,
+    scan_model,
+    valid_name,
+)
 from agent.serving.state import Served, Slot, config_view, index_rows
-from agent.serving.versions import SessionFactory, Version, build, file_sha256, version_key
+from agent.serving.versions import SessionFactory, Version, build, version_key
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +162,8 @@ class ModelRegistry:
             for number in to_build:
                 versions[number] = build(name, number, wanted[number], entry.settings,
                                          self.factory, intra_op_threads=self._intra_op_threads,
-                                         worker_start=self._worker_start)
+                                         worker_start=self._worker_start,
+                                         root=self._root(name, number))
         except ServeError as error:
             for built in to_build[:to_build.index(number)]:
                 versions[built].close()
@@ -196,12 +206,16 @@ class ModelRegistry:
                 if id(version) not in keep:
                     version.close()
 
+    def _root(self, name: str, number: int) -> Path | None:
+        """Where a version's model file must lie: the repository, or anywhere for a
+        built-in (the operator's file, served in place)."""
+        return None if name in self.builtins and number == BUILTIN_VERSION else self.repository
+
     def _key(self, name: str, number: int, path: Path, entry: ModelEntry) -> object:
         try:
-            digest = file_sha256(path)
-        except OSError as error:
-            raise invalid(f"model {name} version {number}: cannot read {path}: "
-                          f"{error.strerror or error}") from None
+            digest = model_sha256(path, root=self._root(name, number))
+        except SessionError as error:
+            raise invalid(f"model {name} version {number}: {error}") from None
         return version_key(path, digest, entry.settings)
 
     def _canary(self, slot: Slot, old: Served, new: Served,

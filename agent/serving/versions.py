@@ -22,7 +22,9 @@ import numpy as np
 
 from agent.inference.backends import Backend
 from agent.inference.backends.onnx import as_backend
+from agent.inference.errors import SessionError
 from agent.inference.loop import all_finite
+from agent.inference.model_files import model_sha256
 from agent.inference.session import BuiltSession
 from agent.inference.stats import LatencyStats
 from agent.serving.batching import signature
@@ -258,17 +260,20 @@ class Version:
 
 def build(model: str, number: int, path: Path, settings: ModelSettings,
           factory: SessionFactory, *, intra_op_threads: int | None = None,
-          worker_start: Callable[[], None] | None = None) -> Version:
+          worker_start: Callable[[], None] | None = None,
+          root: Path | None = None) -> Version:
     """Build and probe one version; ServeError INVALID_ARGUMENT naming it when the file,
     its pinned digest, a session or the probe fails.  ``intra_op_threads``: the threads the
     server may give one version, shared out among the sessions of instances that name no
     ``threads`` of their own, so N instances do not oversubscribe the CPUs (None: the
-    factory's choice)."""
+    factory's choice).  ``root``: the repository the model file must lie in, its links
+    followed (None for a built-in, served in place).  The digest covers the external data
+    files the model names (model_files), which must lie in its version directory."""
     label = f"model {model} version {number}"
     try:
-        digest = file_sha256(path)
-    except OSError as error:
-        raise invalid(f"{label}: cannot read {path}: {error.strerror or error}") from None
+        digest = model_sha256(path, root=root)
+    except SessionError as error:
+        raise invalid(f"{label}: {error}") from None
     pin = settings.sha256.get(number)
     if pin is not None and pin != digest:
         raise invalid(f"{label}: {path} has sha256 {digest}, but it is pinned to {pin}; "
