@@ -17,7 +17,8 @@ def test_a_reservation_that_does_not_fit_is_refused_with_503_and_changes_nothing
         budget.reserve(3 * MB, "another body")
     assert refused.value.code == "RESOURCE_EXHAUSTED"
     assert refused.value.http_status == 503
-    assert "another body" in refused.value.message and "max_inflight_mb 10 MB" in refused.value.message
+    assert "another body" in refused.value.message
+    assert "max_inflight_mb 10 MB" in refused.value.message
     assert budget.snapshot() == {"limit_bytes": 10 * MB, "in_use_bytes": 8 * MB,
                                  "peak_bytes": 8 * MB, "refused": 1}
     held.release()
