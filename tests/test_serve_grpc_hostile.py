@@ -393,3 +393,28 @@ def test_only_memory_the_tokens_owner_may_open_is_attached(
     os.fchmod(fd, 0o600)
     assert register() == "OK"
     assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600
+
+
+# --- the token's privileges ----------------------------------------------------------------
+
+
+class RecordingModels(DemoModels):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[InferRequest] = []
+
+    def infer(self, request: InferRequest) -> InferResult:
+        self.requests.append(request)
+        return super().infer(request)
+
+
+def test_a_request_is_trusted_only_with_the_token(start: Callable[..., Plane]) -> None:
+    """The privileged priority levels go by ``InferRequest.trusted``: set by the token only
+    (inference itself needs none on loopback, so a wrong token is merely untrusted)."""
+    models = RecordingModels()
+    plane = start(models)
+    tensor = triton.InferInput("image", [1, 3, 64, 64], "FP32")
+    tensor.set_data_from_numpy(image())
+    for headers in (AUTH, None, {"authorization": "Bearer not-the-token"}):
+        plane.triton.infer("demo", [tensor], headers=headers)
+    assert [request.trusted for request in models.requests] == [True, False, False]
