@@ -153,6 +153,24 @@ def test_a_message_the_deserializer_refuses_is_invalid_argument_not_internal(
         assert "not a valid" in details
 
 
+def test_an_answer_naming_what_was_sent_still_reaches_the_client(plane: Plane) -> None:
+    """A status message must fit gRPC's 16 KB of metadata: a 1 MB model name, or a refusal
+    naming a thousand long input names, came back as a transport error (RESOURCE_EXHAUSTED,
+    "Stream removed") instead of the refusal."""
+    message = proto.ModelInferRequest(model_name="m" * 1_000_000)
+    code, details = plane.refusal(INFER, message.SerializeToString())
+    assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT,
+                               "model_name is longer than 1024 bytes")
+    message = proto.ModelInferRequest(model_name="demo")
+    for index in range(1000):
+        message.inputs.add(name=f"{index:04d}" + "x" * 1000, datatype="FP32",
+                           shape=[1]).contents.fp32_contents.append(1.0)
+    message.raw_input_contents.append(b"\0\0\0\0")
+    code, details = plane.refusal(INFER, message.SerializeToString())
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert details.startswith("inputs 0000x") and details.endswith("...")
+
+
 # --- the budget ----------------------------------------------------------------------------
 
 

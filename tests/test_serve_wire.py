@@ -136,6 +136,11 @@ EMPTY_INPUT, EMPTY_OUTPUT, EMPTY_RAW, EMPTY_PARAMETER = (_field(n, b"") for n in
     (_field(5, _field(5, b"\x35\x00\x00\x80\x3f" * 17)), "send typed contents packed"),
     (_field(5, _field(5, _field(8, b"x"))), "bytes_contents: BYTES tensors are not supported"),
     (b"\x2b\x2c", "a group"),
+    (_field(1, b"m" * 1025), "model_name is longer than 1024 bytes"),
+    (_field(2, b"1" * 1025), "model_version is longer than 1024 bytes"),
+    (_field(5, _field(1, b"x" * 1025)), "inputs[0].name is longer than 1024 bytes"),
+    (_field(5, _field(2, b"x" * 1025)), "inputs[0].datatype is longer than 1024 bytes"),
+    (_field(6, _field(1, b"x" * 1025)), "outputs[0].name is longer than 1024 bytes"),
 ], ids=lambda value: value if isinstance(value, str) else "")
 def test_a_flood_or_an_odd_encoding_is_refused_naming_the_field(data: bytes,
                                                                 named: str) -> None:

@@ -61,6 +61,7 @@ CONTENTS_DTYPE = {
     "uint64_contents": np.dtype(np.uint64), "fp32_contents": np.dtype(np.float32),
     "fp64_contents": np.dtype(np.float64),
 }
+MAX_MESSAGE = 2048  # characters of a status message (3 bytes each at worst, escaped)
 # the calls whose handler is given the caller's token
 TAKES_TOKEN = frozenset({"ModelInfer", "SystemSharedMemoryRegister"})
 # the calls that need the token even on loopback
@@ -373,6 +374,12 @@ def deserializer(name: str, message_class: Any) -> Callable[[bytes], Any]:
     return parse
 
 
+def _fitting(message: str) -> str:
+    """A status message within gRPC's metadata limit (16 KB, counted after escaping): one
+    naming a thousand inputs must still reach the client as the status it is."""
+    return message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + "..."
+
+
 def guarded(name: str, call: Callable[..., Any], access: Access
             ) -> Callable[[Any, Any], Any]:
     """``call`` behind the token check, with every failure turned into a status."""
@@ -386,7 +393,7 @@ def guarded(name: str, call: Callable[..., Any], access: Access
                 raise request.error
             return call(request, token) if name in TAKES_TOKEN else call(request)
         except ServeError as error:
-            context.abort(grpc.StatusCode[error.code], error.message)
+            context.abort(grpc.StatusCode[error.code], _fitting(error.message))
         except Exception:
             logger.exception("gRPC %s failed", name)
             context.abort(grpc.StatusCode.INTERNAL, f"{name} failed inside the server (a bug: "

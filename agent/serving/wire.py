@@ -35,6 +35,7 @@ MAX_PARAMETERS = 64  # parameters of the request, and of each tensor
 MAX_UNKNOWN = 16  # fields this server does not know, in the whole request
 MAX_CONTENTS_FIELDS = 16  # fields of one input's typed contents (packed: one a datatype)
 MAX_FIELDS = 1 << 14  # fields of every kind together: what the walk itself may cost
+MAX_NAME = 1024  # bytes of a model name, version, tensor name or datatype (as HTTP's)
 # What protobuf holds for one parsed submessage beyond its bytes (an input, an output,
 # a parameter): charged with the request so that counts within the bounds stay honest.
 SUBMESSAGE_BYTES = 256
@@ -77,6 +78,13 @@ def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
             return value, index + 1
         shift += 7
     raise _not_a_message("a truncated or overlong varint")
+
+
+def _short(what: str, start: int, stop: int) -> None:
+    """A name within MAX_NAME: one echoed in an error must fit gRPC's 16 KB of metadata
+    (a 1 MB model name came back as a transport error, not as NOT_FOUND)."""
+    if stop - start > MAX_NAME:
+        raise invalid(f"{what} is longer than {MAX_NAME} bytes")
 
 
 @dataclass
@@ -159,6 +167,8 @@ class _Walker:
                 seen.add(number)
                 if number == _CONTENTS:
                     self.contents(where, start, stop)
+                else:
+                    _short(f"{where}.{'name' if number == _NAME else 'datatype'}", start, stop)
             else:
                 self.unknown(where, number)
             if rank > MAX_RANK:
@@ -183,7 +193,7 @@ class _Walker:
         where = f"outputs[{index}]"
         seen: set[int] = set()
         parameters = 0
-        for number, wire, _, _, _ in self.fields(pos, end):
+        for number, wire, _, start, stop in self.fields(pos, end):
             if number == _OUTPUT_PARAMETERS and wire == _LENGTH_DELIMITED:
                 parameters += 1
                 if parameters > MAX_PARAMETERS:
@@ -193,6 +203,7 @@ class _Walker:
                 if number in seen:
                     raise invalid(f"{where}: field name is given twice")
                 seen.add(number)
+                _short(f"{where}.name", start, stop)
             else:
                 self.unknown(where, number)
 
@@ -264,6 +275,8 @@ def walk_infer_request(data: bytes) -> WalkedRequest:
             if number in seen:
                 raise invalid(f"{_REQUEST_FIELDS[number]} is given twice")
             seen.add(number)
+            if number != _ID:  # the id is only echoed back: the client's own bytes
+                _short(_REQUEST_FIELDS[number], start, stop)
         else:
             walker.unknown("the request", number)
     if run < len(data):
