@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 from http_helpers import HttpServer, token_file
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from serving_helpers import DemoModels
 from tritonclient.utils import InferenceServerException
 
@@ -33,12 +35,14 @@ from agent.serving import proto
 from agent.serving.access import Access
 from agent.serving.budget import MemoryBudget
 from agent.serving.core import InferRequest, InferResult
-from agent.serving.grpc_api import ConnectionLimits, build_grpc_server
+from agent.serving.errors import ServeError
+from agent.serving.grpc_api import ConnectionLimits, build_grpc_server, infer_request
 from agent.serving.shm import DEFAULT_PREFIX, SharedMemoryRegions
 
 TOKEN = "s3cret-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 MAX_REQUEST = 16 << 20
+NO_REGIONS = SharedMemoryRegions(DEFAULT_PREFIX, max_bytes=0)  # nothing registers in it
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 METADATA = "/inference.GRPCInferenceService/ModelMetadata"
 
@@ -436,3 +440,25 @@ def test_a_request_is_trusted_only_with_the_token(start: Callable[..., Plane]) -
     for headers in (AUTH, None, {"authorization": "Bearer not-the-token"}):
         plane.triton.infer("demo", [tensor], headers=headers)
     assert [request.trusted for request in models.requests] == [True, False, False]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-2**63, 2**63 - 1) | st.sampled_from([0, 1, 2**31, 2**62]),
+                max_size=20),
+       st.sampled_from(["FP32", "INT8", "BOOL", "FP16", "UINT64", "BYTES", ""]),
+       st.binary(max_size=64), st.booleans())
+def test_any_shape_and_datatype_decode_or_are_invalid_argument(
+        shape: list[int], datatype: str, raw: bytes, typed: bool) -> None:
+    message = proto.ModelInferRequest(model_name="demo")
+    tensor = message.inputs.add(name="x", datatype=datatype, shape=shape)
+    if typed:
+        tensor.contents.int_contents.extend(raw)
+    else:
+        message.raw_input_contents.append(raw)
+    budget = MemoryBudget(1 << 20)
+    try:
+        with budget.reserve(0, "test") as reservation:
+            infer_request(message, regions=NO_REGIONS, reservation=reservation)
+    except ServeError as error:
+        assert error.code in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"), error.message
+    assert budget.in_use == 0

@@ -168,3 +168,24 @@ def test_the_cost_covers_what_protobuf_makes_of_typed_contents() -> None:
     raw.raw_input_contents.append(b"\0" * 4 * 4096)
     data = raw.SerializeToString()
     assert len(data) <= walk_infer_request(data).cost < len(data) + 1024  # no copy charged
+
+
+FLOOD_PIECES = [EMPTY_INPUT, EMPTY_OUTPUT, EMPTY_RAW, EMPTY_PARAMETER,
+                _varint(100 << 3) + b"\x01", _field(100, b"x"), _field(1, b"m"),
+                _field(5, _field(3, b"\x01" * 4)), _field(5, b"\x18\x01" * 4),
+                _field(5, _field(5, _field(6, b"\0\0\x80\x3f" * 4)))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests(), st.sampled_from(FLOOD_PIECES), st.integers(0, 3000))
+def test_a_flood_of_any_field_is_refused_or_parsed_as_protobuf_does(
+        data: bytes, piece: bytes, count: int) -> None:
+    """Whatever field a client repeats, however often: a bound refuses it, or it is parsed
+    as protobuf parses it and its cost covers at least the bytes received."""
+    flooded = data + piece * count
+    as_protobuf_does(flooded)
+    try:
+        walked = walk_infer_request(flooded)
+    except ServeError:
+        return
+    assert walked.cost >= len(flooded)
