@@ -41,7 +41,14 @@ from agent.serving.shm import (
     bounded_regions,
 )
 from agent.serving.shm_tensors import Window, read_input, region_ref, resolve, write_output
-from agent.serving.tensors import from_raw, from_typed, raw_size, to_raw, typed_bytes
+from agent.serving.tensors import (
+    from_raw,
+    from_typed,
+    protocol_dtype,
+    raw_size,
+    to_raw,
+    typed_bytes,
+)
 from agent.serving.wire import WalkedRequest, walk_infer_request
 
 logger = logging.getLogger(__name__)
@@ -84,18 +91,16 @@ def _typed_input(tensor: Any, reservation: Reservation) -> Tensor:
     """An input from its typed ``contents``, which must be the datatype's own field; the
     array's bytes are admitted before it is made (protobuf's count of the values is
     exact, so a shape or a count out of proportion is refused before any allocation)."""
+    protocol_dtype(tensor.name, tensor.datatype)  # one not carried is refused here
     field = CONTENTS_FIELD.get(tensor.datatype)
-    if field is None and tensor.datatype == "FP16":
+    if field is None:  # FP16, the one carried without a typed field
         raise invalid(f"input {tensor.name}: FP16 data goes in raw_input_contents (the "
                       "protocol has no typed field for it)")
     stray = [name for name in CONTENTS_FIELDS
              if name != field and len(getattr(tensor.contents, name))]
     if stray:
-        raise invalid(f"input {tensor.name}: {tensor.datatype} data goes in "
-                      f"{field or 'a supported datatype'}, not {', '.join(stray)}")
-    if field is None:  # no datatype this server carries: from_typed says which there are
-        return from_typed(tensor.name, tensor.datatype, list(tensor.shape), (),
-                          CONTENTS_DTYPE["bool_contents"])
+        raise invalid(f"input {tensor.name}: {tensor.datatype} data goes in {field}, not "
+                      f"{', '.join(stray)}")
     values, dtype = getattr(tensor.contents, field), CONTENTS_DTYPE[field]
     reservation.grow(typed_bytes(tensor.datatype, len(values), dtype), f"input {tensor.name}")
     return from_typed(tensor.name, tensor.datatype, list(tensor.shape), values, dtype)
@@ -267,23 +272,15 @@ class Service:
         _tensor_metadata(response.outputs, meta.outputs)
         return response
 
-    def ModelInfer(self, request: Any, token: str | None = None) -> Any:
+    def ModelInfer(self, request: WalkedRequest, token: str | None = None) -> Any:
         """A region in the request needs the token (see shm.CallerRegions).  ``request`` is
-        what ``wire.walk_infer_request`` made of the message (or a message, from a caller
-        in process).  The request's bytes, what protobuf makes of them and what decoding
-        copies are admitted against the budget before each is made, the outputs counted
-        once they exist; all of it is released when the call returns (its response is
-        then serialized by gRPC, the one step the budget does not see)."""
-        if isinstance(request, WalkedRequest):
-            reservation = self.budget.reserve(request.cost, "the request")
-        else:
-            reservation = self.budget.reserve(request.ByteSize(), "the request")
-        with reservation:
-            raw: Sequence[bytes | memoryview] | None = None
-            if isinstance(request, WalkedRequest):
-                message, raw = request.parse()
-            else:
-                message = request
+        what ``wire.walk_infer_request`` made of the message.  The request's bytes, what
+        protobuf makes of them and what decoding copies are admitted against the budget
+        before each is made, the outputs counted once they exist; all of it is released
+        when the call returns (its response is then serialized by gRPC, the one step the
+        budget does not see)."""
+        with self.budget.reserve(request.cost, "the request") as reservation:
+            message, raw = request.parse()
             regions = CallerRegions(self.regions,
                                     lambda: self.access.check(token, control=True))
             targets = output_targets(message, regions)

@@ -65,7 +65,8 @@ def _shown(shape: Sequence[Any]) -> str:
     return text if len(text) <= 200 else text[:200] + "...]"
 
 
-def _dtype(name: str, datatype: Any) -> np.dtype[Any]:
+def protocol_dtype(name: str, datatype: Any) -> np.dtype[Any]:
+    """The numpy type of a protocol datatype; INVALID_ARGUMENT naming the input if none."""
     dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
     if dtype is None:
         raise invalid(f"input {name}: datatype {datatype!r} is not supported (one of "
@@ -76,13 +77,13 @@ def _dtype(name: str, datatype: Any) -> np.dtype[Any]:
 def raw_size(name: str, datatype: Any, shape: Sequence[Any]) -> int:
     """The bytes a tensor of this datatype and shape takes raw (checked as ``from_raw``
     checks them), known before any byte is read."""
-    return element_count(name, shape) * _dtype(name, datatype).itemsize
+    return element_count(name, shape) * protocol_dtype(name, datatype).itemsize
 
 
 def from_raw(name: str, datatype: Any, shape: Sequence[Any], raw: bytes | memoryview) -> Tensor:
     """A tensor from its raw little-endian bytes (binary extension, ``raw_input_contents``),
     refused unless the byte count is exactly what the shape and datatype need."""
-    dtype = _dtype(name, datatype)
+    dtype = protocol_dtype(name, datatype)
     count = element_count(name, shape)
     expected = count * dtype.itemsize
     if len(raw) != expected:
@@ -95,7 +96,7 @@ def from_raw(name: str, datatype: Any, shape: Sequence[Any], raw: bytes | memory
 def from_values(name: str, datatype: Any, shape: Sequence[Any], data: Any) -> Tensor:
     """A tensor from JSON ``data`` or gRPC typed contents: flat or nested row-major lists,
     refused unless they hold exactly the shape's elements of the right kind."""
-    dtype = _dtype(name, datatype)
+    dtype = protocol_dtype(name, datatype)
     count = element_count(name, shape)
     flat = list(_flatten(name, data, count))
     if len(flat) != count:
@@ -130,7 +131,7 @@ def from_typed(name: str, datatype: Any, shape: Sequence[Any], values: Sequence[
     array of that type one at a time, with no list of Python objects between (36 bytes an
     element where the array takes 4), then are checked to fit ``datatype``.  The caller
     has admitted ``typed_bytes`` of memory for it."""
-    dtype = _dtype(name, datatype)
+    dtype = protocol_dtype(name, datatype)
     count = element_count(name, shape)
     if len(values) != count:
         raise invalid(f"input {name}: {len(values)} values, but shape {list(shape)} needs "
