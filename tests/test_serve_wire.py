@@ -11,9 +11,13 @@ from hypothesis import strategies as st
 
 from agent.serving import proto
 from agent.serving.errors import ServeError
-from agent.serving.wire import split_infer_request, walk_infer_request
+from agent.serving.wire import SplitRequest, walk_infer_request
 
 names = st.text(max_size=12)
+
+
+def split_infer_request(data: bytes) -> SplitRequest:
+    return walk_infer_request(data).parse()
 
 
 @st.composite

@@ -112,7 +112,7 @@ def infer_request(message: Any, *, regions: RegionLookup, reservation: Reservati
     """A ``ModelInferRequest`` decoded and size-checked: inputs in shared memory copied out
     of ``regions``, the others either all raw, one ``raw_input_contents`` entry each in
     their order (tritonclient sends none for an input in shared memory), or all typed.
-    ``raw_contents``: those entries as ``wire.split_infer_request`` kept them (not copied);
+    ``raw_contents``: those entries as ``WalkedRequest.parse`` kept them (not copied);
     raw inputs are views of them, while copies out of shared memory and typed contents
     are admitted on ``reservation`` before they are made.  ``trusted``: the caller showed
     the token (see ``InferRequest``).

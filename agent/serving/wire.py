@@ -61,7 +61,7 @@ class SplitRequest(NamedTuple):
     """The message without its raw tensors, and those tensors in their order."""
 
     message: Any
-    raw: list[bytes] | list[memoryview]
+    raw: list[memoryview]
 
 
 def _not_a_message(why: str) -> ServeError:
@@ -287,8 +287,3 @@ def walk_infer_request(data: bytes) -> WalkedRequest:
     cost = (len(data) + (0 if len(kept) == 1 else parsed) + parsed + counts.contents_bytes
             + SUBMESSAGE_BYTES * (submessages + len(raw)))
     return WalkedRequest(data, kept, raw, cost)
-
-
-def split_infer_request(data: bytes) -> SplitRequest:
-    """The request walked and parsed at once (for callers with no budget to consult)."""
-    return walk_infer_request(data).parse()
