@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from agent.serving import proto
 from agent.serving.access import Access
+from agent.serving.budget import MemoryBudget
 from agent.serving.core import InferRequest, InferResult
 from agent.serving.errors import ServeError
 from agent.serving.grpc_api import build_grpc_server, infer_request
@@ -31,6 +32,7 @@ TOKEN = "s3cret-token"
 MAX_REQUEST = 1 << 20
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 NO_REGIONS = SharedMemoryRegions("edge-agent-", max_bytes=0)  # nothing registers in it
+BUDGET = MemoryBudget(1 << 30)
 
 
 class RecordingModels(DemoModels):
@@ -469,7 +471,8 @@ def test_typed_contents_decode_to_their_datatype(datatype: str, field: str,
     request = proto.ModelInferRequest(model_name="m")
     tensor = request.inputs.add(name="x", datatype=datatype, shape=[2, 2])
     getattr(tensor.contents, field).extend(values)
-    (decoded,) = infer_request(request, regions=NO_REGIONS).inputs
+    (decoded,) = infer_request(request, regions=NO_REGIONS,
+                               reservation=BUDGET.reserve(0, "test")).inputs
     assert decoded.datatype == datatype
     assert decoded.array.shape == (2, 2)
     assert decoded.array.reshape(-1).tolist() == values
@@ -479,7 +482,7 @@ def test_typed_value_out_of_range_is_invalid_argument() -> None:
     request = proto.ModelInferRequest(model_name="m")
     request.inputs.add(name="x", datatype="INT8", shape=[1]).contents.int_contents.append(300)
     with pytest.raises(ServeError) as excinfo:
-        infer_request(request, regions=NO_REGIONS)
+        infer_request(request, regions=NO_REGIONS, reservation=BUDGET.reserve(0, "test"))
     assert excinfo.value.code == "INVALID_ARGUMENT"
     assert "input x" in excinfo.value.message
 

@@ -27,6 +27,7 @@ from tritonclient.utils import InferenceServerException
 
 from agent.serving import proto
 from agent.serving.access import Access
+from agent.serving.budget import MemoryBudget
 from agent.serving.core import InferRequest, InferResult
 from agent.serving.errors import ServeError
 from agent.serving.grpc_api import build_grpc_server, infer_request
@@ -226,13 +227,15 @@ def test_raw_contents_count_only_the_inputs_not_in_shared_memory(plane: Plane) -
     request.inputs.add(name="b", datatype="INT32", shape=[2])
     request.raw_input_contents.append(np.array([7, -1], dtype="<i4").tobytes())
 
-    a, b = infer_request(request, regions=plane.regions).inputs
+    a, b = infer_request(request, regions=plane.regions,
+                          reservation=MemoryBudget(1 << 30).reserve(0, "test")).inputs
 
     assert a.array.tolist() == [0.0, 1.0, 2.0, 3.0]
     assert b.array.tolist() == [7, -1]
     request.raw_input_contents.append(b"\0" * 8)  # one entry too many
     with pytest.raises(ServeError) as excinfo:
-        infer_request(request, regions=plane.regions)
+        infer_request(request, regions=plane.regions,
+                          reservation=MemoryBudget(1 << 30).reserve(0, "test"))
     assert "2 raw_input_contents for 1 inputs not in shared memory" in excinfo.value.message
 
 

@@ -48,13 +48,16 @@ class Access:
     _read: dict[Path, tuple[tuple[int, ...], bytes]] = field(default_factory=dict,
                                                               compare=False, repr=False)
 
-    def _tokens(self) -> list[bytes]:
-        tokens = []
+    def _holder(self, presented: str | None) -> Path | None:
+        """The token file whose token is ``presented``."""
+        if presented is None:
+            return None
+        given = presented.encode("utf-8", "surrogateescape")
         for path in self.token_files:
             token = self._token(path)
-            if token and len(token) <= MAX_TOKEN_BYTES:
-                tokens.append(token)
-        return tokens
+            if token and len(token) <= MAX_TOKEN_BYTES and hmac.compare_digest(given, token):
+                return path
+        return None
 
     def _token(self, path: Path) -> bytes:
         """The file's token, b"" when it cannot be read.  A file rewritten between the stat
@@ -77,10 +80,18 @@ class Access:
     def holds(self, presented: str | None) -> bool:
         """Whether ``presented`` is a configured token (for what a token unlocks beyond
         the routes ``check`` guards: the privileged priority levels)."""
-        if presented is None:
-            return False
-        given = presented.encode("utf-8", "surrogateescape")
-        return any(hmac.compare_digest(given, token) for token in self._tokens())
+        return self._holder(presented) is not None
+
+    def owner(self, presented: str | None) -> tuple[int, int] | None:
+        """The uid and gid owning the token file whose token was presented (None: no token
+        file holds it): who a token holder is, as far as the data plane can tell over TCP,
+        where a caller has no uid (see ``shm.SharedMemoryRegions.register``)."""
+        path = self._holder(presented)
+        try:
+            info = path.stat() if path is not None else None
+        except OSError:
+            return None
+        return (info.st_uid, info.st_gid) if info is not None else None
 
     def check(self, presented: str | None, control: bool) -> None:
         """Raise UNAUTHENTICATED unless the call may go ahead (``control``: load/unload)."""

@@ -12,14 +12,17 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import grpc
+import numpy as np
 from google.protobuf import json_format  # type: ignore[import-untyped,unused-ignore]
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped,unused-ignore]
 
 from agent.serving import proto
 from agent.serving.access import Access, bearer
-from agent.serving.budget import MemoryBudget, default_limit_bytes
+from agent.serving.budget import MemoryBudget, Reservation, default_limit_bytes
 from agent.serving.core import (
     InferRequest,
     InferResult,
@@ -38,8 +41,15 @@ from agent.serving.shm import (
     bounded_regions,
 )
 from agent.serving.shm_tensors import Window, read_input, region_ref, resolve, write_output
-from agent.serving.tensors import from_raw, from_values, to_raw
-from agent.serving.wire import SplitRequest, split_infer_request
+from agent.serving.tensors import (
+    from_raw,
+    from_typed,
+    protocol_dtype,
+    raw_size,
+    to_raw,
+    typed_bytes,
+)
+from agent.serving.wire import WalkedRequest, walk_infer_request
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +61,16 @@ CONTENTS_FIELD = {
     "FP32": "fp32_contents", "FP64": "fp64_contents",
 }
 CONTENTS_FIELDS = tuple(sorted({*CONTENTS_FIELD.values(), "bytes_contents"}))
+# the type of each typed field's elements, as protobuf holds them
+CONTENTS_DTYPE = {
+    "bool_contents": np.dtype(np.bool_), "int_contents": np.dtype(np.int32),
+    "int64_contents": np.dtype(np.int64), "uint_contents": np.dtype(np.uint32),
+    "uint64_contents": np.dtype(np.uint64), "fp32_contents": np.dtype(np.float32),
+    "fp64_contents": np.dtype(np.float64),
+}
+MAX_MESSAGE = 2048  # characters of a status message (3 bytes each at worst, escaped)
+# the calls whose handler is given the caller's token
+TAKES_TOKEN = frozenset({"ModelInfer", "SystemSharedMemoryRegister"})
 # the calls that need the token even on loopback
 CONTROL = frozenset({"RepositoryModelLoad", "RepositoryModelUnload",
                      "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister"})
@@ -67,27 +87,35 @@ def parameter_values(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _typed_input(tensor: Any) -> Tensor:
-    """An input from its typed ``contents``, which must be the datatype's own field."""
+def _typed_input(tensor: Any, reservation: Reservation) -> Tensor:
+    """An input from its typed ``contents``, which must be the datatype's own field; the
+    array's bytes are admitted before it is made (protobuf's count of the values is
+    exact, so a shape or a count out of proportion is refused before any allocation)."""
+    protocol_dtype(tensor.name, tensor.datatype)  # one not carried is refused here
     field = CONTENTS_FIELD.get(tensor.datatype)
-    if field is None and tensor.datatype == "FP16":
+    if field is None:  # FP16, the one carried without a typed field
         raise invalid(f"input {tensor.name}: FP16 data goes in raw_input_contents (the "
                       "protocol has no typed field for it)")
     stray = [name for name in CONTENTS_FIELDS
              if name != field and len(getattr(tensor.contents, name))]
     if stray:
-        raise invalid(f"input {tensor.name}: {tensor.datatype} data goes in "
-                      f"{field or 'a supported datatype'}, not {', '.join(stray)}")
-    values = list(getattr(tensor.contents, field)) if field else []
-    return from_values(tensor.name, tensor.datatype, list(tensor.shape), values)
+        raise invalid(f"input {tensor.name}: {tensor.datatype} data goes in {field}, not "
+                      f"{', '.join(stray)}")
+    values, dtype = getattr(tensor.contents, field), CONTENTS_DTYPE[field]
+    reservation.grow(typed_bytes(tensor.datatype, len(values), dtype), f"input {tensor.name}")
+    return from_typed(tensor.name, tensor.datatype, list(tensor.shape), values, dtype)
 
 
-def infer_request(message: Any, *, regions: RegionLookup,
-                  raw_contents: Sequence[bytes | memoryview] | None = None) -> InferRequest:
+def infer_request(message: Any, *, regions: RegionLookup, reservation: Reservation,
+                  raw_contents: Sequence[bytes | memoryview] | None = None,
+                  trusted: bool = False) -> InferRequest:
     """A ``ModelInferRequest`` decoded and size-checked: inputs in shared memory copied out
     of ``regions``, the others either all raw, one ``raw_input_contents`` entry each in
     their order (tritonclient sends none for an input in shared memory), or all typed.
-    ``raw_contents``: those entries as ``wire.split_infer_request`` kept them (not copied).
+    ``raw_contents``: those entries as ``WalkedRequest.parse`` kept them (not copied);
+    raw inputs are views of them, while copies out of shared memory and typed contents
+    are admitted on ``reservation`` before they are made.  ``trusted``: the caller showed
+    the token (see ``InferRequest``).
     An input without parameters is not in shared memory: the usual request (every input raw,
     none with parameters) is decoded without looking for references."""
     tensors = message.inputs
@@ -115,12 +143,14 @@ def infer_request(message: Any, *, regions: RegionLookup,
     for tensor, ref in zip(tensors, refs, strict=True):
         if ref is not None:
             window = resolve(regions, ref, f"input {tensor.name}")
+            reservation.grow(raw_size(tensor.name, tensor.datatype, list(tensor.shape)),
+                             f"input {tensor.name}")
             inputs.append(read_input(window, tensor.name, tensor.datatype, list(tensor.shape)))
         elif raw:
             inputs.append(from_raw(tensor.name, tensor.datatype, list(tensor.shape),
                                    next(contents)))
         else:
-            inputs.append(_typed_input(tensor))
+            inputs.append(_typed_input(tensor, reservation))
     outputs = []
     for output in message.outputs:
         if "classification" in output.parameters:
@@ -129,7 +159,8 @@ def infer_request(message: Any, *, regions: RegionLookup,
         outputs.append(OutputRequest(output.name))
     return InferRequest(message.model_name, message.model_version, tuple(inputs),
                         tuple(outputs), message.id,
-                        parameter_values(message.parameters) if message.parameters else {})
+                        parameter_values(message.parameters) if message.parameters else {},
+                        trusted=trusted)
 
 
 def output_targets(message: Any, regions: RegionLookup) -> dict[str, Window]:
@@ -241,14 +272,24 @@ class Service:
         _tensor_metadata(response.outputs, meta.outputs)
         return response
 
-    def ModelInfer(self, request: Any, token: str | None = None) -> Any:
+    def ModelInfer(self, request: WalkedRequest, token: str | None = None) -> Any:
         """A region in the request needs the token (see shm.CallerRegions).  ``request`` is
-        a message, or what ``wire.split_infer_request`` made of one."""
-        message, raw = (request if isinstance(request, SplitRequest) else (request, None))
-        regions = CallerRegions(self.regions, lambda: self.access.check(token, control=True))
-        targets = output_targets(message, regions)
-        decoded = infer_request(message, regions=regions, raw_contents=raw)
-        return infer_response(self.models.infer(decoded), targets)
+        what ``wire.walk_infer_request`` made of the message.  The request's bytes, what
+        protobuf makes of them and what decoding copies are admitted against the budget
+        before each is made, the outputs counted once they exist; all of it is released
+        when the call returns (its response is then serialized by gRPC, the one step the
+        budget does not see)."""
+        with self.budget.reserve(request.cost, "the request") as reservation:
+            message, raw = request.parse()
+            regions = CallerRegions(self.regions,
+                                    lambda: self.access.check(token, control=True))
+            targets = output_targets(message, regions)
+            decoded = infer_request(message, regions=regions, reservation=reservation,
+                                    raw_contents=raw, trusted=self.access.holds(token))
+            result = self.models.infer(decoded)
+            # the arrays, and the copy of each that goes into the response
+            reservation.count(2 * sum(tensor.array.nbytes for tensor in result.outputs))
+            return infer_response(result, targets)
 
     def ModelConfig(self, request: Any) -> Any:
         if request.version:
@@ -285,8 +326,10 @@ class Service:
             response.regions[status["name"]].CopyFrom(proto.RegionStatus(**status))
         return response
 
-    def SystemSharedMemoryRegister(self, request: Any) -> Any:
-        self.regions.register(request.name, request.key, request.offset, request.byte_size)
+    def SystemSharedMemoryRegister(self, request: Any, token: str | None = None) -> Any:
+        """Objects the token's owner may use only (see ``SharedMemoryRegions.register``)."""
+        self.regions.register(request.name, request.key, request.offset, request.byte_size,
+                              owner=self.access.owner(token))
         return proto.SystemSharedMemoryRegisterResponse()
 
     def SystemSharedMemoryUnregister(self, request: Any) -> Any:
@@ -301,6 +344,39 @@ def _authorization(context: Any) -> str | None:
     return None
 
 
+class Refused(NamedTuple):
+    """A message its deserializer refused, handed to the handler to answer: a deserializer
+    that raises makes gRPC answer INTERNAL, which is no answer to a client's mistake."""
+
+    error: ServeError
+
+
+def deserializer(name: str, message_class: Any) -> Callable[[bytes], Any]:
+    """The call's request deserializer.  It runs on gRPC's one thread that reads every
+    connection, so ModelInfer's is the bounded walk (``wire``): what the deserializer
+    costs, every client waits for."""
+    if name == "ModelInfer":
+        def walk(data: bytes) -> Any:
+            try:
+                return walk_infer_request(data)
+            except ServeError as error:
+                return Refused(error)
+        return walk
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except DecodeError as error:
+            return Refused(invalid(f"the request is not a valid {name}Request: {error}"))
+    return parse
+
+
+def _fitting(message: str) -> str:
+    """A status message within gRPC's metadata limit (16 KB, counted after escaping): one
+    naming a thousand inputs must still reach the client as the status it is."""
+    return message if len(message) <= MAX_MESSAGE else message[:MAX_MESSAGE] + "..."
+
+
 def guarded(name: str, call: Callable[..., Any], access: Access
             ) -> Callable[[Any, Any], Any]:
     """``call`` behind the token check, with every failure turned into a status."""
@@ -310,9 +386,11 @@ def guarded(name: str, call: Callable[..., Any], access: Access
         try:
             token = bearer(_authorization(context))
             access.check(token, control=control)
-            return call(request, token) if name == "ModelInfer" else call(request)
+            if isinstance(request, Refused):
+                raise request.error
+            return call(request, token) if name in TAKES_TOKEN else call(request)
         except ServeError as error:
-            context.abort(grpc.StatusCode[error.code], error.message)
+            context.abort(grpc.StatusCode[error.code], _fitting(error.message))
         except Exception:
             logger.exception("gRPC %s failed", name)
             context.abort(grpc.StatusCode.INTERNAL, f"{name} failed inside the server (a bug: "
@@ -321,10 +399,38 @@ def guarded(name: str, call: Callable[..., Any], access: Access
     return handle
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What clients together may hold of the gRPC front end, each enforced by gRPC core.
+    Without them 1,100 idle connections (or a slowloris) filled the descriptor table and
+    kept every new client out: connections beyond ``connections`` are closed as they come,
+    and one that holds a place without using it is closed in seconds (no HTTP/2 preface
+    within ``handshake_timeout_ms``) or goes (GOAWAY: a client's channel reconnects on its
+    next call) after ``idle_ms`` without a call, or ``age_ms`` (+ ``age_grace_ms`` for the
+    calls under way) in all: a call whose message never comes holds a worker no longer.
+    Calls beyond ``concurrent_rpcs`` are answered RESOURCE_EXHAUSTED at once rather than
+    queued behind the workers."""
+
+    concurrent_rpcs: int = 128  # twice serve.workers' default
+    connections: int = 256
+    handshake_timeout_ms: int = 5_000
+    idle_ms: int = 15_000
+    age_ms: int = 120_000
+    age_grace_ms: int = 30_000
+
+    def options(self) -> list[tuple[str, int]]:
+        return [("grpc.max_allowed_incoming_connections", self.connections),
+                ("grpc.server_handshake_timeout_ms", self.handshake_timeout_ms),
+                ("grpc.max_connection_idle_ms", self.idle_ms),
+                ("grpc.max_connection_age_ms", self.age_ms),
+                ("grpc.max_connection_age_grace_ms", self.age_grace_ms)]
+
+
 def build_grpc_server(models: Models, access: Access, *, max_request_bytes: int,
                       executor: concurrent.futures.ThreadPoolExecutor,
                       regions: SharedMemoryRegions | None = None,
-                      budget: MemoryBudget | None = None) -> grpc.Server:
+                      budget: MemoryBudget | None = None,
+                      limits: ConnectionLimits = ConnectionLimits()) -> grpc.Server:
     """The server, not yet bound nor started: the caller adds the port
     (``add_insecure_port`` or a secure one) and starts it.  Without ``regions`` (the data
     plane shares one with HTTP) it keeps its own under the default prefix; without
@@ -335,15 +441,15 @@ def build_grpc_server(models: Models, access: Access, *, max_request_bytes: int,
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             guarded(name, getattr(service, name), access),
-            request_deserializer=(split_infer_request if name == "ModelInfer"
-                                  else request.FromString),
+            request_deserializer=deserializer(name, request),
             response_serializer=response.SerializeToString)
         for name, (request, response) in proto.METHODS.items()
     }
     server = grpc.server(executor, options=[
         ("grpc.max_receive_message_length", max_request_bytes),
         ("grpc.max_send_message_length", -1),
-    ])
+        *limits.options(),
+    ], maximum_concurrent_rpcs=limits.concurrent_rpcs)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(proto.SERVICE, handlers),))
     return server

@@ -49,6 +49,9 @@ EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "
               "statistics", "system_shared_memory"]
 
 
+MAX_VERSION_DIGITS = 19  # an int64, as Triton's version numbers
+
+
 class ModelRegistry:
     def __init__(self, repository: Path, builtins: Mapping[str, Path], factory: SessionFactory,
                  *, probe_interval_s: float = 10.0,
@@ -283,13 +286,20 @@ class ModelRegistry:
         return served
 
     def _version(self, name: str, version: str, served: Served) -> Version:
+        """The version a request names: "" for the default, else its canonical decimal.
+        Anything else ("01", "+1", " 1", full-width digits, 5,000 digits, which int()
+        refuses) names no version and is NOT_FOUND like "9" or "one": a version is a path
+        segment naming a resource, and "01" serving version 1 gave one version two names."""
         if version == "":
             return served.versions[served.default]
-        number = int(version) if version.isascii() and version.isdigit() else -1
-        found = served.versions.get(number)
+        canonical = (0 < len(version) <= MAX_VERSION_DIGITS and version.isascii()
+                     and version.isdigit() and version[0] != "0")
+        found = served.versions.get(int(version)) if canonical else None
         if found is None:
-            raise not_found(f"model {name} has no version {version!r} serving (serving: "
-                            f"{', '.join(map(str, sorted(served.versions)))})")
+            shown = version if len(version) <= 40 else version[:40] + "..."
+            why = "" if canonical else "; versions are decimal integers without leading zeros"
+            raise not_found(f"model {name} has no version {shown!r} serving (serving: "
+                            f"{', '.join(map(str, sorted(served.versions)))}){why}")
         return found
 
     def model_ready(self, name: str, version: str) -> bool:

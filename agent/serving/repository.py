@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agent.serving.settings import ModelSettings, ModelSettingsError, read_settings
 
-MODEL_NAME = re.compile(r"^(?!\.)[A-Za-z0-9_.-]{1,64}$")
+MODEL_NAME = re.compile(r"(?!\.)[A-Za-z0-9_.-]{1,64}")
 MODEL_FILE = "model.onnx"
 RKNN_FILE = "model.rknn"  # a Rockchip NPU's build of it (converted from the model.onnx beside)
 CONFIG_FILE = "config.yaml"
@@ -27,8 +27,9 @@ BUILTIN_VERSION = 1
 
 
 def valid_name(name: str) -> bool:
-    """A model name the repository accepts (and a URL path segment needs no escaping)."""
-    return bool(MODEL_NAME.match(name))
+    """A model name the repository accepts (and a URL path segment needs no escaping); the
+    whole name must match: ``$`` let "demo\\n" through as a name of its own."""
+    return MODEL_NAME.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)

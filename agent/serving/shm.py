@@ -146,9 +146,10 @@ class SharedMemoryRegions:
         return name
 
     @staticmethod
-    def _open(path: Path, key: str, offset: int, byte_size: int) -> int:
+    def _open(path: Path, key: str, offset: int, byte_size: int,
+              owner: tuple[int, int]) -> int:
         """The object's descriptor, refused unless it is a regular file with one link that
-        holds the whole region."""
+        holds the whole region and that ``owner`` may use (see ``register``)."""
         try:
             fd = os.open(path, _OPEN_FLAGS)
         except FileNotFoundError:
@@ -166,6 +167,7 @@ class SharedMemoryRegions:
                 raise ServeError("PERMISSION_DENIED", f"key {key!r}: {path} has "
                                  f"{info.st_nlink} hard links (a second name of an object "
                                  "is not taken)")
+            _check_owner(info, key, path, owner)
             if offset + byte_size > info.st_size:
                 raise invalid(f"key {key!r}: a region of {byte_size} bytes at offset {offset} "
                               f"is beyond the object's {info.st_size} bytes")
@@ -174,14 +176,26 @@ class SharedMemoryRegions:
             raise
         return fd
 
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        """Open ``key`` and serve ``byte_size`` bytes of it from ``offset`` as ``name``."""
+    def register(self, name: str, key: str, offset: int, byte_size: int,
+                 owner: tuple[int, int] | None = None) -> None:
+        """Open ``key`` and serve ``byte_size`` bytes of it from ``offset`` as ``name``.
+
+        ``owner``: the uid and gid owning the token file of the caller's token
+        (``Access.owner``); None: the data plane's own.  The object is attached only when
+        that uid owns it, or when it belongs to that group and grants the group read and
+        write.  The data plane (root) would otherwise read and write, for any token holder,
+        memory that holder could not open: over loopback TCP a caller has no uid to match,
+        but its token does; and since the token file is shared by a group (mode 0640), an
+        object every member may open anyway gives no member more than it had.  A client
+        that is not the token file's owner shares its object with the group
+        (``fchown(fd, -1, gid)``, ``fchmod(fd, 0o660)``)."""
         if not name or len(name) > MAX_REGION_NAME:
             raise invalid(f"a region name must be 1 to {MAX_REGION_NAME} characters")
         if offset < 0 or byte_size <= 0:
             raise invalid(f"region {name!r}: offset must be 0 or above and byte_size above 0")
         path = SHM_DIR / self._object_name(key)
-        fd = self._open(path, key, offset, byte_size)
+        fd = self._open(path, key, offset, byte_size,
+                        owner if owner is not None else (os.geteuid(), os.getegid()))
         try:
             with self._lock:
                 if name in self._regions:
@@ -232,6 +246,17 @@ class SharedMemoryRegions:
 
     def close(self) -> None:
         self.unregister()
+
+
+def _check_owner(info: os.stat_result, key: str, path: Path, owner: tuple[int, int]) -> None:
+    uid, gid = owner
+    group_rw = stat.S_IRGRP | stat.S_IWGRP
+    if info.st_uid == uid or (info.st_gid == gid and info.st_mode & group_rw == group_rw):
+        return
+    raise ServeError("PERMISSION_DENIED", f"key {key!r}: {path} belongs to uid {info.st_uid}, "
+                     f"not to the owner of the caller's token file (uid {uid}), nor is it "
+                     f"shared read-write with that file's group (gid {gid}): the data plane "
+                     "attaches only memory the token's holders may open themselves")
 
 
 def bounded_regions(prefix: str, max_request_bytes: int) -> SharedMemoryRegions:

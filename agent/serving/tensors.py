@@ -40,21 +40,33 @@ def ort_message(error: Exception) -> str:
 
 
 def element_count(name: str, shape: Sequence[Any]) -> int:
-    """The elements a shape holds; each dimension an integer 0 or above, rank bounded."""
+    """The elements a shape holds; each dimension an integer 0 or above, rank bounded.
+    The product of the dimensions other than 0 is bounded too: ``[2**62, 0]`` holds no
+    element, but numpy cannot make an array of that shape (nor ``[2**64, 0]``'s), and a
+    bound checked here is a 400 naming the input where numpy's refusal was a 500."""
     if not isinstance(shape, Sequence) or isinstance(shape, str | bytes):
         raise invalid(f"input {name}: shape must be a list of integers")
     if len(shape) > MAX_RANK:
         raise invalid(f"input {name}: shape has {len(shape)} dimensions, at most {MAX_RANK}")
+    spanned = 1
     for dim in shape:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
-            raise invalid(f"input {name}: shape {list(shape)} must hold integers 0 or above")
-    count = int(math.prod(shape))
-    if count > MAX_ELEMENTS:
-        raise invalid(f"input {name}: shape {list(shape)} holds too many elements")
-    return count
+            raise invalid(f"input {name}: shape {_shown(shape)} must hold integers 0 or above")
+        spanned *= max(dim, 1)
+        if spanned > MAX_ELEMENTS:  # checked as it grows: never a product of huge numbers
+            raise invalid(f"input {name}: shape {_shown(shape)} spans more than "
+                          f"{MAX_ELEMENTS} elements")
+    return int(math.prod(shape))
 
 
-def _dtype(name: str, datatype: Any) -> np.dtype[Any]:
+def _shown(shape: Sequence[Any]) -> str:
+    """A shape for a message: a dimension of 5,000 digits is not echoed whole."""
+    text = str(list(shape))
+    return text if len(text) <= 200 else text[:200] + "...]"
+
+
+def protocol_dtype(name: str, datatype: Any) -> np.dtype[Any]:
+    """The numpy type of a protocol datatype; INVALID_ARGUMENT naming the input if none."""
     dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
     if dtype is None:
         raise invalid(f"input {name}: datatype {datatype!r} is not supported (one of "
@@ -65,13 +77,13 @@ def _dtype(name: str, datatype: Any) -> np.dtype[Any]:
 def raw_size(name: str, datatype: Any, shape: Sequence[Any]) -> int:
     """The bytes a tensor of this datatype and shape takes raw (checked as ``from_raw``
     checks them), known before any byte is read."""
-    return element_count(name, shape) * _dtype(name, datatype).itemsize
+    return element_count(name, shape) * protocol_dtype(name, datatype).itemsize
 
 
 def from_raw(name: str, datatype: Any, shape: Sequence[Any], raw: bytes | memoryview) -> Tensor:
     """A tensor from its raw little-endian bytes (binary extension, ``raw_input_contents``),
     refused unless the byte count is exactly what the shape and datatype need."""
-    dtype = _dtype(name, datatype)
+    dtype = protocol_dtype(name, datatype)
     count = element_count(name, shape)
     expected = count * dtype.itemsize
     if len(raw) != expected:
@@ -84,7 +96,7 @@ def from_raw(name: str, datatype: Any, shape: Sequence[Any], raw: bytes | memory
 def from_values(name: str, datatype: Any, shape: Sequence[Any], data: Any) -> Tensor:
     """A tensor from JSON ``data`` or gRPC typed contents: flat or nested row-major lists,
     refused unless they hold exactly the shape's elements of the right kind."""
-    dtype = _dtype(name, datatype)
+    dtype = protocol_dtype(name, datatype)
     count = element_count(name, shape)
     flat = list(_flatten(name, data, count))
     if len(flat) != count:
@@ -110,6 +122,36 @@ def from_values(name: str, datatype: Any, shape: Sequence[Any], data: Any) -> Te
         if flat and (min(flat) < info.min or max(flat) > info.max):
             raise invalid(f"input {name}: a value does not fit {datatype}")
     return Tensor(name, array)
+
+
+def from_typed(name: str, datatype: Any, shape: Sequence[Any], values: Sequence[Any],
+               field_dtype: np.dtype[Any]) -> Tensor:
+    """A tensor from gRPC typed contents: ``values`` is protobuf's repeated field, whose
+    elements are already ``field_dtype`` (int32 for INT8 to INT32, ...).  They go into an
+    array of that type one at a time, with no list of Python objects between (36 bytes an
+    element where the array takes 4), then are checked to fit ``datatype``.  The caller
+    has admitted ``typed_bytes`` of memory for it."""
+    dtype = protocol_dtype(name, datatype)
+    count = element_count(name, shape)
+    if len(values) != count:
+        raise invalid(f"input {name}: {len(values)} values, but shape {list(shape)} needs "
+                      f"{count}")
+    array = np.fromiter(values, dtype=field_dtype, count=count)
+    if field_dtype != dtype:
+        if dtype.kind in "iu" and count:
+            info = np.iinfo(dtype)
+            if array.min() < info.min or array.max() > info.max:
+                raise invalid(f"input {name}: a value does not fit {datatype}")
+        array = array.astype(dtype)
+    return Tensor(name, array.reshape(tuple(shape)))
+
+
+def typed_bytes(datatype: Any, count: int, field_dtype: np.dtype[Any]) -> int:
+    """The memory ``from_typed`` takes for ``count`` values: the array of the field's type
+    and, when ``datatype`` differs, the one converted to it."""
+    dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
+    converted = dtype.itemsize if dtype is not None and dtype != field_dtype else 0
+    return count * (field_dtype.itemsize + converted)
 
 
 def _flatten(name: str, data: Any, limit: int) -> Iterable[Any]:
