@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -75,7 +76,7 @@ class Gated(WrappedSession):
         super().__init__(session)
         self.gate = gate
 
-    def run(self, names: Any, feeds: Any) -> Any:
+    def run(self, names: Any, feeds: Any, options: Any = None) -> Any:
         first = next(iter(feeds.values()))
         marks = [float(v) for v in first.reshape(first.shape[0], -1)[:, 0]]
         with self.gate.lock:
@@ -83,10 +84,14 @@ class Gated(WrappedSession):
             self.gate.threads.update((m, threading.current_thread().name) for m in marks)
         if HOLD in marks:
             self.gate.entered.set()
-            assert self.gate.released.wait(10), "the test never released its gate"
+            deadline = time.monotonic() + 10
+            while not self.gate.released.wait(0.005):  # cancellable, as ORT's run is
+                if options is not None and options.terminate:
+                    raise RuntimeError("Exiting due to terminate flag being set to true.")
+                assert time.monotonic() < deadline, "the test never released its gate"
         if BROKEN in marks:
             raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : broken input")
-        return self.session.run(names, feeds)
+        return self.session.run(names, feeds, options)
 
 
 def gated_factory(gate: Gate) -> Callable[..., BuiltSession]:
@@ -227,19 +232,53 @@ def test_higher_priority_first_fifo_within_a_level(registry: ModelRegistry, gate
 
 
 def test_bad_priority_and_timeout_parameters_are_refused(registry: ModelRegistry) -> None:
-    for parameters, words in [({"priority": 4}, "priority 4 is above this model's "
-                                                "priority_levels 3"),
-                              ({"priority": True}, "parameter priority must be a non-negative "
-                                                   "integer, not True"),
+    levels = "parameter priority must be an integer 0..3 (this model's priority_levels"
+    timeout = "parameter timeout must be an integer 0..1099511627776 (microseconds), not "
+    for parameters, words in [({"priority": 4}, f"{levels}: 1 is the highest, 0 its default "
+                                                "3), not 4"),
+                              ({"priority": True}, f"{levels}"),
+                              ({"priority": True}, "not True"),
                               ({"priority": "1"}, "not '1'"),
-                              ({"timeout": -1}, "parameter timeout must be")]:
+                              ({"priority": -1}, "not -1"),
+                              ({"priority": 1.0}, "not 1.0"),
+                              ({"priority": 10**5000}, "not an integer of 16610 bits"),
+                              ({"timeout": -1}, f"{timeout}-1"),
+                              # past ~9.2e15 us a wait overflowed (and the request still ran)
+                              ({"timeout": 10**16}, f"{timeout}10000000000000000"),
+                              ({"timeout": 2**64}, f"{timeout}an integer of 65 bits"),
+                              ({"timeout": float("inf")}, f"{timeout}inf"),
+                              ({"timeout": 1.5}, f"{timeout}1.5"),
+                              ({"timeout": "100"}, f"{timeout}'100'"),
+                              ({"timeout": [1]}, f"{timeout}a list")]:
         status, message = code(lambda p=parameters: registry.infer(req("prio", x(1), **p)))
-        assert status == "INVALID_ARGUMENT" and words in message
+        assert status == "INVALID_ARGUMENT" and words in message, parameters
     # a model without priority levels has one: 1 (or 0, the default) only
     assert registry.infer(req("batch", x(1), priority=1)).version == "1"
     assert code(lambda: registry.infer(req("batch", x(1), priority=2)))[0] == (
         "INVALID_ARGUMENT")
-    assert stats(registry, "prio")["inference_stats"]["fail"]["count"] == 4
+    assert stats(registry, "prio")["inference_stats"]["fail"]["count"] == 14
+
+
+def test_an_overflowing_timeout_is_400_over_http_and_never_runs(
+        registry: ModelRegistry, gate: Gate, sender: Sender) -> None:
+    """A queued request whose timeout no clock can wait for was a 500 (OverflowError) and
+    still ran; it is a 400 naming the parameter, and nothing of it runs."""
+    server = HttpServer(registry, Access([], everything=False))
+    try:
+        hold(sender, gate, "override")  # the request would queue behind it
+        body = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32",
+                            "data": x(5)[0].array.reshape(-1).tolist()}]}
+        for value in (10**16, 2**63 - 1, 2**64, -5, 1.5, "1000", True):
+            reply = server.request("POST", "/v2/models/override/infer", json.dumps(
+                {**body, "parameters": {"timeout": value}}))
+            assert reply.status == 400, (value, reply.body)
+            assert "parameter timeout must be an integer 0..1099511627776" in (
+                reply.json()["error"])
+        gate.release()
+        assert sender.result(HOLD).version == "1"
+        assert gate.served() == []  # none of them ran
+    finally:
+        server.stop()
 
 
 # --- deadlines and bounds ------------------------------------------------------------------
@@ -254,12 +293,19 @@ def test_the_queue_timeout_answers_deadline_exceeded_unrun(registry: ModelRegist
     assert status == "DEADLINE_EXCEEDED"
     assert message == ("the request waited in the queue of model queued version 1 past its "
                        "timeout of 50 ms")
+    # the held run went past the same timeout: cancelled, its request answered at once
+    with pytest.raises(ServeError) as caught:
+        sender.result(HOLD)
+    assert caught.value.code == "DEADLINE_EXCEEDED"
+    assert caught.value.message.startswith("model queued version 1: the run was cancelled "
+                                           "after ")
+    assert caught.value.message.endswith(" ms, past the request's timeout of 50 ms")
     gate.release()
-    sender.result(HOLD)
     assert gate.served() == []  # it never ran
     entry = stats(registry, "queued")
-    assert entry["inference_stats"]["fail"]["count"] == 1
+    assert entry["inference_stats"]["fail"]["count"] == 2
     assert entry["edge_agent"]["queue"]["expired"] == 1
+    assert entry["edge_agent"]["cancelled"] == 1
 
 
 def test_a_request_timeout_is_honoured_only_when_the_queue_allows_it(
