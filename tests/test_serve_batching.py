@@ -108,6 +108,9 @@ MODELS = {
     "queued": (onnx_models.mlp, "dynamic_batching: {queue: {max_size: 2, timeout_us: 50000}}\n"),
     # no timeout: a refused request can only have been refused at once, however busy the box
     "full": (onnx_models.mlp, "dynamic_batching: {queue: {max_size: 2}}\n"),
+    # three levels in a queue of three, no timeout: what is refused or shed is so at once
+    "levels": (onnx_models.mlp, "dynamic_batching: {priority_levels: 3, "
+               "default_priority_level: 3, queue: {max_size: 3}}\n"),
     "override": (onnx_models.mlp, "dynamic_batching: {queue: {allow_timeout_override: true}}\n"),
     "fixed": (onnx_models.mlp, "dynamic_batching: {queue: {allow_timeout_override: false}}\n"),
     "batch": (onnx_models.dynamic_batch_mlp, "max_batch_size: 8\n"
@@ -339,6 +342,68 @@ def test_a_full_queue_answers_unavailable_at_once(registry: ModelRegistry, gate:
     entry = stats(registry, "full")
     assert entry["edge_agent"]["queue"]["full"] == 1
     assert entry["inference_stats"]["fail"]["count"] == 1
+
+
+def test_a_full_queue_sheds_its_newest_lowest_request_for_a_higher_one(
+        registry: ModelRegistry, gate: Gate, sender: Sender) -> None:
+    """Clients flooding the lowest level cannot starve a higher one: a full queue admits
+    it by shedding the newest request of the lowest level below it (503 saying so)."""
+    hold(sender, gate, "levels")
+    sender.send(req("levels", x(1)), queued=1)  # the default level, 3
+    sender.send(req("levels", x(2), priority=2), queued=2)
+    sender.send(req("levels", x(3)), queued=3)  # level 3, the newest: shed first
+    assert code(lambda: registry.infer(req("levels", x(4)))) == (  # nothing below 3
+        "UNAVAILABLE", "queue of model levels version 1 is full (3)")
+    sender.send(req("levels", x(10), priority=1))
+    with pytest.raises(ServeError) as caught:
+        sender.result(3)
+    assert caught.value.code == "UNAVAILABLE" and caught.value.http_status == 503
+    assert caught.value.message == (
+        "queue of model levels version 1 is full (3): this request (priority level 3) was "
+        "shed for one of higher priority 1; try again")
+    sender.send(req("levels", x(11), priority=2))  # sheds 1, the last one at level 3
+    with pytest.raises(ServeError) as caught:
+        sender.result(1)
+    assert "(priority level 3) was shed for one of higher priority 2" in caught.value.message
+    assert code(lambda: registry.infer(req("levels", x(5), priority=2)))[0] == (
+        "UNAVAILABLE")  # only levels 1 and 2 are queued: nothing below 2 to shed
+    gate.release()
+    for mark in (10, 2, 11):
+        assert sender.result(mark).version == "1"
+    assert gate.served() == [[10], [2], [11]]
+    queue = stats(registry, "levels")["edge_agent"]["queue"]
+    assert (queue["shed"], queue["full"]) == (2, 2)
+
+
+def test_privileged_levels_need_the_token(repo: Path, gate: Gate) -> None:
+    """serve.privileged_priority 1: only a caller with the token (``trusted``) may ask for
+    level 1; the default level is open to all, also where it is level 1 (one-level models)."""
+    made = ModelRegistry(repo, {}, gated_factory(gate), probe_interval_s=3600,
+                         intra_op_threads=4, privileged_priority=1)
+    made.start()
+    server = HttpServer(made, Access([], everything=False))
+    try:
+        refusal = ("priority 1 needs the bearer token (serve.privileged_priority 1); without "
+                   "it ask for 2..3, or 0 for the default 3")
+        with pytest.raises(ServeError) as caught:
+            made.infer(req("prio", x(1), priority=1))
+        assert (caught.value.code, caught.value.message) == ("PERMISSION_DENIED", refusal)
+        assert caught.value.http_status == 403
+        body = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32",
+                            "data": x(1)[0].array.reshape(-1).tolist()}],
+                "parameters": {"priority": 1}}
+        reply = server.request("POST", "/v2/models/prio/infer", json.dumps(body))
+        assert (reply.status, reply.json()) == (403, {"error": refusal})
+        for parameters in ({"priority": 2}, {"priority": 3}, {"priority": 0}, {}):
+            assert made.infer(req("prio", x(2), **parameters)).version == "1"
+        trusted = InferRequest("prio", "", x(3), parameters={"priority": 1}, trusted=True)
+        assert made.infer(trusted).version == "1"
+        # one level (no priority_levels): 1 is the default, what every client gets anyway
+        assert made.infer(req("batch", x(4), priority=1)).version == "1"
+        assert gate.served() == [[2], [2], [2], [2], [3], [4]]
+    finally:
+        server.stop()
+        made.stop()
 
 
 # --- dynamic batching ----------------------------------------------------------------------

@@ -9,6 +9,10 @@ has dropped what it referenced by then, so a finished run holds no request's ten
 Whichever comes first wins, once: the run's ``finish`` (its results go to its requests) or
 the watchdog's cancellation (the ``cancel`` callback terminates the run and answers its
 requests; the worker must then answer nothing).
+
+The thread starts with the first run watched and so inherits that run's thread's CPUs and
+scheduling (the profile's inference ones): it only sleeps and sets flags, and a realtime
+policy keeps a cancellation on time under load.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+
+from agent.kernel.process import name_current_thread
 
 COMPACT_AT = 1024  # entries before finished ones are swept out of the heap
 
@@ -59,7 +65,7 @@ class Watchdog:
 
     def __init__(self, name: str = "run-watchdog") -> None:
         self._name = name
-        self._ready = threading.Condition()
+        self._ready = threading.Condition(threading.Lock())  # not re-entered: no RLock
         self._heap: list[tuple[int, int, Watch]] = []
         self._order = itertools.count()  # ties never compare two Watch objects
         self._compact_at = COMPACT_AT
@@ -89,6 +95,9 @@ class Watchdog:
         self._compact_at = max(COMPACT_AT, 2 * len(self._heap))
 
     def _loop(self) -> None:
+        # started by the first run's thread, whose kernel name (infer-http_0) it would keep:
+        # its own, so ``top -H`` and the profile's thread patterns do not take it for one
+        name_current_thread(self._name)
         while True:
             due = []
             with self._ready:
