@@ -8,7 +8,9 @@ and the worker takes the next.  ``close`` lets the workers drain the queue and e
 A run is one request's problem, not the process's: the watchdog cancels a run still going at
 its deadline — the earliest ``timeout`` of its requests, or the model's ``max_run_ms`` —
 through the backend's run control (ORT's ``RunOptions.terminate``), and its requests are
-answered DEADLINE_EXCEEDED at once, naming the model and the limit.  Only a run that does not
+answered DEADLINE_EXCEEDED at once, naming the model and the limit (a run on its caller's
+own thread hands the answer over when the runtime gives the run back: within one operator
+for ORT, after the row on the NPU for RKNN).  Only a run that does not
 come back within CANCEL_GRACE_S of its cancellation makes the version ``stuck``, which is
 what the supervisor kills the process for: the runtime itself no longer answers then.
 """

@@ -4,7 +4,8 @@ threads, optimised-graph cache), served as it is.
 ``run``, ``get_inputs`` and ``get_outputs`` are the session's own bound methods, so a request
 costs exactly what it cost before there was a backend interface (bench/serve.py).  A run is
 cancelled through ORT's ``RunOptions.terminate``, which the executor checks between operators:
-a run stops within one operator's time of the watchdog setting it.
+a run stops within one operator's time of the watchdog setting it (a TensorRT engine is one
+operator to ORT: it runs to its end first).
 """
 
 from __future__ import annotations
