@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 import onnx_models
 import pytest
+import tritonclient.http as httpclient
 from serving_helpers import WrappedSession, cpu_factory
 from test_serve_registry import code, direct, put, until
+from tritonclient.utils import InferenceServerException
 
 from agent.inference.session import BuiltSession
 from agent.serving import scheduler
@@ -26,6 +28,7 @@ from agent.serving.core import InferRequest, Tensor
 from agent.serving.registry import ModelRegistry
 from agent.serving.versions import DYNAMIC_ROW_ELEMENTS
 from agent.serving.watchdog import COMPACT_AT, Watchdog
+from tests.test_serve_process import demo_input, http_infer, serve_process
 
 
 def image(side: int) -> tuple[Tensor, ...]:
@@ -217,3 +220,35 @@ def test_the_watchdog_cancels_in_deadline_order_and_forgets_finished_runs() -> N
     for _ in range(5 * COMPACT_AT):
         assert watchdog.watch(time.perf_counter_ns() + 10**12, lambda _: None).finish()
     assert len(watchdog._heap) < 2 * COMPACT_AT
+
+
+def test_edge_agent_serve_answers_a_slow_request_504_and_a_huge_one_400_and_serves_on(
+        tmp_path: Path) -> None:
+    """The report's case against the real process: a valid request whose run is slow costs
+    that request (504), not the process; the 46 MB [1, 3, 2000, 2000] request is a 400."""
+    repository = tmp_path / "state" / "repository"
+    put(repository, "slow", 1, onnx_models.slow_image_model)
+    (repository / "slow" / "config.yaml").write_text(
+        "max_run_ms: 300\ninstances: [{count: 1, threads: 1}]\n")
+    with serve_process(tmp_path) as plane:
+        http = httpclient.InferenceServerClient(plane["http"], network_timeout=60)
+
+        def send(side: int) -> None:
+            given = httpclient.InferInput("image", [1, 3, side, side], "FP32")
+            given.set_data_from_numpy(np.full((1, 3, side, side), 0.5, np.float32))
+            http.infer("slow", [given])
+
+        with pytest.raises(InferenceServerException) as caught:
+            send(1024)
+        assert caught.value.status() == "504"
+        assert "model slow version 1: the run was cancelled after " in str(
+            caught.value.message())
+        assert "past its max_run_ms 300 (config.yaml)" in str(caught.value.message())
+        with pytest.raises(InferenceServerException) as caught:
+            send(2000)
+        assert caught.value.status() == "400"
+        assert "shape [1, 3, 2000, 2000] holds 12000000 elements, above the 8388608" in str(
+            caught.value.message())
+        output, version = http_infer(http, "demo", demo_input())  # the process serves on
+        assert output.shape == (1, 10) and version == "1"
+        assert plane["process"].poll() is None
