@@ -379,6 +379,9 @@ def test_privileged_levels_need_the_token(repo: Path, gate: Gate) -> None:
                          intra_op_threads=4, privileged_priority=1)
     made.start()
     server = HttpServer(made, Access([], everything=False))
+    pool = concurrent.futures.ThreadPoolExecutor(4)
+    grpc_server = build_grpc_server(made, Access([], everything=False),
+                                    max_request_bytes=1 << 20, executor=pool)
     try:
         refusal = ("priority 1 needs the bearer token (serve.privileged_priority 1); without "
                    "it ask for 2..3, or 0 for the default 3")
@@ -391,6 +394,14 @@ def test_privileged_levels_need_the_token(repo: Path, gate: Gate) -> None:
                 "parameters": {"priority": 1}}
         reply = server.request("POST", "/v2/models/prio/infer", json.dumps(body))
         assert (reply.status, reply.json()) == (403, {"error": refusal})
+        port = grpc_server.add_insecure_port("127.0.0.1:0")
+        grpc_server.start()
+        client = triton_grpc.InferenceServerClient(url=f"127.0.0.1:{port}")
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("prio", [_grpc_input(x(1)[0].array)], priority=1)
+        client.close()
+        assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
+        assert refusal in str(refused.value.message())
         for parameters in ({"priority": 2}, {"priority": 3}, {"priority": 0}, {}):
             assert made.infer(req("prio", x(2), **parameters)).version == "1"
         trusted = InferRequest("prio", "", x(3), parameters={"priority": 1}, trusted=True)
@@ -399,6 +410,8 @@ def test_privileged_levels_need_the_token(repo: Path, gate: Gate) -> None:
         assert made.infer(req("batch", x(4), priority=1)).version == "1"
         assert gate.served() == [[2], [2], [2], [2], [3], [4]]
     finally:
+        grpc_server.stop(None)
+        pool.shutdown(wait=True)
         server.stop()
         made.stop()
 

@@ -26,7 +26,7 @@ from agent.inference.session import BuiltSession
 from agent.serving import scheduler
 from agent.serving.core import InferRequest, Tensor
 from agent.serving.registry import ModelRegistry
-from agent.serving.versions import DYNAMIC_ROW_ELEMENTS
+from agent.serving.versions import DYNAMIC_INPUT_ELEMENTS
 from agent.serving.watchdog import COMPACT_AT, Watchdog
 from tests.test_serve_process import demo_input, http_infer, serve_process
 
@@ -45,6 +45,7 @@ def repo(tmp_path: Path) -> Path:
     put(path, "slow", 1, onnx_models.slow_image_model)
     (path / "slow" / "config.yaml").write_text("max_run_ms: 300\n")
     put(path, "mlp", 1, onnx_models.mlp)
+    put(path, "batched", 1, onnx_models.slow_image_model, layers=1, batch="N")  # batches 4
     return path
 
 
@@ -138,8 +139,8 @@ def test_stuck_means_cancelled_and_not_back_within_the_grace(
 
 def test_inputs_above_max_input_elements_are_refused_before_any_run(
         registry: ModelRegistry, repo: Path) -> None:
-    # dynamic H and W: DYNAMIC_ROW_ELEMENTS a row; the 46 MB request of the report is above
-    assert DYNAMIC_ROW_ELEMENTS == 8_388_608
+    # dynamic H and W: DYNAMIC_INPUT_ELEMENTS; the 46 MB request of the report is above
+    assert DYNAMIC_INPUT_ELEMENTS == 8_388_608
     refusal = ("INVALID_ARGUMENT", "input image: shape [1, 3, 2000, 2000] holds 12000000 "
                "elements, above the 8388608 model slow version 1 takes for it (config.yaml "
                "max_input_elements)")
@@ -147,6 +148,11 @@ def test_inputs_above_max_input_elements_are_refused_before_any_run(
     assert code(lambda: registry.check_elements("slow", "", "image", [1, 3, 2000, 2000])) == (
         refusal)
     registry.check_elements("slow", "", "image", [1, 3, 1080, 1920])  # a 1080p frame fits
+    # the same cap in all where the batch is dynamic too: four rows do not let it through
+    assert code(lambda: registry.check_elements("batched", "", "image", [1, 3, 2000, 2000]))[
+        1].endswith("above the 8388608 model batched version 1 takes for it (config.yaml "
+                    "max_input_elements)")
+    registry.check_elements("batched", "", "image", [4, 3, 640, 640])
     # a dimension alone above the cap, however few elements the shape holds
     assert "has a dimension above the 8388608 elements" in code(
         lambda: registry.check_elements("slow", "1", "image", [1, 3, 2**62, 0]))[1]

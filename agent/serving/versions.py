@@ -39,10 +39,12 @@ from agent.serving.tensors import ORT_DATATYPES, check_inputs, element_count, or
 # Triton's default for ONNX models whose every input has a dynamic first dimension
 # (its ONNX autocomplete); 0 (no batch dimension) otherwise.
 AUTO_MAX_BATCH_SIZE = 4
-# The most elements a batch row of an input with dynamic dimensions (other than the batch)
-# may hold when config.yaml sets no max_input_elements: a 1080p RGB frame (6.2 M) fits, a
-# [1, 3, 2000, 2000] tensor (12 M, 46 MB; its run took ~1 GB) does not.
-DYNAMIC_ROW_ELEMENTS = 1 << 23
+# The most elements one input of a request may hold when it has dynamic dimensions besides
+# the batch one and config.yaml sets no max_input_elements: a 1080p RGB frame (6.2 M) fits,
+# a [1, 3, 2000, 2000] tensor (12 M, 46 MB; its run took ~1 GB) does not.  Per request, not
+# per row: a model exported with dynamic batch *and* H/W batches by default, and four such
+# rows would let the report's request through.
+DYNAMIC_INPUT_ELEMENTS = 1 << 23
 RELEASE_WAIT_S = 60.0  # a dropped version's queued runs finish before its backends go
 # what each instance's statistics say of its backend: the status and Prometheus labels
 INSTANCE_KEYS = ("backend", "device", "precision", "providers")
@@ -91,18 +93,17 @@ def input_caps(inputs: Sequence[TensorSpec], max_batch: int,
                configured: int | None) -> dict[str, int]:
     """The most elements each input of one request may hold: config.yaml's
     ``max_input_elements``, else the input's static shape with the batch dimension at
-    ``max_batch``, else DYNAMIC_ROW_ELEMENTS per row for an input with other dynamic
+    ``max_batch``, else DYNAMIC_INPUT_ELEMENTS for an input with other dynamic
     dimensions."""
     caps = {}
     for spec in inputs:
-        rows = max(1, max_batch)
         dims = spec.shape[1:] if max_batch and spec.shape else spec.shape
         if configured is not None:
             caps[spec.name] = configured
         elif all(dim >= 0 for dim in dims):
-            caps[spec.name] = rows * math.prod(dims)
+            caps[spec.name] = max(1, max_batch) * math.prod(dims)
         else:
-            caps[spec.name] = rows * DYNAMIC_ROW_ELEMENTS
+            caps[spec.name] = DYNAMIC_INPUT_ELEMENTS
     return caps
 
 
