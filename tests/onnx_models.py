@@ -138,3 +138,24 @@ def small_nchw_cnn(path: Path, batch: str | int = 1) -> Path:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 10])],
         weight.initializers)
     return _save(finish_model(graph), path)
+
+
+def slow_image_model(path: Path, layers: int = 300, batch: str | int = 1) -> Path:
+    """``image`` float32 [batch, 3, H, W] with dynamic H and W -> ``out`` of the same shape:
+    ``layers`` chained 3x3 Convs sharing one weight, so the file stays small while a run's
+    time grows with H x W (~15 ms a layer at 1024 x 1024 on one core: seconds a run, each
+    operator short, so a cancelled run stops within milliseconds)."""
+    rng = np.random.RandomState(7)
+    weight = numpy_helper.from_array((rng.standard_normal((3, 3, 3, 3)) * 0.2)
+                                     .astype(np.float32), "w")
+    nodes, last = [], "image"
+    for i in range(layers):
+        nodes.append(helper.make_node("Conv", [last, "w"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        last = f"c{i}"
+    nodes.append(helper.make_node("Relu", [last], ["out"]))
+    graph = helper.make_graph(
+        nodes, "slow_image_model",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [batch, 3, "H", "W"])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [batch, 3, "H", "W"])],
+        [weight])
+    return _save(finish_model(graph), path)

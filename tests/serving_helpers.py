@@ -38,8 +38,8 @@ class WrappedSession:
     def get_outputs(self) -> Any:
         return self.session.get_outputs()
 
-    def run(self, names: Any, feeds: Any) -> Any:
-        return self.session.run(names, feeds)
+    def run(self, names: Any, feeds: Any, options: Any = None) -> Any:
+        return self.session.run(names, feeds, options)
 
 
 class DemoModels(ModelRegistry):

@@ -110,6 +110,26 @@ def test_a_batch_runs_row_by_row(lite: Any, version: Path) -> None:
     assert len(lite.made[0].calls) == 3
 
 
+def test_a_cancelled_batch_stops_before_its_next_row(lite: Any, version: Path) -> None:
+    """RKNNLite cannot cut an inference: the watchdog's terminate, set while a row runs on
+    the NPU, stops the run before the next row."""
+    backend = load(version)
+    control = backend.run_options()
+    assert control.terminate is False
+    runtime = lite.made[0]
+    infer = runtime.inference
+
+    def cancelled_during(*args: Any, **kw: Any) -> Any:
+        control.terminate = True  # the watchdog, while this row is on the NPU
+        return infer(*args, **kw)
+
+    runtime.inference = cancelled_during
+    images = np.zeros((3, 3, 64, 64), np.float32)
+    with pytest.raises(RuntimeError, match="the run was cancelled after 1 of 3 rows"):
+        backend.run([backend.get_outputs()[0].name], {"image": images}, control)
+    assert len(runtime.calls) == 1
+
+
 def test_inference_returning_none_is_an_error(lite: Any, version: Path) -> None:
     backend = load(version)
     lite.fail_inference = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -75,7 +76,7 @@ class Gated(WrappedSession):
         super().__init__(session)
         self.gate = gate
 
-    def run(self, names: Any, feeds: Any) -> Any:
+    def run(self, names: Any, feeds: Any, options: Any = None) -> Any:
         first = next(iter(feeds.values()))
         marks = [float(v) for v in first.reshape(first.shape[0], -1)[:, 0]]
         with self.gate.lock:
@@ -86,7 +87,7 @@ class Gated(WrappedSession):
             assert self.gate.released.wait(10), "the test never released its gate"
         if BROKEN in marks:
             raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : broken input")
-        return self.session.run(names, feeds)
+        return self.session.run(names, feeds, options)
 
 
 def gated_factory(gate: Gate) -> Callable[..., BuiltSession]:
@@ -103,6 +104,9 @@ MODELS = {
     "queued": (onnx_models.mlp, "dynamic_batching: {queue: {max_size: 2, timeout_us: 50000}}\n"),
     # no timeout: a refused request can only have been refused at once, however busy the box
     "full": (onnx_models.mlp, "dynamic_batching: {queue: {max_size: 2}}\n"),
+    # three levels in a queue of three, no timeout: what is refused or shed is so at once
+    "levels": (onnx_models.mlp, "dynamic_batching: {priority_levels: 3, "
+               "default_priority_level: 3, queue: {max_size: 3}}\n"),
     "override": (onnx_models.mlp, "dynamic_batching: {queue: {allow_timeout_override: true}}\n"),
     "fixed": (onnx_models.mlp, "dynamic_batching: {queue: {allow_timeout_override: false}}\n"),
     "batch": (onnx_models.dynamic_batch_mlp, "max_batch_size: 8\n"
@@ -227,19 +231,53 @@ def test_higher_priority_first_fifo_within_a_level(registry: ModelRegistry, gate
 
 
 def test_bad_priority_and_timeout_parameters_are_refused(registry: ModelRegistry) -> None:
-    for parameters, words in [({"priority": 4}, "priority 4 is above this model's "
-                                                "priority_levels 3"),
-                              ({"priority": True}, "parameter priority must be a non-negative "
-                                                   "integer, not True"),
+    levels = "parameter priority must be an integer 0..3 (this model's priority_levels"
+    timeout = "parameter timeout must be an integer 0..1099511627776 (microseconds), not "
+    for parameters, words in [({"priority": 4}, f"{levels}: 1 is the highest, 0 its default "
+                                                "3), not 4"),
+                              ({"priority": True}, f"{levels}"),
+                              ({"priority": True}, "not True"),
                               ({"priority": "1"}, "not '1'"),
-                              ({"timeout": -1}, "parameter timeout must be")]:
+                              ({"priority": -1}, "not -1"),
+                              ({"priority": 1.0}, "not 1.0"),
+                              ({"priority": 10**5000}, "not an integer of 16610 bits"),
+                              ({"timeout": -1}, f"{timeout}-1"),
+                              # past ~9.2e15 us a wait overflowed (and the request still ran)
+                              ({"timeout": 10**16}, f"{timeout}10000000000000000"),
+                              ({"timeout": 2**64}, f"{timeout}an integer of 65 bits"),
+                              ({"timeout": float("inf")}, f"{timeout}inf"),
+                              ({"timeout": 1.5}, f"{timeout}1.5"),
+                              ({"timeout": "100"}, f"{timeout}'100'"),
+                              ({"timeout": [1]}, f"{timeout}a list")]:
         status, message = code(lambda p=parameters: registry.infer(req("prio", x(1), **p)))
-        assert status == "INVALID_ARGUMENT" and words in message
+        assert status == "INVALID_ARGUMENT" and words in message, parameters
     # a model without priority levels has one: 1 (or 0, the default) only
     assert registry.infer(req("batch", x(1), priority=1)).version == "1"
     assert code(lambda: registry.infer(req("batch", x(1), priority=2)))[0] == (
         "INVALID_ARGUMENT")
-    assert stats(registry, "prio")["inference_stats"]["fail"]["count"] == 4
+    assert stats(registry, "prio")["inference_stats"]["fail"]["count"] == 14
+
+
+def test_an_overflowing_timeout_is_400_over_http_and_never_runs(
+        registry: ModelRegistry, gate: Gate, sender: Sender) -> None:
+    """A queued request whose timeout no clock can wait for was a 500 (OverflowError) and
+    still ran; it is a 400 naming the parameter, and nothing of it runs."""
+    server = HttpServer(registry, Access([], everything=False))
+    try:
+        hold(sender, gate, "override")  # the request would queue behind it
+        body = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32",
+                            "data": x(5)[0].array.reshape(-1).tolist()}]}
+        for value in (10**16, 2**63 - 1, 2**64, -5, 1.5, "1000", True):
+            reply = server.request("POST", "/v2/models/override/infer", json.dumps(
+                {**body, "parameters": {"timeout": value}}))
+            assert reply.status == 400, (value, reply.body)
+            assert "parameter timeout must be an integer 0..1099511627776" in (
+                reply.json()["error"])
+        gate.release()
+        assert sender.result(HOLD).version == "1"
+        assert gate.served() == []  # none of them ran
+    finally:
+        server.stop()
 
 
 # --- deadlines and bounds ------------------------------------------------------------------
@@ -254,12 +292,20 @@ def test_the_queue_timeout_answers_deadline_exceeded_unrun(registry: ModelRegist
     assert status == "DEADLINE_EXCEEDED"
     assert message == ("the request waited in the queue of model queued version 1 past its "
                        "timeout of 50 ms")
-    gate.release()
-    sender.result(HOLD)
+    until(lambda: stats(registry, "queued")["edge_agent"]["cancelled"] == 1)
+    gate.release()  # the held run (on its caller's thread) meets the terminate flag in ORT
+    # it went past the same timeout: cancelled, its request answered DEADLINE_EXCEEDED
+    with pytest.raises(ServeError) as caught:
+        sender.result(HOLD)
+    assert caught.value.code == "DEADLINE_EXCEEDED"
+    assert caught.value.message.startswith("model queued version 1: the run was cancelled "
+                                           "after ")
+    assert caught.value.message.endswith(" ms, past the request's timeout of 50 ms")
     assert gate.served() == []  # it never ran
     entry = stats(registry, "queued")
-    assert entry["inference_stats"]["fail"]["count"] == 1
+    assert entry["inference_stats"]["fail"]["count"] == 2
     assert entry["edge_agent"]["queue"]["expired"] == 1
+    assert entry["edge_agent"]["cancelled"] == 1
 
 
 def test_a_request_timeout_is_honoured_only_when_the_queue_allows_it(
@@ -293,6 +339,81 @@ def test_a_full_queue_answers_unavailable_at_once(registry: ModelRegistry, gate:
     entry = stats(registry, "full")
     assert entry["edge_agent"]["queue"]["full"] == 1
     assert entry["inference_stats"]["fail"]["count"] == 1
+
+
+def test_a_full_queue_sheds_its_newest_lowest_request_for_a_higher_one(
+        registry: ModelRegistry, gate: Gate, sender: Sender) -> None:
+    """Clients flooding the lowest level cannot starve a higher one: a full queue admits
+    it by shedding the newest request of the lowest level below it (503 saying so)."""
+    hold(sender, gate, "levels")
+    sender.send(req("levels", x(1)), queued=1)  # the default level, 3
+    sender.send(req("levels", x(2), priority=2), queued=2)
+    sender.send(req("levels", x(3)), queued=3)  # level 3, the newest: shed first
+    assert code(lambda: registry.infer(req("levels", x(4)))) == (  # nothing below 3
+        "UNAVAILABLE", "queue of model levels version 1 is full (3)")
+    sender.send(req("levels", x(10), priority=1))
+    with pytest.raises(ServeError) as caught:
+        sender.result(3)
+    assert caught.value.code == "UNAVAILABLE" and caught.value.http_status == 503
+    assert caught.value.message == (
+        "queue of model levels version 1 is full (3): this request (priority level 3) was "
+        "shed for one of higher priority 1; try again")
+    sender.send(req("levels", x(11), priority=2))  # sheds 1, the last one at level 3
+    with pytest.raises(ServeError) as caught:
+        sender.result(1)
+    assert "(priority level 3) was shed for one of higher priority 2" in caught.value.message
+    assert code(lambda: registry.infer(req("levels", x(5), priority=2)))[0] == (
+        "UNAVAILABLE")  # only levels 1 and 2 are queued: nothing below 2 to shed
+    gate.release()
+    for mark in (10, 2, 11):
+        assert sender.result(mark).version == "1"
+    assert gate.served() == [[10], [2], [11]]
+    queue = stats(registry, "levels")["edge_agent"]["queue"]
+    assert (queue["shed"], queue["full"]) == (2, 2)
+
+
+def test_privileged_levels_need_the_token(repo: Path, gate: Gate) -> None:
+    """serve.privileged_priority 1: only a caller with the token (``trusted``) may ask for
+    level 1; the default level is open to all, also where it is level 1 (one-level models)."""
+    made = ModelRegistry(repo, {}, gated_factory(gate), probe_interval_s=3600,
+                         intra_op_threads=4, privileged_priority=1)
+    made.start()
+    server = HttpServer(made, Access([], everything=False))
+    pool = concurrent.futures.ThreadPoolExecutor(4)
+    grpc_server = build_grpc_server(made, Access([], everything=False),
+                                    max_request_bytes=1 << 20, executor=pool)
+    try:
+        refusal = ("priority 1 needs the bearer token (serve.privileged_priority 1); without "
+                   "it ask for 2..3, or 0 for the default 3")
+        with pytest.raises(ServeError) as caught:
+            made.infer(req("prio", x(1), priority=1))
+        assert (caught.value.code, caught.value.message) == ("PERMISSION_DENIED", refusal)
+        assert caught.value.http_status == 403
+        body = {"inputs": [{"name": "x", "shape": [1, 64], "datatype": "FP32",
+                            "data": x(1)[0].array.reshape(-1).tolist()}],
+                "parameters": {"priority": 1}}
+        reply = server.request("POST", "/v2/models/prio/infer", json.dumps(body))
+        assert (reply.status, reply.json()) == (403, {"error": refusal})
+        port = grpc_server.add_insecure_port("127.0.0.1:0")
+        grpc_server.start()
+        client = triton_grpc.InferenceServerClient(url=f"127.0.0.1:{port}")
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("prio", [_grpc_input(x(1)[0].array)], priority=1)
+        client.close()
+        assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
+        assert refusal in str(refused.value.message())
+        for parameters in ({"priority": 2}, {"priority": 3}, {"priority": 0}, {}):
+            assert made.infer(req("prio", x(2), **parameters)).version == "1"
+        trusted = InferRequest("prio", "", x(3), parameters={"priority": 1}, trusted=True)
+        assert made.infer(trusted).version == "1"
+        # one level (no priority_levels): 1 is the default, what every client gets anyway
+        assert made.infer(req("batch", x(4), priority=1)).version == "1"
+        assert gate.served() == [[2], [2], [2], [2], [3], [4]]
+    finally:
+        grpc_server.stop(None)
+        pool.shutdown(wait=True)
+        server.stop()
+        made.stop()
 
 
 # --- dynamic batching ----------------------------------------------------------------------

@@ -272,7 +272,8 @@ def test_infer_url_sends_the_priority_mix_and_reports_each(tmp_path: Path) -> No
     demo = tmp_path / "state" / "repository" / "demo"  # the demo entry with two levels
     demo.mkdir(parents=True)
     (demo / "config.yaml").write_text("dynamic_batching: {priority_levels: 2}\n")
-    with serve_process(tmp_path) as plane:
+    # every level open: the mix is what is measured here, not the token's privilege
+    with serve_process(tmp_path, privileged_priority=0) as plane:
         for url in (f"http://{plane['http']}", f"grpc://{plane['grpc']}"):
             report = _priority_run(url, "1:0.2,2:0.8")
             by = report["by_priority"]

@@ -35,10 +35,10 @@ class Flaky(WrappedSession):
         super().__init__(session)
         self.broken = broken
 
-    def run(self, names: Any, feeds: Any) -> Any:
+    def run(self, names: Any, feeds: Any, options: Any = None) -> Any:
         if self.broken.is_set():
             raise RuntimeError("device lost")
-        return super().run(names, feeds)
+        return super().run(names, feeds, options)
 
 
 def put(repo: Path, model: str, number: int, make: Callable[..., Path], **kw: Any) -> Path:

@@ -101,7 +101,7 @@ def test_a_bad_model_is_listed_with_its_reason_and_never_raises(tmp_path: Path) 
     assert entries["badkey"].error == (f"{tmp_path / 'badkey' / 'config.yaml'}: colour: "
                                        "unknown key (allowed: max_batch_size, version_policy, "
                                        "instances, dynamic_batching, providers, precision, "
-                                       "sha256)")
+                                       "sha256, max_run_ms, max_input_elements)")
     assert entries["nopick"].error == "version_policy {specific: [4]} selects none of the " \
         "versions 1"
 

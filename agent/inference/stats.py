@@ -8,7 +8,7 @@ once and never grows: 2240 buckets cover 0 ns to 2**40 ns (18 min); slower calls
 top bucket and still count exactly in max and mean.
 
 Threads: one thread (the inference loop) calls ``call_started``/``record``/``deadline_missed``;
-any other thread may call ``window``, ``snapshot``, ``stuck`` and ``stuck_threshold_ns``.  There
+any other thread may call ``window`` and ``snapshot``.  There
 is no lock: every field is written by the loop alone, and in CPython a single attribute store or
 list-item store is atomic, so a reader sees each field either before or after a store, never torn.
 A reader may see one call counted in some fields and not yet in others; percentiles are computed
@@ -204,7 +204,8 @@ class LatencyStats:
 
     All timestamps are one clock's integer nanoseconds: whatever the loop passes to
     ``call_started`` (``time.perf_counter_ns`` and ``time.monotonic_ns`` are the same clock on
-    Linux), and ``stuck`` must be given a ``now_ns`` from that clock.
+    Linux).  Whether a run is stuck is the server's scheduler's business (a run past its
+    deadline is cancelled there), not the statistics'.
     """
 
     __slots__ = (
@@ -212,24 +213,15 @@ class LatencyStats:
         "_count",
         "_deadline_misses",
         "_errors",
-        "_first_call_grace_ns",
         "_first_start_ns",
         "_generation",
         "_last_end_ns",
         "_max_ns",
         "_started_ns",
-        "_stuck_factor",
-        "_stuck_floor_ns",
         "_sum_ns",
     )
 
-    def __init__(self, *, stuck_factor: float = 10.0, stuck_floor_ns: int = 1_000_000_000,
-                 first_call_grace_ns: int = 60_000_000_000) -> None:
-        """``first_call_grace_ns`` replaces the floor until a call has succeeded, because a
-        first call may build an engine (TensorRT) for far longer than any later call takes."""
-        self._stuck_factor = stuck_factor
-        self._stuck_floor_ns = stuck_floor_ns
-        self._first_call_grace_ns = first_call_grace_ns
+    def __init__(self) -> None:
         self._buckets = [0] * BUCKET_COUNT
         self._generation = 0
         self._started_ns: int | None = None
@@ -302,21 +294,3 @@ class LatencyStats:
     def snapshot(self) -> dict[str, Any]:
         """``{count, errors, deadline_misses, throughput_per_s, latency_ms: {...}}``."""
         return self.window().snapshot()
-
-    def stuck_threshold_ns(self) -> int:
-        """How long a call may run before it counts as stuck: ``stuck_factor`` x p99, at least
-        the floor; the first-call grace until a call has succeeded."""
-        buckets = tuple(self._buckets)
-        if not any(buckets):
-            return max(self._stuck_floor_ns, self._first_call_grace_ns)
-        p99 = _percentiles_ns(buckets, (99.0,), self._max_ns)[0]
-        return max(self._stuck_floor_ns, math.ceil(self._stuck_factor * p99))
-
-    def stuck(self, now_ns: int) -> bool:
-        """Whether the call in progress has run longer than ``stuck_threshold_ns``.
-
-        The start is read once; if that call has ended since, it still ran at least until
-        ``now_ns`` was taken, so a stale read never reports a call that was not slow.
-        """
-        started = self._started_ns
-        return started is not None and now_ns - started > self.stuck_threshold_ns()

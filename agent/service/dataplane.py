@@ -325,11 +325,14 @@ class Supervisor:
         except ServeError as error:
             self.reason = f"the server does not answer: {error}"
             return False
+        # a slow run is cancelled in the server and costs its own requests only; "stuck"
+        # is a cancelled run the runtime has not given back (scheduler.CANCEL_GRACE_S)
         stuck = [f"{s['name']} version {s['version']}" for s in self.stats
                  if s.get("edge_agent", {}).get("stuck")]
         if stuck:
             assert self.process is not None
-            self._kill(self.process, f"an inference call on {stuck[0]} is stuck")
+            self._kill(self.process, f"an inference run on {stuck[0]} was cancelled and the "
+                       "runtime did not give it back")
             return True
         failed = [e.reason for e in self.index
                   if e.state != "READY" and e.reason and e.reason != "unloaded"]

@@ -8,7 +8,7 @@ it off their event loops.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -158,6 +158,13 @@ class Models(Protocol):
     def model_metadata(self, name: str, version: str) -> ModelMetadata: ...
 
     def model_config(self, name: str) -> ModelConfigView: ...
+
+    def check_elements(self, model: str, version: str, name: str,
+                       shape: Sequence[Any]) -> None:
+        """INVALID_ARGUMENT when input ``name`` of this declared shape holds more elements
+        than the version that would serve it takes (config.yaml ``max_input_elements``):
+        for a front end to call before it decodes the tensor."""
+        ...
 
     def infer(self, request: InferRequest) -> InferResult: ...
 

@@ -8,6 +8,13 @@ overtaken by one of its own level.  When nothing is queued and the version does 
 caller may ``claim`` an idle worker's instance and run on its own thread (``restore`` hands it
 back): no request waits then, so no order is broken, and the two thread hand-offs a queued
 request costs are saved.  Everything is under one condition variable.
+
+A full queue still admits a request of a higher level than some queued ones: the newest
+request of the lowest non-empty level below it is shed (answered UNAVAILABLE, saying so), so
+clients flooding a low level cannot starve a high one.  Shedding rather than a quota per
+level keeps the whole queue for whoever needs it (a model with one busy level loses
+nothing), and the newest is shed because it has waited least: the older ones are closest
+to their run.  A request is refused only when nothing queued is below it.
 """
 
 from __future__ import annotations
@@ -104,6 +111,7 @@ class PendingQueue:
         self._ready = threading.Condition()
         self.closed = False
         self.refused = 0  # submits to a full queue
+        self.shed = 0  # queued requests dropped for a higher-level one
         self.expired = 0  # requests answered DEADLINE_EXCEEDED unrun
         self._idle: list[int] = []  # instances whose worker waits for work
         self._lent: set[int] = set()  # instances a caller runs on its own thread
@@ -113,19 +121,36 @@ class PendingQueue:
         return self._size
 
     def put(self, item: Pending) -> None:
-        """Queue ``item``; UNAVAILABLE at once when the queue is full, Retired once closed."""
+        """Queue ``item``; when the queue is full, shed a lower-level request for it or
+        answer UNAVAILABLE at once; Retired once closed."""
         with self._ready:
             if self.closed:
                 raise Retired(self.label)
             if self._size >= self.policy.max_queue:
-                self.refused += 1
-                raise unavailable(f"queue of {self.label} is full ({self.policy.max_queue})")
+                self._shed_for(item.level)
             self._levels[item.level - 1].append(item)
             self._size += 1
             if self._lent:  # a lent instance's worker must not be the one woken
                 self._ready.notify_all()
             else:
                 self._ready.notify()
+
+    def _shed_for(self, level: int) -> None:
+        """Room for a request of ``level``: the newest of the lowest level below it goes,
+        answered UNAVAILABLE; none below it: UNAVAILABLE for the newcomer."""
+        for lower in range(self.policy.levels, level, -1):
+            queued = self._levels[lower - 1]
+            if queued:
+                shed = queued.pop()
+                self._size -= 1
+                self.shed += 1
+                shed.answer.set(error=unavailable(
+                    f"queue of {self.label} is full ({self.policy.max_queue}): this request "
+                    f"(priority level {lower}) was shed for one of higher priority {level}; "
+                    "try again"))
+                return
+        self.refused += 1
+        raise unavailable(f"queue of {self.label} is full ({self.policy.max_queue})")
 
     def claim(self) -> int | None:
         """An idle worker's instance for the caller to run on, when nothing is queued and

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from agent.serving.repository import (
     scan_model,
     valid_name,
 )
+from agent.serving.settings import ModelSettingsError, check_threads
 from agent.serving.state import Served, Slot, config_view, index_rows
 from agent.serving.versions import SessionFactory, Version, build, version_key
 
@@ -61,12 +63,17 @@ class ModelRegistry:
                  pins: Mapping[str, str] | None = None,
                  intra_op_threads: int | None = None,
                  worker_start: Callable[[], None] | None = None,
-                 device_problem: Callable[[str], str | None] | None = None) -> None:
+                 device_problem: Callable[[str], str | None] | None = None,
+                 privileged_priority: int = 0) -> None:
         """``clock``/``sleep`` pace a canary (tests inject their own); ``sleep`` defaults to
-        a wait that ``stop`` cuts short.  ``intra_op_threads`` is shared out among a
-        version's instances (versions.build); ``worker_start`` runs on every worker thread
-        as it starts; ``device_problem`` says why an instance's device is not on this board
-        (devices.device_problem over the discovered topology; None: every device goes)."""
+        a wait that ``stop`` cuts short.  ``intra_op_threads``: the CPUs the profile gives
+        inference (one intra-op thread each, options.thread_plan; None: this process's
+        CPUs), shared out among a version's instances (versions.build) and bounding their
+        threads in all (settings.check_threads); ``worker_start`` runs on every worker
+        thread as it starts; ``device_problem`` says why an instance's device is not on
+        this board (devices.device_problem over the discovered topology; None: every device
+        goes); ``privileged_priority``: serve.privileged_priority (policy.level; 0: every
+        level is open, as in a registry without front ends)."""
         bad = [name for name in builtins if not valid_name(name)]
         if bad:
             raise ValueError(f"built-in model names {bad} are not valid model names")
@@ -75,6 +82,8 @@ class ModelRegistry:
         self.pins = dict(pins or {})  # a built-in's pinned sha256
         self.factory = factory
         self._intra_op_threads = intra_op_threads
+        self._cpus = intra_op_threads or len(os.sched_getaffinity(0))
+        self._privileged = privileged_priority
         self._device_problem = device_problem
         self._worker_start = worker_start
         self._stopping = threading.Event()
@@ -144,7 +153,7 @@ class ModelRegistry:
         """Build what the policy wants that does not serve yet, then swap (or canary)."""
         name = slot.name
         if not entry.error:
-            entry = self._check_devices(entry)
+            entry = self._check_instances(entry)
         if entry.error:
             slot.failed, slot.loading = {0: entry.error}, ()
             if slot.served is None:
@@ -184,15 +193,20 @@ class ModelRegistry:
         logger.info("model %s serves versions %s (built %s)", name, sorted(versions),
                     to_build or "none")
 
-    def _check_devices(self, entry: ModelEntry) -> ModelEntry:
-        """The entry, or it with an error naming the file, the key and the devices this
-        board has when an instance names one discovery did not find."""
+    def _check_instances(self, entry: ModelEntry) -> ModelEntry:
+        """The entry, or it with an error naming the file and the key when its instances
+        have more threads than this node's inference CPUs allow, or an instance names a
+        device discovery did not find (the error lists the devices this board has)."""
+        file = self.repository / entry.name / CONFIG_FILE
+        try:
+            check_threads(entry.settings, str(file), self._cpus)
+        except ModelSettingsError as error:
+            return dataclasses.replace(entry, error=str(error))
         if self._device_problem is None:
             return entry
         for index, instance in enumerate(entry.settings.instances):
             problem = self._device_problem(instance.device)
             if problem:
-                file = self.repository / entry.name / CONFIG_FILE
                 return dataclasses.replace(
                     entry, error=f"{file}: instances[{index}].device: {problem}")
         return entry
@@ -330,9 +344,17 @@ class ModelRegistry:
                 raise unavailable(f"{found.label} is not ready: probe failed: "
                                   f"{found.probe_error}")
             try:
-                return found.infer(request)
+                return found.infer(request, self._privileged)
             except Retired:
                 continue  # the look-up now finds what serves, or says why nothing does
+
+    def check_elements(self, model: str, version: str, name: str,
+                       shape: Sequence[Any]) -> None:
+        """For a front end, with an input's declared shape before it decodes the tensor:
+        INVALID_ARGUMENT when the version that would serve the request takes fewer
+        elements for that input (Version.check_elements); NOT_FOUND / UNAVAILABLE as
+        ``infer`` answers them.  ``infer`` checks again (the backstop)."""
+        self._version(model, version, self._served(model)).check_elements(name, shape)
 
     def index(self, ready_only: bool) -> list[IndexEntry]:
         entries = scan(self.repository, self.builtins, self.pins)

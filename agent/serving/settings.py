@@ -20,6 +20,16 @@ from agent.inference.devices import DEVICE, DEVICE_HELP
 from agent.validation import SettingsError, choice, integer, shown, text, validate
 
 PRECISIONS = ("fp32", "fp16", "int8")  # checked per instance device as it is built
+# A run still going after this is cancelled (max_run_ms absent): far above any run an edge
+# model makes (a batch of 8 of a large detector on a Cortex-A55 takes a second or two),
+# and below the 15 s after which the supervisor counts a silent server as hung, so a run
+# that would never end costs its own requests, never the process.
+DEFAULT_MAX_RUN_MS = 10_000
+# Threads a model's instances may have in all, per CPU the profile gives inference: two
+# instances that each use every such CPU (one computing while the other is fed) is the
+# widest layout that still helps; beyond it threads only contend, and each session takes
+# seconds to build (4 x 1024 threads: 25-48 s each, a restart loop).
+THREADS_PER_CPU = 2
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 BOOL = choice(True, False)
 
@@ -83,6 +93,10 @@ class ModelSettings:
     providers: tuple[str, ...] | None = None  # None: the factory's (discovered) order
     precision: str = "fp32"
     sha256: Mapping[int, str] = field(default_factory=dict)
+    max_run_ms: int = DEFAULT_MAX_RUN_MS  # a run past it is cancelled (scheduler)
+    # the most elements one input of one request may hold (None: from the model's shapes,
+    # versions.input_caps)
+    max_input_elements: int | None = None
 
 
 def _positive_version(value: Any) -> str | None:
@@ -113,6 +127,8 @@ SCHEMA: dict[str, Any] = {
                                "CPUExecutionProvider")),
     "precision": choice(*PRECISIONS),
     "sha256": ("map", _positive_version, text(HEX64, "64 lower-case hex digits")),
+    "max_run_ms": integer(1, 3_600_000),
+    "max_input_elements": integer(1, 1 << 31),
 }
 
 
@@ -157,7 +173,27 @@ def parse_settings(data: Any, file: str) -> ModelSettings:
         providers=tuple(providers) if providers else None,
         precision=precision,
         sha256=dict(data.get("sha256", {})),
+        max_run_ms=data.get("max_run_ms", DEFAULT_MAX_RUN_MS),
+        max_input_elements=data.get("max_input_elements"),
     )
+
+
+def check_threads(settings: ModelSettings, file: str, cpus: int) -> None:
+    """ModelSettingsError unless the model's instances have at most THREADS_PER_CPU threads
+    per CPU in all (``cpus``: those the profile gives inference).  An instance without
+    ``threads`` gets its share of the CPUs, as versions.build gives it, and every session
+    counts at least one thread, so ``count`` is bounded by the same rule."""
+    sessions = sum(instance.count for instance in settings.instances)
+    share = max(1, cpus // sessions)
+    total = sum(instance.count * (instance.threads or share) for instance in settings.instances)
+    allowed = THREADS_PER_CPU * cpus
+    if total > allowed:
+        parts = " + ".join(f"{instance.count} x {instance.threads or share}"
+                           for instance in settings.instances)
+        raise ModelSettingsError(file, "instances", f"{parts} threads is above "
+                                 f"{THREADS_PER_CPU} per CPU that inference runs on ({cpus} "
+                                 f"CPUs; allowed: at most {allowed} threads across the "
+                                 "model's instances, count x threads)")
 
 
 def _policy(value: Any, file: str) -> VersionPolicy:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,11 +36,17 @@ from agent.serving.pending import Pending, Retired
 from agent.serving.policy import SchedulePolicy
 from agent.serving.scheduler import Scheduler
 from agent.serving.settings import Instance, ModelSettings
-from agent.serving.tensors import ORT_DATATYPES, check_inputs, ort_message
+from agent.serving.tensors import ORT_DATATYPES, check_inputs, element_count, ort_message
 
 # Triton's default for ONNX models whose every input has a dynamic first dimension
 # (its ONNX autocomplete); 0 (no batch dimension) otherwise.
 AUTO_MAX_BATCH_SIZE = 4
+# The most elements one input of a request may hold when it has dynamic dimensions besides
+# the batch one and config.yaml sets no max_input_elements: a 1080p RGB frame (6.2 M) fits,
+# a [1, 3, 2000, 2000] tensor (12 M, 46 MB; its run took ~1 GB) does not.  Per request, not
+# per row: a model exported with dynamic batch *and* H/W batches by default, and four such
+# rows would let the report's request through.
+DYNAMIC_INPUT_ELEMENTS = 1 << 23
 RELEASE_WAIT_S = 60.0  # a dropped version's queued runs finish before its backends go
 # what each instance's statistics say of its backend: the status and Prometheus labels
 INSTANCE_KEYS = ("backend", "device", "precision", "providers")
@@ -84,11 +91,29 @@ def max_batch_size(settings: ModelSettings, inputs: Sequence[TensorSpec]) -> int
     return settings.max_batch_size
 
 
+def input_caps(inputs: Sequence[TensorSpec], max_batch: int,
+               configured: int | None) -> dict[str, int]:
+    """The most elements each input of one request may hold: config.yaml's
+    ``max_input_elements``, else the input's static shape with the batch dimension at
+    ``max_batch``, else DYNAMIC_INPUT_ELEMENTS for an input with other dynamic
+    dimensions."""
+    caps = {}
+    for spec in inputs:
+        dims = spec.shape[1:] if max_batch and spec.shape else spec.shape
+        if configured is not None:
+            caps[spec.name] = configured
+        elif all(dim >= 0 for dim in dims):
+            caps[spec.name] = max(1, max_batch) * math.prod(dims)
+        else:
+            caps[spec.name] = DYNAMIC_INPUT_ELEMENTS
+    return caps
+
+
 def version_key(path: Path, digest: str, settings: ModelSettings) -> object:
     """What makes a loaded version "unchanged" for a later load: the same file and the same
-    settings its sessions were built with."""
+    settings its sessions and limits were built with."""
     return (path, digest, settings.instances, settings.providers, settings.max_batch_size,
-            settings.precision)
+            settings.precision, settings.max_run_ms, settings.max_input_elements)
 
 
 def synthetic(specs: Sequence[TensorSpec]) -> tuple[Tensor, ...]:
@@ -127,6 +152,8 @@ class Version:
         self.outputs = _specs(first.get_outputs())
         self.output_names = tuple(spec.name for spec in self.outputs)
         self.max_batch_size = max_batch_size(settings, self.inputs)
+        self.max_elements = input_caps(self.inputs, self.max_batch_size,
+                                       settings.max_input_elements)
         self.policy = SchedulePolicy.of(settings, self.max_batch_size)
         self.key = version_key(path, digest, settings)
         self.stats = LatencyStats()
@@ -137,7 +164,7 @@ class Version:
         self._record_lock = threading.Lock()
         self.scheduler = Scheduler(self.label, f"infer-{model}", self.sessions,
                                    self.output_names, self.policy, self.counters,
-                                   worker_start, self._probe)
+                                   worker_start, self._probe, max_run_ms=settings.max_run_ms)
 
     @property
     def label(self) -> str:
@@ -155,11 +182,31 @@ class Version:
             return ort_message(error)
         return ""
 
-    def infer(self, request: InferRequest) -> InferResult:
-        """Check a request, queue it and wait for its run; every call counted, ok or not."""
+    def check_elements(self, name: str, shape: Sequence[Any]) -> None:
+        """INVALID_ARGUMENT when input ``name`` of this shape would hold more elements than
+        the version takes (``max_elements``), or a dimension alone is larger: for the front
+        ends to call with a request's declared shape *before* decoding its tensor, and for
+        ``infer`` as the backstop."""
+        cap = self.max_elements.get(name)
+        if cap is None:
+            raise invalid(f"model {self.model} has no input {name!r} (its inputs: "
+                          f"{', '.join(self.max_elements)})")
+        count = element_count(name, shape)
+        if count > cap:
+            raise invalid(f"input {name}: shape {list(shape)} holds {count} elements, above "
+                          f"the {cap} {self.label} takes for it (config.yaml "
+                          "max_input_elements)")
+        if any(dim > cap for dim in shape):
+            raise invalid(f"input {name}: shape {list(shape)} has a dimension above the "
+                          f"{cap} elements {self.label} takes for it (config.yaml "
+                          "max_input_elements)")
+
+    def infer(self, request: InferRequest, privileged_priority: int = 0) -> InferResult:
+        """Check a request, queue it and wait for its run; every call counted, ok or not.
+        ``privileged_priority``: serve.privileged_priority (policy.level)."""
         start = time.perf_counter_ns()
         try:
-            item = self._pending(request)
+            item = self._pending(request, privileged_priority)
             arrays = self.scheduler.submit(item)
         except Retired:
             raise  # not this version's call: the registry sends it on
@@ -180,10 +227,12 @@ class Version:
             self.stats.call_started(start)
             self.stats.record(end - start, ok)
 
-    def _pending(self, request: InferRequest) -> Pending:
+    def _pending(self, request: InferRequest, privileged: int) -> Pending:
         """The request checked against the model and the queue's policy, ready to queue."""
         check_inputs(self.model, self.inputs, request.inputs)
         rows = self._batch(request.inputs)
+        for tensor in request.inputs:
+            self.check_elements(tensor.name, tensor.array.shape)
         names = tuple(out.name for out in request.outputs) or self.output_names
         for index, name in enumerate(names):
             if name not in self.output_names:
@@ -192,8 +241,9 @@ class Version:
             if name in names[:index]:
                 raise invalid(f"output {name} is asked for twice")
         key = signature(request.inputs) if self.policy.batching else ()  # runs alone
-        return Pending(request.inputs, names, rows, self.policy.level(request.parameters),
-                       key, self.policy.timeout(request.parameters))
+        level = self.policy.level(request.parameters, request.trusted, privileged)
+        return Pending(request.inputs, names, rows, level, key,
+                       self.policy.timeout(request.parameters))
 
     def _batch(self, inputs: Sequence[Tensor]) -> int:
         """The batch size the request carries (1 without a batch dimension)."""
@@ -230,8 +280,9 @@ class Version:
         return self.scheduler.queue.closed
 
     def stuck(self) -> bool:
-        """Whether a run in progress has taken far longer than this version's calls do."""
-        return self.scheduler.longest_run_ns() > self.stats.stuck_threshold_ns()
+        """Whether a run was cancelled and has not come back within the grace (scheduler):
+        the runtime no longer answers.  A merely slow run is cancelled, not stuck."""
+        return self.scheduler.stuck()
 
     def statistics(self) -> dict[str, Any]:
         """Triton's model_stats entry, plus ours under ``edge_agent``."""
@@ -249,8 +300,10 @@ class Version:
                               self.counters.instances(),
                               (backend.describe() for backend in self.sessions),
                               strict=True)],
+            "cancelled": self.scheduler.cancelled,  # runs cut short at their deadline
+            "max_run_ms": self.scheduler.max_run_ms,
             "queue": {"depth": queue.depth, "max_size": self.policy.max_queue,
-                      "full": queue.refused, "expired": queue.expired,
+                      "full": queue.refused, "shed": queue.shed, "expired": queue.expired,
                       "wait_ms": self.counters.queue_snapshot()["latency_ms"],
                       "window": self.counters.queue_window()},
             "sha256": self.digest,

@@ -4,8 +4,14 @@ a backend is loaded by its module's ``load``, then ``run`` executes a batch, ``g
 Prometheus labels, and ``close`` unloads it.  The server core owns queues, batching and
 statistics; a new accelerator is one new module here.
 
-``run`` has ONNX Runtime's signature (``run(output_names, feeds) -> [arrays]``) so that the
-ONNX Runtime backend hands the scheduler ORT's own call: nothing is added to the hot path.
+``run`` has ONNX Runtime's signature (``run(output_names, feeds, run_options) ->
+[arrays]``) so that the ONNX Runtime backend hands the scheduler ORT's own call: nothing is
+added to the hot path.  ``run_options`` makes the object a run takes as its third argument:
+setting its ``terminate`` from another thread cancels that run as far as the runtime can
+(ORT: between two operators; RKNN: between two rows of a batch, a single NPU inference is
+never cut).  The scheduler's watchdog sets it past a run's deadline and answers the run's
+requests at once; a runtime that does not come back soon after is the one thing the
+supervisor still kills the process for.
 """
 
 from __future__ import annotations
@@ -22,6 +28,21 @@ class TensorInfo(NamedTuple):
     shape: Sequence[int | str | None]
 
 
+class RunControl(Protocol):
+    """ORT's ``RunOptions`` as the scheduler uses it: a flag another thread may set."""
+
+    terminate: bool
+
+
+class Terminate:
+    """The ``RunControl`` of a backend without ORT's: checked where the backend can stop."""
+
+    __slots__ = ("terminate",)
+
+    def __init__(self) -> None:
+        self.terminate = False
+
+
 class Backend(Protocol):
     kind: str  # onnxruntime | rknn
     device: str  # what it runs on: cpu, gpu:0, dla:1, npu:0-2
@@ -29,7 +50,12 @@ class Backend(Protocol):
     providers: list[str]  # ORT's registered providers; [kind] for others
     intra_op: int  # CPU threads it computes with (0: none of the server's)
 
-    def run(self, names: Sequence[str], feeds: Mapping[str, Any]) -> list[Any]: ...
+    def run(self, names: Sequence[str], feeds: Mapping[str, Any],
+            run_options: Any = None) -> list[Any]: ...
+
+    def run_options(self) -> RunControl:
+        """A fresh control for one run (reused until a run is cancelled with it)."""
+        ...
 
     def get_inputs(self) -> Sequence[Any]: ...
 

@@ -2,13 +2,18 @@
 threads, optimised-graph cache), served as it is.
 
 ``run``, ``get_inputs`` and ``get_outputs`` are the session's own bound methods, so a request
-costs exactly what it cost before there was a backend interface (bench/serve.py).
+costs exactly what it cost before there was a backend interface (bench/serve.py).  A run is
+cancelled through ORT's ``RunOptions.terminate``, which the executor checks between operators:
+a run stops within one operator's time of the watchdog setting it (a TensorRT engine is one
+operator to ORT: it runs to its end first).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import onnxruntime as ort
 
 from agent.inference.providers import CPU, CUDA, OPENVINO, TENSORRT
 from agent.inference.session import BuiltSession
@@ -27,7 +32,7 @@ def resolved_device(device: str, providers: Sequence[str]) -> str:
 class OnnxBackend:
     kind = "onnxruntime"
 
-    run: Callable[[Sequence[str], Mapping[str, Any]], list[Any]]
+    run: Callable[..., list[Any]]  # (names, feeds, run_options=None)
 
     def __init__(self, built: BuiltSession, device: str = "auto",
                  precision: str = "fp32") -> None:
@@ -40,6 +45,9 @@ class OnnxBackend:
         self.intra_op = built.intra_op
         self.device = resolved_device(device, self.providers)
         self.precision = precision
+
+    def run_options(self) -> ort.RunOptions:
+        return ort.RunOptions()
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.kind, "device": self.device, "precision": self.precision,

@@ -10,6 +10,10 @@ The served contract (input names, types, NCHW shapes) is the ONNX model the .rkn
 converted from, beside it in the version directory; 4-D inputs are handed over with
 ``data_format="nchw"`` (RKNNLite's default is NHWC) and batches larger than the .rknn's
 are run row by row.
+
+RKNNLite has no way to cancel an inference: a run past its deadline stops before its next
+row (``Terminate``), but a row already on the NPU finishes in its own time.  The requests
+are answered DEADLINE_EXCEEDED at the deadline all the same; the run is left to finish.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.inference.backends import TensorInfo
+from agent.inference.backends import TensorInfo, Terminate
 from agent.inference.backends.rknn_file import (
     RknnFileError,
     parse_rknn,
@@ -86,11 +90,20 @@ class RknnBackend:
     def get_outputs(self) -> Sequence[TensorInfo]:
         return self.outputs
 
-    def run(self, names: Sequence[str], feeds: Mapping[str, Any]) -> list[Any]:
+    def run_options(self) -> Terminate:
+        return Terminate()
+
+    def run(self, names: Sequence[str], feeds: Mapping[str, Any],
+            run_options: Terminate | None = None) -> list[Any]:
         arrays = [np.ascontiguousarray(feeds[spec.name]) for spec in self.inputs]
         rows = int(arrays[0].shape[0]) if arrays and arrays[0].ndim else 1
         if rows > 1 and all(a.ndim and a.shape[0] == rows for a in arrays):
-            parts = [self._infer([a[i:i + 1] for a in arrays]) for i in range(rows)]
+            parts = []
+            for i in range(rows):
+                if run_options is not None and run_options.terminate:
+                    raise RuntimeError(f"{self.path}: the run was cancelled after {i} of "
+                                       f"{rows} rows")
+                parts.append(self._infer([a[i:i + 1] for a in arrays]))
             results = [np.concatenate(column) for column in zip(*parts, strict=True)]
         else:
             results = self._infer(arrays)
