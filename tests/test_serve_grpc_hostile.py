@@ -462,3 +462,36 @@ def test_any_shape_and_datatype_decode_or_are_invalid_argument(
     except ServeError as error:
         assert error.code in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"), error.message
     assert budget.in_use == 0
+
+
+class CappedModels(RecordingModels):
+    """Refuses every input as the serving version's size cap would, recording the shapes it
+    was asked about: a decode that came first would have made the array already."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[tuple[str, list[int]]] = []
+
+    def check_elements(self, model: str, version: str, name: str, shape: Any) -> None:
+        self.asked.append((name, list(shape)))
+        raise ServeError("INVALID_ARGUMENT", f"input {name}: above the cap")
+
+
+def test_typed_inputs_meet_the_size_cap_before_they_are_decoded(
+        start: Callable[..., Plane]) -> None:
+    models = CappedModels()
+    plane = start(models)
+    x = image()
+    message = proto.ModelInferRequest(model_name="demo")
+    message.inputs.add(name="image", datatype="FP32",
+                       shape=list(x.shape)).contents.fp32_contents.extend(x.reshape(-1))
+    data = message.SerializeToString()
+    assert plane.refusal(INFER, data) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                          "input image: above the cap")
+    assert models.asked == [("image", [1, 3, 64, 64])]
+    assert models.requests == []  # nothing reached infer
+    # the array was never admitted, so never made: the same request where the cap lets it
+    # through holds the array's bytes more at its peak
+    served = start()
+    served.call(INFER, data)
+    assert served.budget.peak - plane.budget.peak >= x.nbytes

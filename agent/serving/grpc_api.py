@@ -10,6 +10,7 @@ anyway, and a pool bounds how many run at once.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,14 +109,17 @@ def _typed_input(tensor: Any, reservation: Reservation) -> Tensor:
 
 def infer_request(message: Any, *, regions: RegionLookup, reservation: Reservation,
                   raw_contents: Sequence[bytes | memoryview] | None = None,
-                  trusted: bool = False) -> InferRequest:
+                  trusted: bool = False,
+                  check: Callable[[str, list[int]], None] | None = None) -> InferRequest:
     """A ``ModelInferRequest`` decoded and size-checked: inputs in shared memory copied out
     of ``regions``, the others either all raw, one ``raw_input_contents`` entry each in
     their order (tritonclient sends none for an input in shared memory), or all typed.
     ``raw_contents``: those entries as ``WalkedRequest.parse`` kept them (not copied);
     raw inputs are views of them, while copies out of shared memory and typed contents
-    are admitted on ``reservation`` before they are made.  ``trusted``: the caller showed
-    the token (see ``InferRequest``).
+    are admitted on ``reservation`` before they are made, after ``check`` (the serving
+    version's input size cap, Models.check_elements) passed their declared shapes; raw
+    inputs are views, which the registry's own check sees before any run.  ``trusted``:
+    the caller showed the token (see ``InferRequest``).
     An input without parameters is not in shared memory: the usual request (every input raw,
     none with parameters) is decoded without looking for references."""
     tensors = message.inputs
@@ -141,6 +145,8 @@ def infer_request(message: Any, *, regions: RegionLookup, reservation: Reservati
     contents = iter(raw)
     inputs = []
     for tensor, ref in zip(tensors, refs, strict=True):
+        if check is not None and (ref is not None or not raw):
+            check(tensor.name, list(tensor.shape))
         if ref is not None:
             window = resolve(regions, ref, f"input {tensor.name}")
             reservation.grow(raw_size(tensor.name, tensor.datatype, list(tensor.shape)),
@@ -284,8 +290,11 @@ class Service:
             regions = CallerRegions(self.regions,
                                     lambda: self.access.check(token, control=True))
             targets = output_targets(message, regions)
-            decoded = infer_request(message, regions=regions, reservation=reservation,
-                                    raw_contents=raw, trusted=self.access.holds(token))
+            decoded = infer_request(
+                message, regions=regions, reservation=reservation, raw_contents=raw,
+                trusted=self.access.holds(token),
+                check=functools.partial(self.models.check_elements, message.model_name,
+                                        message.model_version))
             result = self.models.infer(decoded)
             # the arrays, and the copy of each that goes into the response
             reservation.count(2 * sum(tensor.array.nbytes for tensor in result.outputs))
