@@ -33,6 +33,8 @@ DEMO_INPUT, DEMO_OUTPUT = "image", "probabilities"
 DEMO_SHAPE = (1, 3, 64, 64)
 MB = 1 << 20
 LOOPBACK = "127.0.0.1"
+DYNAMIC, QUEUED = "dynamic", "queued"  # the models of ``repository``
+QUEUED_SHAPE = (1, 3, 128, 128)  # some 20 ms a run of QUEUED on one thread
 
 
 @dataclass
@@ -279,7 +281,23 @@ def dynamic_hw_cnn(path: Path, channels: int = 24) -> Path:
     return path
 
 
-def slow_request(http: str, model: str, side: int = 2000, count: int = 1,
+def repository(directory: Path) -> Path:
+    """What the floods need beside the bundled demo: DYNAMIC (a model with dynamic H and W,
+    finding 2) and QUEUED, the same model with two priority levels, one single-threaded
+    instance and a queue of 8 (finding 6)."""
+    import yaml
+
+    for name in (DYNAMIC, QUEUED):
+        (directory / name / "1").mkdir(parents=True)
+        dynamic_hw_cnn(directory / name / "1" / "model.onnx")
+    (directory / QUEUED / "config.yaml").write_text(yaml.safe_dump({
+        "max_batch_size": 1, "instances": [{"count": 1, "threads": 1}],
+        "dynamic_batching": {"priority_levels": 2, "default_priority_level": 2,
+                             "queue": {"max_size": 8}}}))
+    return directory
+
+
+def slow_request(http: str, model: str = DYNAMIC, side: int = 2000, count: int = 1,
                  timeout_s: float = 60.0) -> Flood:
     """``count`` binary infer requests of one [1,3,side,side] image to a dynamic-H/W model
     (46 MB at 2000): valid, and as slow as the model makes it."""
@@ -358,6 +376,31 @@ def slowloris(address: str, count: int = 1010, seconds: float = 5.0) -> Flood:
     return flood
 
 
+def fresh_clients_get_in(addresses: dict[str, Any], attack: Callable[[], Flood],
+                         after_s: float = 2.0) -> tuple[Flood, list[str]]:
+    """``attack`` on a thread; once it has had ``after_s`` to open its connections, a new
+    HTTP client, a new gRPC channel and a new metrics client (where the server has one) each
+    try to get an answer within 2 s.  The flood, and the front ends that shut them out."""
+    import grpc as grpcio
+
+    result: list[Flood] = []
+    thread = threading.Thread(target=lambda: result.append(attack()))
+    thread.start()
+    time.sleep(after_s)  # the attack's connections are being opened: no event says when
+    refused = []
+    for name, path in (("http", "/v2/health/ready"), ("metrics", "/metrics")):
+        if addresses.get(name) and get(addresses[name], path, 2.0)[0] != "200":
+            refused.append(name)
+    with grpcio.insecure_channel(addresses["grpc"]) as channel:
+        try:
+            grpcio.channel_ready_future(channel).result(timeout=2.0)
+        except grpcio.FutureTimeoutError:
+            refused.append("grpc")
+    thread.join(60)
+    result[0].notes["shut_out"] = refused
+    return result[0], refused
+
+
 # -- finding 6: priorities ----------------------------------------------------------------
 
 def binary_infer(name: str, x: np.ndarray, parameters: dict[str, Any] | None = None
@@ -375,8 +418,9 @@ def binary_infer(name: str, x: np.ndarray, parameters: dict[str, Any] | None = N
         "Content-Type": "application/octet-stream"}
 
 
-def priority_starvation(http: str, model: str, input_name: str, input_shape: tuple[int, ...],
-                        low_clients: int = 40, high_requests: int = 12, low_level: int = 2,
+def priority_starvation(http: str, model: str = QUEUED, input_name: str = "image",
+                        input_shape: tuple[int, ...] = QUEUED_SHAPE, low_clients: int = 40,
+                        high_requests: int = 12, low_level: int = 2,
                         seconds: float = 4.0) -> Flood:
     """``low_clients`` threads send at ``low_level`` back to back (keeping the model's queue
     full) while ``high_requests`` at level 1 are sent one after another once the queue has

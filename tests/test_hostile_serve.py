@@ -22,7 +22,6 @@ import resource
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +35,6 @@ from mqtt_helpers import Broker, wait_until
 
 RSS_GROWTH_MB = 256  # what one flood may add to the data plane while it runs
 UNIT_NOFILE = 1024  # systemd's default soft RLIMIT_NOFILE for a service
-DYNAMIC, QUEUED = "dynamic", "queued"
-QUEUED_SHAPE = (1, 3, 128, 128)
 TOKEN = "test-token"  # agent_process.agent_config's
 
 
@@ -50,20 +47,6 @@ def unit_limits() -> None:
     sigint_at_default()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (UNIT_NOFILE, hard))
-
-
-def repository(directory: Path) -> Path:
-    """A model with dynamic H and W (finding 2), and the same model with two priority levels
-    and a short queue (finding 6), called at QUEUED_SHAPE (some 20 ms a run); the bundled
-    demo serves beside them."""
-    for name in (DYNAMIC, QUEUED):
-        (directory / name / "1").mkdir(parents=True)
-        hostile.dynamic_hw_cnn(directory / name / "1" / "model.onnx")
-    (directory / QUEUED / "config.yaml").write_text(yaml.safe_dump({
-        "max_batch_size": 1, "instances": [{"count": 1, "threads": 1}],
-        "dynamic_batching": {"priority_levels": 2, "default_priority_level": 2,
-                             "queue": {"max_size": 8}}}))
-    return directory
 
 
 @dataclass
@@ -89,7 +72,7 @@ class Agent:
             found = self.data_plane()
             return bool(found.get("http")) and hostile.get(
                 found["http"], "/v2/models/demo/ready", 2.0)[0] == "200" and hostile.get(
-                found["http"], "/v2/models/queued/ready", 2.0)[0] == "200"
+                found["http"], f"/v2/models/{hostile.QUEUED}/ready", 2.0)[0] == "200"
 
         assert wait_until(lambda: answers() or self.process.poll() is not None, 120, 0.2)
         assert answers(), "".join(self.output[-40:])
@@ -102,7 +85,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     broker = Broker(base / "broker")
     broker.start()
     config = agent_config(base, broker.port)
-    config["serve"]["repository"] = str(repository(base / "repository"))
+    config["serve"]["repository"] = str(hostile.repository(base / "repository"))
     path = base / "agent.yaml"
     path.write_text(yaml.safe_dump(config))
     process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(path)],
@@ -147,8 +130,9 @@ def beside_legit(agent: Agent, attack: Callable[[dict[str, Any]], hostile.Flood]
             flood = attack(addresses)
             end = len(legit.calls)
             wait_until(lambda: len(legit.calls) >= end + 5, 10, 0.05)
-    return Held(flood, legit, peak.growth_mb, pid, agent.data_plane().get("pid"),
-                "".join(agent.output[seen:]))
+    # a data plane killed during the flood may not have been replaced yet: gone is None
+    after = agent.data_plane().get("pid") if Path(f"/proc/{pid}").exists() else None
+    return Held(flood, legit, peak.growth_mb, pid, after, "".join(agent.output[seen:]))
 
 
 def assert_held(held: Held) -> None:
@@ -175,7 +159,7 @@ def test_gzip_bombs_cost_one_refusal_each(agent: Agent) -> None:
 
 @issue30("2, one slow valid request gets the whole data plane killed as stuck")
 def test_a_slow_valid_request_is_its_own_problem(agent: Agent) -> None:
-    held = beside_legit(agent, lambda a: hostile.slow_request(a["http"], DYNAMIC, side=2000))
+    held = beside_legit(agent, lambda a: hostile.slow_request(a["http"], side=2000))
     assert_held(held)
     # refused before decoding (an element cap) or cancelled past its deadline
     assert set(held.flood.answers) <= {"200", "400", "413", "504"}, held.flood
@@ -207,35 +191,12 @@ def test_amplification_stays_within_the_budget(agent: Agent, kind: str) -> None:
 
 # -- finding 5 ----------------------------------------------------------------------------
 
-def fresh_clients_get_in(addresses: dict[str, Any], attack: Callable[[], hostile.Flood],
-                         after_s: float = 2.0) -> tuple[hostile.Flood, list[str]]:
-    """``attack`` on a thread; once it has had ``after_s`` to open its connections, a new
-    HTTP client, a new gRPC channel and a new metrics client each try to get an answer."""
-    import grpc
-
-    result: list[hostile.Flood] = []
-    thread = threading.Thread(target=lambda: result.append(attack()))
-    thread.start()
-    time.sleep(after_s)  # the attack's connections are being opened: no event says when
-    refused = []
-    for name, path in (("http", "/v2/health/ready"), ("metrics", "/metrics")):
-        if name in addresses and hostile.get(addresses[name], path, 2.0)[0] != "200":
-            refused.append(name)
-    with grpc.insecure_channel(addresses["grpc"]) as channel:
-        try:
-            grpc.channel_ready_future(channel).result(timeout=2.0)
-        except grpc.FutureTimeoutError:
-            refused.append("grpc")
-    thread.join(60)
-    return result[0], refused
-
-
 @issue30("5, idle connections fill the descriptor table")
 def test_idle_connections_leave_room_for_new_clients(agent: Agent) -> None:
     refused: list[str] = []
 
     def attack(addresses: dict[str, Any]) -> hostile.Flood:
-        flood, shut_out = fresh_clients_get_in(addresses, lambda: hostile.idle_connections(
+        flood, shut_out = hostile.fresh_clients_get_in(addresses, lambda: hostile.idle_connections(
             addresses["http"], count=1100, hold_s=5.0))
         refused.extend(shut_out)
         return flood
@@ -250,7 +211,7 @@ def test_slowloris_is_closed_in_seconds(agent: Agent) -> None:
     refused: list[str] = []
 
     def attack(addresses: dict[str, Any]) -> hostile.Flood:
-        flood, shut_out = fresh_clients_get_in(addresses, lambda: hostile.slowloris(
+        flood, shut_out = hostile.fresh_clients_get_in(addresses, lambda: hostile.slowloris(
             addresses["http"], count=1010, seconds=8.0))
         refused.extend(shut_out)
         return flood
@@ -267,7 +228,7 @@ def test_slowloris_is_closed_in_seconds(agent: Agent) -> None:
 @issue30("6, a queue full of the lowest level refuses the highest")
 def test_the_highest_priority_is_not_starved(agent: Agent) -> None:
     held = beside_legit(agent, lambda a: hostile.priority_starvation(
-        a["http"], QUEUED, "image", QUEUED_SHAPE, low_clients=40, high_requests=12))
+        a["http"], low_clients=40, high_requests=12))
     assert held.flood.notes["low"].get("503"), held.flood  # the queue was full
     assert held.flood.answers == {"200": 12}, held.flood
     assert_held(held)
@@ -341,8 +302,9 @@ def test_serve_under_the_units_limits(tmp_path: Path) -> None:
         assert addresses["pid"] == process.pid
         with hostile.LegitClient(addresses["grpc"], addresses["http"]) as legit:
             assert wait_until(lambda: len(legit.calls) >= legit.WARM, 30)
-            flood, refused = fresh_clients_get_in(addresses, lambda: hostile.idle_connections(
-                addresses["http"], count=1100, hold_s=5.0))
+            flood, refused = hostile.fresh_clients_get_in(
+                addresses, lambda: hostile.idle_connections(addresses["http"], count=1100,
+                                                            hold_s=5.0))
         assert not refused, f"new {', '.join(refused)} clients could not get in ({flood})"
         assert not legit.failures(within_s=1.0), legit.calls
         assert process.poll() is None
