@@ -528,12 +528,12 @@ def hostile() -> None:
         ("JSON {} 20 MB", lambda a: attacks.json_empty_objects(a["http"], mb=20)),
         ("JSON data 40 MB", lambda a: attacks.json_huge_data(a["http"], mb=40)),
         ("gRPC inputs 6 MB", lambda a: attacks.grpc_empty_inputs(a["grpc"], mb=6)),
-        ("gRPC unknown 8 MB", lambda a: attacks.grpc_unknown_fields(a["grpc"], mb=8)),
+        ("gRPC unknown 12 MB", lambda a: attacks.grpc_unknown_fields(a["grpc"], mb=12)),
         ("binary 8 x 60 MB", lambda a: attacks.parallel_binary(a["http"], count=8, mb=60)),
         ("idle 1100 conns", lambda a: attacks.fresh_clients_get_in(
-            a, lambda: attacks.idle_connections(a["http"], 1100, 5.0))[0]),
+            a, lambda opened: attacks.idle_connections(a["http"], 1100, 5.0, opened))[0]),
         ("slowloris 1010", lambda a: attacks.fresh_clients_get_in(
-            a, lambda: attacks.slowloris(a["http"], 1010, 5.0))[0]),
+            a, lambda opened: attacks.slowloris(a["http"], 1010, 5.0, opened))[0]),
         ("priority 40 low/12 high", lambda a: attacks.priority_starvation(a["http"])),
         ("odd inputs (item 8)", odd_inputs),
     ]

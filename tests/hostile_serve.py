@@ -326,12 +326,16 @@ def _connect(address: str, count: int, timeout_s: float) -> list[socket.socket]:
     return opened
 
 
-def idle_connections(address: str, count: int = 1100, hold_s: float = 5.0) -> Flood:
-    """``count`` TCP connections opened and held silent for ``hold_s``, then closed."""
+def idle_connections(address: str, count: int = 1100, hold_s: float = 5.0,
+                     opened: threading.Event | None = None) -> Flood:
+    """``count`` TCP connections opened and held silent for ``hold_s``, then closed;
+    ``opened`` is set once they are."""
     flood = Flood("idle")
     began = time.monotonic()
     held = _connect(address, count, 2.0)
     flood.notes["opened"] = len(held)
+    if opened is not None:
+        opened.set()
     try:
         time.sleep(hold_s)  # the attack is the holding itself
         closed = 0
@@ -351,13 +355,17 @@ def idle_connections(address: str, count: int = 1100, hold_s: float = 5.0) -> Fl
     return flood
 
 
-def slowloris(address: str, count: int = 1010, seconds: float = 5.0) -> Flood:
+def slowloris(address: str, count: int = 1010, seconds: float = 5.0,
+              opened: threading.Event | None = None) -> Flood:
     """``count`` connections, each sending one byte of a request head every second for
-    ``seconds``; counts how many the server closed on its own before the end."""
+    ``seconds``; counts how many the server closed on its own before the end.  ``opened``
+    is set once the connections are."""
     flood = Flood("slowloris")
     began = time.monotonic()
     held = _connect(address, count, 2.0)
     flood.notes["opened"] = len(held)
+    if opened is not None:
+        opened.set()
     head = b"POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 4096
     alive = list(held)
     try:
@@ -376,17 +384,21 @@ def slowloris(address: str, count: int = 1010, seconds: float = 5.0) -> Flood:
     return flood
 
 
-def fresh_clients_get_in(addresses: dict[str, Any], attack: Callable[[], Flood],
-                         after_s: float = 2.0) -> tuple[Flood, list[str]]:
-    """``attack`` on a thread; once it has had ``after_s`` to open its connections, a new
-    HTTP client, a new gRPC channel and a new metrics client (where the server has one) each
-    try to get an answer within 2 s.  The flood, and the front ends that shut them out."""
+def fresh_clients_get_in(addresses: dict[str, Any],
+                         attack: Callable[[threading.Event], Flood]) -> tuple[Flood, list[str]]:
+    """``attack(opened)`` on a thread; once it has set ``opened`` (its connections are
+    held), a new HTTP client, a new gRPC channel and a new metrics client (where the server
+    has one) each try to get an answer within 2 s.  The flood, and the front ends that shut
+    them out."""
     import grpc as grpcio
 
     result: list[Flood] = []
-    thread = threading.Thread(target=lambda: result.append(attack()))
+    opened = threading.Event()
+    thread = threading.Thread(target=lambda: result.append(attack(opened)))
     thread.start()
-    time.sleep(after_s)  # the attack's connections are being opened: no event says when
+    if not opened.wait(60):
+        thread.join(60)
+        raise AssertionError(f"the attack did not open its connections: {result}")
     refused = []
     for name, path in (("http", "/v2/health/ready"), ("metrics", "/metrics")):
         if addresses.get(name) and get(addresses[name], path, 2.0)[0] != "200":

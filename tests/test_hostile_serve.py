@@ -171,7 +171,7 @@ AMPLIFICATION: dict[str, Callable[[dict[str, Any]], hostile.Flood]] = {
     "json_empty_objects": lambda a: hostile.json_empty_objects(a["http"], mb=20),
     "json_huge_data": lambda a: hostile.json_huge_data(a["http"], mb=40),
     "grpc_empty_inputs": lambda a: hostile.grpc_empty_inputs(a["grpc"], mb=6),
-    "grpc_unknown_fields": lambda a: hostile.grpc_unknown_fields(a["grpc"], mb=8),
+    "grpc_unknown_fields": lambda a: hostile.grpc_unknown_fields(a["grpc"], mb=12),
     "parallel_binary": lambda a: hostile.parallel_binary(a["http"], count=8, mb=60),
 }
 
@@ -196,8 +196,9 @@ def test_idle_connections_leave_room_for_new_clients(agent: Agent) -> None:
     refused: list[str] = []
 
     def attack(addresses: dict[str, Any]) -> hostile.Flood:
-        flood, shut_out = hostile.fresh_clients_get_in(addresses, lambda: hostile.idle_connections(
-            addresses["http"], count=1100, hold_s=5.0))
+        flood, shut_out = hostile.fresh_clients_get_in(
+            addresses, lambda opened: hostile.idle_connections(
+                addresses["http"], count=1100, hold_s=5.0, opened=opened))
         refused.extend(shut_out)
         return flood
 
@@ -211,8 +212,9 @@ def test_slowloris_is_closed_in_seconds(agent: Agent) -> None:
     refused: list[str] = []
 
     def attack(addresses: dict[str, Any]) -> hostile.Flood:
-        flood, shut_out = hostile.fresh_clients_get_in(addresses, lambda: hostile.slowloris(
-            addresses["http"], count=1010, seconds=8.0))
+        flood, shut_out = hostile.fresh_clients_get_in(
+            addresses, lambda opened: hostile.slowloris(
+                addresses["http"], count=1010, seconds=8.0, opened=opened))
         refused.extend(shut_out)
         return flood
 
@@ -303,8 +305,8 @@ def test_serve_under_the_units_limits(tmp_path: Path) -> None:
         with hostile.LegitClient(addresses["grpc"], addresses["http"]) as legit:
             assert wait_until(lambda: len(legit.calls) >= legit.WARM, 30)
             flood, refused = hostile.fresh_clients_get_in(
-                addresses, lambda: hostile.idle_connections(addresses["http"], count=1100,
-                                                            hold_s=5.0))
+                addresses, lambda opened: hostile.idle_connections(
+                    addresses["http"], count=1100, hold_s=5.0, opened=opened))
         assert not refused, f"new {', '.join(refused)} clients could not get in ({flood})"
         assert not legit.failures(within_s=1.0), legit.calls
         assert process.poll() is None
