@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.client import HTTPConnection, HTTPException
 from pathlib import Path
@@ -65,37 +65,31 @@ def host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def post(address: str, path: str, body: bytes | Iterator[bytes], headers: dict[str, str],
+def request(method: str, address: str, path: str, body: bytes | None = None,
+            headers: dict[str, str] | None = None, timeout_s: float = 30.0
+            ) -> tuple[str, bytes]:
+    """One request on a fresh connection: its status and body, or ``reset``/``timeout``."""
+    host, port = host_port(address)
+    connection = HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return str(response.status), response.read()
+    except TimeoutError:
+        return "timeout", b""
+    except (ConnectionError, HTTPException, OSError):
+        return "reset", b""
+    finally:
+        connection.close()
+
+
+def post(address: str, path: str, body: bytes, headers: dict[str, str],
          timeout_s: float) -> tuple[str, bytes]:
-    """One POST on a fresh connection: its status and body, or ``reset``/``timeout``."""
-    host, port = host_port(address)
-    connection = HTTPConnection(host, port, timeout=timeout_s)
-    try:
-        connection.request("POST", path, body=body, headers=headers)
-        response = connection.getresponse()
-        return str(response.status), response.read()
-    except TimeoutError:
-        return "timeout", b""
-    except (ConnectionError, HTTPException, OSError):
-        return "reset", b""
-    finally:
-        connection.close()
+    return request("POST", address, path, body, headers, timeout_s)
 
 
-def get(address: str, path: str, timeout_s: float,
-        headers: dict[str, str] | None = None) -> tuple[str, bytes]:
-    host, port = host_port(address)
-    connection = HTTPConnection(host, port, timeout=timeout_s)
-    try:
-        connection.request("GET", path, headers=headers or {})
-        response = connection.getresponse()
-        return str(response.status), response.read()
-    except TimeoutError:
-        return "timeout", b""
-    except (ConnectionError, HTTPException, OSError):
-        return "reset", b""
-    finally:
-        connection.close()
+def get(address: str, path: str, timeout_s: float) -> tuple[str, bytes]:
+    return request("GET", address, path, timeout_s=timeout_s)
 
 
 def _parallel(kind: str, count: int, call: Callable[[int], tuple[str, bytes]]) -> Flood:
@@ -107,6 +101,21 @@ def _parallel(kind: str, count: int, call: Callable[[int], tuple[str, bytes]]) -
             flood.count(answer)
     flood.seconds = time.monotonic() - began
     return flood
+
+
+def binary_infer(name: str, x: np.ndarray, parameters: dict[str, Any] | None = None
+                 ) -> tuple[bytes, dict[str, str]]:
+    """An FP32 infer body in the binary extension and its headers (cheap to decode, so the
+    server's time goes to the model, not to JSON)."""
+    document: dict[str, Any] = {"inputs": [{"name": name, "shape": list(x.shape),
+                                            "datatype": "FP32",
+                                            "parameters": {"binary_data_size": x.nbytes}}]}
+    if parameters:
+        document["parameters"] = parameters
+    head = json.dumps(document).encode()
+    return head + x.astype(np.float32).tobytes(), {
+        "Inference-Header-Content-Length": str(len(head)),
+        "Content-Type": "application/octet-stream"}
 
 
 # -- finding 1: compressed bodies ---------------------------------------------------------
@@ -233,13 +242,8 @@ def grpc_unknown_fields(grpc: str, model: str = DEMO, mb: int = 8, count: int = 
 def binary_tensor_body(mb: int) -> tuple[bytes, dict[str, str]]:
     """A binary-extension infer body of about ``mb`` MiB for the demo (a batch of as many
     zero images as fit) and its headers."""
-    image = int(np.prod(DEMO_SHAPE)) * 4
-    batch = max(1, mb * MB // image)
-    head = json.dumps({"inputs": [{"name": DEMO_INPUT, "shape": [batch, *DEMO_SHAPE[1:]],
-                                   "datatype": "FP32",
-                                   "parameters": {"binary_data_size": batch * image}}]}).encode()
-    return head + bytes(batch * image), {"Inference-Header-Content-Length": str(len(head)),
-                                         "Content-Type": "application/octet-stream"}
+    batch = max(1, mb * MB // (int(np.prod(DEMO_SHAPE)) * 4))
+    return binary_infer(DEMO_INPUT, np.zeros((batch, *DEMO_SHAPE[1:]), np.float32))
 
 
 def parallel_binary(http: str, model: str = DEMO, count: int = 8, mb: int = 60,
@@ -301,13 +305,7 @@ def slow_request(http: str, model: str = DYNAMIC, side: int = 2000, count: int =
                  timeout_s: float = 60.0) -> Flood:
     """``count`` binary infer requests of one [1,3,side,side] image to a dynamic-H/W model
     (46 MB at 2000): valid, and as slow as the model makes it."""
-    pixels = 3 * side * side
-    head = json.dumps({"inputs": [{"name": "image", "shape": [1, 3, side, side],
-                                   "datatype": "FP32",
-                                   "parameters": {"binary_data_size": pixels * 4}}]}).encode()
-    body = head + np.full(pixels, 0.5, np.float32).tobytes()
-    headers = {"Inference-Header-Content-Length": str(len(head)),
-               "Content-Type": "application/octet-stream"}
+    body, headers = binary_infer("image", np.full((1, 3, side, side), 0.5, np.float32))
     flood = _parallel("slow_run", count, lambda _: post(
         http, f"/v2/models/{model}/infer", body, headers, timeout_s))
     flood.notes["request_mb"] = round(len(body) / MB, 1)
@@ -414,21 +412,6 @@ def fresh_clients_get_in(addresses: dict[str, Any],
 
 
 # -- finding 6: priorities ----------------------------------------------------------------
-
-def binary_infer(name: str, x: np.ndarray, parameters: dict[str, Any] | None = None
-                 ) -> tuple[bytes, dict[str, str]]:
-    """An FP32 infer body in the binary extension and its headers (cheap to decode, so the
-    server's time goes to the model, not to JSON)."""
-    document: dict[str, Any] = {"inputs": [{"name": name, "shape": list(x.shape),
-                                            "datatype": "FP32",
-                                            "parameters": {"binary_data_size": x.nbytes}}]}
-    if parameters:
-        document["parameters"] = parameters
-    head = json.dumps(document).encode()
-    return head + x.astype(np.float32).tobytes(), {
-        "Inference-Header-Content-Length": str(len(head)),
-        "Content-Type": "application/octet-stream"}
-
 
 def priority_starvation(http: str, model: str = QUEUED, input_name: str = "image",
                         input_shape: tuple[int, ...] = QUEUED_SHAPE, low_clients: int = 40,
