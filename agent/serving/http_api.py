@@ -9,6 +9,20 @@ becomes ``{"error": …}`` with its status, aiohttp's own refusals (404, 405, 41
 shape, and anything else is a bug: logged and answered 500, never left to hang a client.
 Decoding, inference and encoding run in ``executor`` together, so a large body or a slow
 model never stalls the loop that answers health probes.
+
+Each request holds a reservation on the data plane's memory budget from its head to its
+last byte sent: the body's Content-Length before a byte of it is read (a chunked body
+grows it chunk by chunk), then what decoding and encoding make (http_codec); one that does
+not fit is refused 503 at once, and the reservation is given back once the response is
+written, whatever the outcome.  The body is read into one buffer of its announced size,
+which decoding views rather than copies.
+
+Compressed bodies (any Content-Encoding but identity) are refused 415 on every route that
+reads a body, before a byte is read: inflating is work and memory a few compressed bytes
+command (a 1 MB gzip body inflates to 1 GiB), no Triton client compresses unless asked,
+and the other routes' bodies are a few bytes of JSON that gain nothing from it.  A body
+refused or left unread (413, 415, 503, a refusal before the body was needed) closes its
+connection at once (``Connection: close``, no lingering read: see http_listener).
 """
 
 from __future__ import annotations
@@ -17,6 +31,7 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -24,9 +39,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from agent.serving import http_codec as codec
 from agent.serving.access import Access, bearer
-from agent.serving.budget import MemoryBudget, default_limit_bytes
+from agent.serving.budget import MemoryBudget, Reservation, default_limit_bytes
 from agent.serving.core import Models
 from agent.serving.errors import ServeError, invalid
+from agent.serving.http_listener import Connection, ConnectionLimits
 from agent.serving.shm import (
     DEFAULT_PREFIX,
     CallerRegions,
@@ -39,6 +55,8 @@ log = logging.getLogger(__name__)
 # the routes that always need the token
 CONTROL_ROUTES = frozenset({"load", "unload", "shm_register", "shm_unregister",
                             "shm_unregister_one"})
+# the budget reservation of the request this task answers (aiohttp runs each in a task)
+_RESERVATION: ContextVar[Reservation] = ContextVar("reservation")
 _T = TypeVar("_T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -56,52 +74,92 @@ def _version(request: web.Request) -> str:
     return request.match_info.get("version", "")
 
 
+def _compression_refused(request: web.Request) -> ServeError | None:
+    """415 for a compressed body (see the module)."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip()
+    if encoding.lower() in ("", "identity"):
+        return None
+    return ServeError("INVALID_ARGUMENT", f"request body in Content-Encoding "
+                      f"{encoding[:40]!r}: this server takes bodies uncompressed only; send "
+                      "it again without Content-Encoding", http_status=415)
+
+
 class _Api:
     """The handlers, over one ``Models``; each returns a response or raises ServeError."""
 
     def __init__(self, models: Models, access: Access, max_request_bytes: int,
                  executor: concurrent.futures.Executor, regions: SharedMemoryRegions,
-                 budget: MemoryBudget) -> None:
+                 budget: MemoryBudget, limits: ConnectionLimits) -> None:
         self.budget = budget
         self.models = models
         self.regions = regions
         self.access = access
         self.max_request_bytes = max_request_bytes
         self.executor = executor
+        self.limits = limits
 
     async def _blocking(self, call: Callable[..., _T], *args: Any) -> _T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, call, *args)
 
-    async def _body(self, request: web.Request) -> bytes:
-        """The whole body, refused with 413 before reading when it says it is too big."""
+    def _too_big(self, length: int | None) -> ServeError | None:
+        if length is None or length <= self.max_request_bytes:
+            return None
+        return ServeError("RESOURCE_EXHAUSTED", f"request body of {length} bytes is above "
+                          f"the limit of {self.max_request_bytes} (serve.max_request_mb)")
+
+    async def _body(self, request: web.Request) -> bytearray:
+        """The whole body, refused before a byte is read when it is compressed (415), says
+        it is too big (413) or does not fit the budget (503); a body not all there within
+        its time (ConnectionLimits.transfer_s) loses its connection."""
+        refusal = _compression_refused(request) or self._too_big(request.content_length)
+        if refusal is not None:
+            raise refusal
         length = request.content_length
-        if length is not None and length > self.max_request_bytes:
-            raise ServeError("RESOURCE_EXHAUSTED", f"request body of {length} bytes is above "
-                             f"the limit of {self.max_request_bytes}")
+        reservation = _RESERVATION.get()
+        reservation.grow(length or 0, "the request body")
+        transport = request.transport
+        deadline = None if transport is None else asyncio.get_running_loop().call_later(
+            self.limits.transfer_s(self.max_request_bytes if length is None else length),
+            transport.abort)
         try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise ServeError("RESOURCE_EXHAUSTED", "request body is above the limit of "
-                             f"{self.max_request_bytes} bytes") from None
+            if length is None:
+                return await self._chunked(request.content, reservation)
+            return await _exactly(request.content, length)
         except (HttpProcessingError, web.RequestPayloadError) as error:
-            # a body cut short, or not in its Content-Encoding: the cause says which
+            # a chunked body not in its framing: the cause says how
             cause = error.__cause__ if isinstance(error, web.RequestPayloadError) else error
             detail = cause.message if isinstance(cause, HttpProcessingError) else str(error)
             raise invalid(f"request body unreadable ({detail.strip()})") from None
         except ConnectionError:
             raise invalid("request body cut short") from None
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+
+    async def _chunked(self, content: Any, reservation: Reservation) -> bytearray:
+        """A body without Content-Length, admitted chunk by chunk as it arrives."""
+        body = bytearray()
+        while chunk := await content.readany():
+            too_big = self._too_big(len(body) + len(chunk))
+            if too_big is not None:
+                raise ServeError("RESOURCE_EXHAUSTED", "request body is above the limit of "
+                                 f"{self.max_request_bytes} bytes (serve.max_request_mb)")
+            reservation.grow(len(chunk), "the request body")
+            body += chunk
+        return body
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue`` answered here rather than by aiohttp's default, which
         runs outside the middleware and fails (500) on a header that is not UTF-8; a body
-        that is too big is refused before the client sends it."""
+        that is compressed or too big is refused before the client sends it."""
         if request.headers.get("Expect", "").lower() != "100-continue":
             return error_response(417, "only Expect: 100-continue is understood")
-        length = request.content_length
-        if length is not None and length > self.max_request_bytes:
-            return error_response(413, f"request body of {length} bytes is above the "
-                                  f"limit of {self.max_request_bytes}")
+        refusal = _compression_refused(request) or self._too_big(request.content_length)
+        if refusal is not None:
+            response = error_response(refusal.http_status, refusal.message)
+            response.force_close()
+            return response
         if request.version >= (1, 1):
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0
@@ -109,6 +167,25 @@ class _Api:
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The request's connection marked busy and its reservation held until its
+        response is written (see the module)."""
+        connection = request.protocol if isinstance(request.protocol, Connection) else None
+        if connection is not None:
+            connection.request_started()
+        reservation = Reservation(self.budget)
+        _RESERVATION.set(reservation)
+        try:
+            response = await self._answer(request, handler)
+            if not request.content.is_eof():  # refused before its body was read
+                response.force_close()
+            await self._send(request, response)
+            return response
+        finally:
+            reservation.release()
+            if connection is not None:
+                connection.request_done()
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Token check, then the handler, every outcome a JSON answer (see the module)."""
         try:
             route = request.match_info.route.name
@@ -124,6 +201,22 @@ class _Api:
         except Exception:
             log.exception("HTTP %s %s failed", request.method, request.path)
             return error_response(500, "internal error")
+
+    async def _send(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Written here, so that the reservation lasts until it is; a client that does not
+        take it within its time (ConnectionLimits.transfer_s) loses its connection."""
+        transport = request.transport
+        if transport is None:
+            return
+        deadline = asyncio.get_running_loop().call_later(
+            self.limits.transfer_s(response.content_length or 0), transport.abort)
+        try:
+            await response.prepare(request)
+            await response.write_eof()
+        except ConnectionError:
+            pass  # gone, or cut off: nobody to answer
+        finally:
+            deadline.cancel()
 
     async def live(self, request: web.Request) -> web.StreamResponse:
         return web.Response(status=200 if self.models.live() else 503)
@@ -154,33 +247,40 @@ class _Api:
         stats = self.models.statistics(request.match_info.get("model", ""), _version(request))
         return json_response({"model_stats": stats})
 
-    def _infer(self, model: str, version: str, body: bytes, header: str | None,
-               authorization: str | None) -> tuple[bytes, int | None]:
-        regions = CallerRegions(self.regions, lambda: self.access.check(
-            bearer(authorization), control=True))
+    def _infer(self, model: str, version: str, body: bytearray, header: str | None,
+               authorization: str | None, reservation: Reservation
+               ) -> tuple[bytes, int | None]:
+        token = bearer(authorization)
+        regions = CallerRegions(self.regions, lambda: self.access.check(token, control=True))
         decoded = codec.decode_infer(model, version, body,
-                                     codec.header_length(header, len(body)), regions=regions)
-        return codec.encode_infer(self.models.infer(decoded.request), decoded)
+                                     codec.header_length(header, len(body)), regions=regions,
+                                     reservation=reservation,
+                                     trusted=token is not None and self.access.holds(token))
+        return codec.encode_infer(self.models.infer(decoded.request), decoded, reservation)
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         payload, head = await self._blocking(
             self._infer, request.match_info["model"], _version(request), body,
-            request.headers.get(codec.HEADER_LENGTH), request.headers.get("Authorization"))
+            request.headers.get(codec.HEADER_LENGTH), request.headers.get("Authorization"),
+            _RESERVATION.get())
+        del body  # not held while the response is written
         if head is None:
             return web.Response(body=payload, content_type="application/json")
         return web.Response(body=payload, content_type="application/octet-stream",
                             headers={codec.HEADER_LENGTH: str(head)})
 
     async def index(self, request: web.Request) -> web.StreamResponse:
-        document = codec.optional_object(await self._body(request), "the index request")
+        document = codec.optional_object(await self._body(request), "the index request",
+                                          _RESERVATION.get())
         ready = document.get("ready", False)
         if not isinstance(ready, bool):
             raise invalid("ready must be true or false")
         return json_response(codec.index_json(self.models.index(ready)))
 
     async def _control(self, request: web.Request, call: Callable[..., None]) -> web.Response:
-        document = codec.optional_object(await self._body(request), "the request")
+        document = codec.optional_object(await self._body(request), "the request",
+                                          _RESERVATION.get())
         params = codec.parameters(document.get("parameters"), "parameters")
         await self._blocking(call, request.match_info["model"], params)
         return web.Response(status=200)
@@ -195,7 +295,8 @@ class _Api:
         return json_response(self.regions.status(request.match_info.get("region", "")))
 
     async def shm_register(self, request: web.Request) -> web.StreamResponse:
-        document = codec.loads(await self._body(request), "the register request")
+        document = codec.loads(await self._body(request), "the register request",
+                               _RESERVATION.get())
         if not isinstance(document, dict):
             raise invalid("the register request must be a JSON object")
         key, offset, size = (document.get("key"), document.get("offset", 0),
@@ -217,15 +318,18 @@ class _Api:
 def make_app(models: Models, access: Access, *, max_request_bytes: int,
              executor: concurrent.futures.Executor,
              regions: SharedMemoryRegions | None = None,
-             budget: MemoryBudget | None = None) -> web.Application:
-    """The application to serve (with ``aiohttp.web.AppRunner``); bodies above
-    ``max_request_bytes`` are refused with 413.  Without ``regions`` (the data plane shares
-    one with gRPC) the app keeps its own, under the default prefix, closed at cleanup;
-    without ``budget`` (shared with gRPC too) one of its own, sized for no device."""
+             budget: MemoryBudget | None = None,
+             limits: ConnectionLimits | None = None) -> web.Application:
+    """The application to serve (with ``http_listener.HttpListener``, given the same
+    ``limits``); bodies above ``max_request_bytes`` are refused with 413.  Without
+    ``regions`` (the data plane shares one with gRPC) the app keeps its own, under the
+    default prefix, closed at cleanup; without ``budget`` (shared with gRPC too) one of its
+    own, sized for no device."""
     api = _Api(models, access, max_request_bytes, executor,
                regions if regions is not None
                else bounded_regions(DEFAULT_PREFIX, max_request_bytes),
-               budget or MemoryBudget(default_limit_bytes(None, max_request_bytes)))
+               budget or MemoryBudget(default_limit_bytes(None, max_request_bytes)),
+               limits or ConnectionLimits())
     app = web.Application(client_max_size=max_request_bytes, middlewares=[api.guard])
     if regions is None:
         async def close_regions(app: web.Application) -> None:
@@ -262,6 +366,24 @@ def make_app(models: Models, access: Access, *, max_request_bytes: int,
     route("POST", region + "/unregister", api.shm_unregister, name="shm_unregister_one")
     route("*", "/{path:.*}", _no_route)
     return app
+
+
+async def _exactly(content: Any, length: int) -> bytearray:
+    """``length`` bytes of ``content`` into one buffer of that size: a copy of each chunk
+    as it arrives, none of the whole (aiohttp's ``read`` joins its chunks, then copies)."""
+    body = bytearray(length)
+    view = memoryview(body)
+    got = 0
+    while got < length:
+        chunk = await content.readany()
+        if not chunk:
+            break
+        view[got:got + len(chunk)] = chunk
+        got += len(chunk)
+    view.release()
+    if got != length:
+        raise invalid("request body cut short")
+    return body
 
 
 def _wrong_method(allowed: str) -> Handler:
