@@ -228,6 +228,40 @@ def test_the_budget_is_given_back_after_every_answer(serve: Callable[..., HttpSe
     assert server.budget.peak >= held and (held or server.budget.peak == 0)
 
 
+def test_a_body_beyond_the_budget_is_refused_before_100_continue(
+        serve: Callable[..., HttpServer]) -> None:
+    server = serve(max_request_bytes=4 * MB, budget=MemoryBudget(6 * MB))
+    holder = hold_body(server, 4 * MB)
+    assert wait_until(lambda: server.budget.in_use == 4 * MB, 5)
+    answer, closed = exchange(server.host, server.port, INFER + b"Expect: 100-continue\r\n"
+                              b"Content-Length: %d\r\n\r\n" % (3 * MB))
+    status, headers, _ = status_of_raw(answer)
+    assert (status, headers["connection"], closed) == (503, "close", True)
+    holder.close()
+    assert released(server)
+
+
+def test_a_body_trickled_in_loses_its_connection_and_reservation(
+        serve: Callable[..., HttpServer]) -> None:
+    """A body may take header_timeout_s plus its size at 1 MB/s: 1 KB sent at 50 bytes a
+    second is cut off after about a second, its reservation given back."""
+    server = serve(limits=ConnectionLimits(header_timeout_s=1.0, idle_timeout_s=30.0))
+    sock = socket.create_connection((server.host, server.port), timeout=10)
+    sock.sendall(INFER + b"Content-Length: 1000\r\n\r\n")
+    started = time.monotonic()
+    lasted = None
+    try:
+        for _ in range(100):
+            sock.sendall(b"x" * 10)
+            time.sleep(0.2)  # the attack's pace, not a wait for the server
+    except OSError:
+        lasted = time.monotonic() - started
+    finally:
+        sock.close()
+    assert lasted is not None and lasted < 1.0 + 1.5
+    assert released(server)
+
+
 def test_a_client_gone_mid_body_gives_its_reservation_back(
         serve: Callable[..., HttpServer]) -> None:
     server = serve(max_request_bytes=4 * MB)

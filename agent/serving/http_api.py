@@ -152,10 +152,16 @@ class _Api:
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue`` answered here rather than by aiohttp's default, which
         runs outside the middleware and fails (500) on a header that is not UTF-8; a body
-        that is compressed or too big is refused before the client sends it."""
+        that is compressed, too big or beyond the budget now is refused before the client
+        sends it (the budget is held from the middleware on, when the body comes)."""
         if request.headers.get("Expect", "").lower() != "100-continue":
             return error_response(417, "only Expect: 100-continue is understood")
         refusal = _compression_refused(request) or self._too_big(request.content_length)
+        if refusal is None:
+            try:
+                self.budget.reserve(request.content_length or 0, "the request body").release()
+            except ServeError as error:
+                refusal = error
         if refusal is not None:
             response = error_response(refusal.http_status, refusal.message)
             response.force_close()
