@@ -141,8 +141,7 @@ class _Api:
         """A body without Content-Length, admitted chunk by chunk as it arrives."""
         body = bytearray()
         while chunk := await content.readany():
-            too_big = self._too_big(len(body) + len(chunk))
-            if too_big is not None:
+            if len(body) + len(chunk) > self.max_request_bytes:
                 raise ServeError("RESOURCE_EXHAUSTED", "request body is above the limit of "
                                  f"{self.max_request_bytes} bytes (serve.max_request_mb)")
             reservation.grow(len(chunk), "the request body")

@@ -19,9 +19,9 @@ seconds (its lingering close), inflating a gzip bomb on the event loop.  Here:
 - no lingering and no decompression: http_api refuses compressed bodies, and a body it
   refuses or leaves unread closes its connection at once.
 
-The requests themselves are timed by http_api (``read_deadline_s``): a body and a response
-each get ``header_timeout_s`` plus their size at MIN_RATE, so a client that trickles either
-loses its connection rather than holding it and its budget.
+The requests themselves are timed by http_api (``ConnectionLimits.transfer_s``): a body
+and a response each get ``header_timeout_s`` plus their size at MIN_RATE, so a client that
+trickles either loses its connection rather than holding it and its budget.
 """
 
 from __future__ import annotations
