@@ -11,18 +11,12 @@ Decoding, inference and encoding run in ``executor`` together, so a large body o
 model never stalls the loop that answers health probes.
 
 Each request holds a reservation on the data plane's memory budget from its head to its
-last byte sent: the body's Content-Length before a byte of it is read (a chunked body
-grows it chunk by chunk), then what decoding and encoding make (http_codec); one that does
-not fit is refused 503 at once, and the reservation is given back once the response is
-written, whatever the outcome.  The body is read into one buffer of its announced size,
-which decoding views rather than copies.
-
-Compressed bodies (any Content-Encoding but identity) are refused 415 on every route that
-reads a body, before a byte is read: inflating is work and memory a few compressed bytes
-command (a 1 MB gzip body inflates to 1 GiB), no Triton client compresses unless asked,
-and the other routes' bodies are a few bytes of JSON that gain nothing from it.  A body
-refused or left unread (413, 415, 503, a refusal before the body was needed) closes its
-connection at once (``Connection: close``, no lingering read: see http_listener).
+last byte sent: its body before a byte of it is read (http_body, which also refuses
+compressed bodies on every route, 415, and says why), then what decoding and encoding make
+(http_codec); one that does not fit is refused 503 at once, and the reservation is given
+back once the response is written, whatever the outcome.  A body refused or left unread
+(413, 415, 503, a refusal before the body was needed) closes its connection at once
+(``Connection: close``, no lingering read: see http_listener).
 """
 
 from __future__ import annotations
@@ -35,13 +29,13 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from agent.serving import http_codec as codec
 from agent.serving.access import Access, bearer
 from agent.serving.budget import MemoryBudget, Reservation, default_limit_bytes
 from agent.serving.core import Models
 from agent.serving.errors import ServeError, invalid
+from agent.serving.http_body import compression_refused, read_body, too_big
 from agent.serving.http_listener import Connection, ConnectionLimits
 from agent.serving.shm import (
     DEFAULT_PREFIX,
@@ -74,16 +68,6 @@ def _version(request: web.Request) -> str:
     return request.match_info.get("version", "")
 
 
-def _compression_refused(request: web.Request) -> ServeError | None:
-    """415 for a compressed body (see the module)."""
-    encoding = request.headers.get("Content-Encoding", "identity").strip()
-    if encoding.lower() in ("", "identity"):
-        return None
-    return ServeError("INVALID_ARGUMENT", f"request body in Content-Encoding "
-                      f"{encoding[:40]!r}: this server takes bodies uncompressed only; send "
-                      "it again without Content-Encoding", http_status=415)
-
-
 class _Api:
     """The handlers, over one ``Models``; each returns a response or raises ServeError."""
 
@@ -102,51 +86,9 @@ class _Api:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, call, *args)
 
-    def _too_big(self, length: int | None) -> ServeError | None:
-        if length is None or length <= self.max_request_bytes:
-            return None
-        return ServeError("RESOURCE_EXHAUSTED", f"request body of {length} bytes is above "
-                          f"the limit of {self.max_request_bytes} (serve.max_request_mb)")
-
     async def _body(self, request: web.Request) -> bytearray:
-        """The whole body, refused before a byte is read when it is compressed (415), says
-        it is too big (413) or does not fit the budget (503); a body not all there within
-        its time (ConnectionLimits.transfer_s) loses its connection."""
-        refusal = _compression_refused(request) or self._too_big(request.content_length)
-        if refusal is not None:
-            raise refusal
-        length = request.content_length
-        reservation = _RESERVATION.get()
-        reservation.grow(length or 0, "the request body")
-        transport = request.transport
-        deadline = None if transport is None else asyncio.get_running_loop().call_later(
-            self.limits.transfer_s(self.max_request_bytes if length is None else length),
-            transport.abort)
-        try:
-            if length is None:
-                return await self._chunked(request.content, reservation)
-            return await _exactly(request.content, length)
-        except (HttpProcessingError, web.RequestPayloadError) as error:
-            # a chunked body not in its framing: the cause says how
-            cause = error.__cause__ if isinstance(error, web.RequestPayloadError) else error
-            detail = cause.message if isinstance(cause, HttpProcessingError) else str(error)
-            raise invalid(f"request body unreadable ({detail.strip()})") from None
-        except ConnectionError:
-            raise invalid("request body cut short") from None
-        finally:
-            if deadline is not None:
-                deadline.cancel()
-
-    async def _chunked(self, content: Any, reservation: Reservation) -> bytearray:
-        """A body without Content-Length, admitted chunk by chunk as it arrives."""
-        body = bytearray()
-        while chunk := await content.readany():
-            if len(body) + len(chunk) > self.max_request_bytes:
-                raise ServeError("RESOURCE_EXHAUSTED", "request body is above the limit of "
-                                 f"{self.max_request_bytes} bytes (serve.max_request_mb)")
-            reservation.grow(len(chunk), "the request body")
-            body += chunk
-        return body
+        return await read_body(request, self.max_request_bytes, _RESERVATION.get(),
+                               self.limits)
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue`` answered here rather than by aiohttp's default, which
@@ -155,7 +97,8 @@ class _Api:
         sends it (the budget is held from the middleware on, when the body comes)."""
         if request.headers.get("Expect", "").lower() != "100-continue":
             return error_response(417, "only Expect: 100-continue is understood")
-        refusal = _compression_refused(request) or self._too_big(request.content_length)
+        refusal = (compression_refused(request)
+                   or too_big(request.content_length, self.max_request_bytes))
         if refusal is None:
             try:
                 self.budget.reserve(request.content_length or 0, "the request body").release()
@@ -371,24 +314,6 @@ def make_app(models: Models, access: Access, *, max_request_bytes: int,
     route("POST", region + "/unregister", api.shm_unregister, name="shm_unregister_one")
     route("*", "/{path:.*}", _no_route)
     return app
-
-
-async def _exactly(content: Any, length: int) -> bytearray:
-    """``length`` bytes of ``content`` into one buffer of that size: a copy of each chunk
-    as it arrives, none of the whole (aiohttp's ``read`` joins its chunks, then copies)."""
-    body = bytearray(length)
-    view = memoryview(body)
-    got = 0
-    while got < length:
-        chunk = await content.readany()
-        if not chunk:
-            break
-        view[got:got + len(chunk)] = chunk
-        got += len(chunk)
-    view.release()
-    if got != length:
-        raise invalid("request body cut short")
-    return body
 
 
 def _wrong_method(allowed: str) -> Handler:
