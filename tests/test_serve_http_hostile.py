@@ -151,10 +151,10 @@ def test_a_gzip_bomb_is_refused_415_at_once_without_inflating(
 
 def test_a_json_flood_is_refused_503_before_it_is_parsed(
         serve: Callable[..., HttpServer]) -> None:
-    """6 MB of ``{}`` would be 150 MB of dicts: refused on its estimate, with a budget of
+    """3 MB of ``{}`` would be 75 MB of dicts: refused on its estimate, with a budget of
     16 MB in which the legit JSON request (12,288 floats) and a binary one still fit."""
     server = serve(max_request_bytes=8 * MB, budget=MemoryBudget(16 * MB))
-    flood = b'{"inputs":[' + b",".join([b"{}"] * (2 << 20)) + b"]}"
+    flood = b'{"inputs":[' + b",".join([b"{}"] * (1 << 20)) + b"]}"
     reset_peak_rss()
     before = peak_rss()
     reply = server.request("POST", "/v2/models/demo/infer", flood)
@@ -173,6 +173,20 @@ def test_a_json_flood_is_refused_503_before_it_is_parsed(
     body, headers = binary_request(x)
     assert server.request("POST", "/v2/models/demo/infer", body, headers).status == 200
     assert released(server) and 0 < server.budget.peak <= 16 * MB
+
+
+def test_json_beyond_the_element_bound_is_400_before_it_is_parsed(
+        serve: Callable[..., HttpServer]) -> None:
+    """5M values would hold the GIL, and so every other client, for seconds."""
+    server = serve(max_request_bytes=16 * MB)
+    values = b",".join([b"0"] * 5_000_000)
+    reply = server.request("POST", "/v2/models/demo/infer", json_request(values.decode()))
+    assert reply.status == 400
+    message = reply.json()["error"]
+    assert message.startswith("the inference request holds up to 50000")
+    assert message.endswith(" JSON values, at most 4194304; send large tensors with the "
+                            "binary tensor extension")
+    assert released(server)
 
 
 def hold_body(server: HttpServer, length: int) -> socket.socket:
