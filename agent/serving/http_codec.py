@@ -6,8 +6,9 @@ came in, so a hostile body costs at most a pass over its own bytes and ends in a
 says which field is wrong; nothing in it reaches numpy or the runtime unchecked.
 
 What a body turns into is admitted against the data plane's memory budget before it is
-built: the Python objects its JSON can become (counted with a scan of its separators before
-``json.loads``: 60 MB of ``{}`` would be 1.6 GB of dicts), tensors decoded from JSON values
+built: the Python objects its JSON can become (its elements counted with a scan of its
+separators before ``json.loads``, and bounded: 60 MB of ``{}`` would be 1.6 GB of dicts and
+seconds of a parse that holds the GIL), tensors decoded from JSON values
 or copied out of shared memory, and the outputs as they are encoded.  Binary inputs are
 views of the body, already paid for, so the binary path costs no copy and no estimate.
 JSON numbers that are not finite (``NaN``, ``Infinity``, ``1e999``) are refused for float
@@ -62,10 +63,10 @@ MAX_PARAMETERS = 64
 # the strings decoded from it, twice its bytes when ASCII, eight times when a character
 # beyond Latin-1 makes Python store every character of a string in four bytes.
 JSON_ELEMENT_BYTES = 64
+JSON_TEXT_FACTOR = (2, 8)  # (ASCII, any other)
 # A parse holds the GIL (and so the event loop) for about 0.25 us an element: 4M elements,
 # a [1, 3, 1024, 1024] image in JSON, is about a second.
 MAX_JSON_ELEMENTS = 1 << 22
-JSON_TEXT_FACTOR = (2, 8)  # (ASCII, any other)
 SCAN_BLOCK = 1 << 20  # the scan's temporary: one byte per byte of a block
 _STARTS_ELEMENT = np.zeros(256, np.bool_)  # the bytes that begin a JSON element: , : [ {
 _STARTS_ELEMENT[list(b",:[{")] = True
