@@ -75,6 +75,8 @@ def test_values_merge_over_the_defaults() -> None:
      "32 is below serve.max_request_mb 64"),
     ({"serve": {"max_inflight_mb": 0}}, "serve.max_inflight_mb", "a number 1"),
     ({"serve": {"privileged_priority": -1}}, "serve.privileged_priority", "0"),
+    ({"serve": {"http_max_connections": 0}}, "serve.http_max_connections", "1"),
+    ({"serve": {"http_header_timeout_s": 0}}, "serve.http_header_timeout_s", "0.1"),
 ])
 def test_bad_values_name_the_file_and_key(tmp_path: Path, document: dict[str, object],
                                           key: str, allowed: str) -> None:

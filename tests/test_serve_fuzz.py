@@ -1,9 +1,11 @@
 """Hostile bodies and headers against the HTTP data plane, over raw sockets so that nothing
 a client library would refuse to send is left out: random bytes, JSON of every shape, near-
 valid inference requests with one field wrong (huge or negative dimensions, NaN, sizes beyond
-the body, garbage Inference-Header-Content-Length).  Every answer must be a refusal (4xx, or
-503 for a model unloaded by an earlier example) or a success, never a 500 and never silence:
-a socket timeout fails the example, and the server must still answer its liveness probe."""
+the body, garbage Inference-Header-Content-Length), compressed bodies, floods of inputs,
+outputs and parameters, numbers beyond what JSON or the datatype holds.  Every answer must
+be a refusal (4xx, or 503 for a model unloaded by an earlier example) or a success, never a
+500 and never silence: a socket timeout fails the example, and the server must still answer
+its liveness probe."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from serving_helpers import DemoModels
 
 from agent.serving.access import Access
 from agent.serving.core import DATATYPES
+from agent.serving.http_codec import MAX_INT_DIGITS, MAX_PARAMETERS, MAX_TENSORS
 
 TOKEN = "fuzz-token"
 TIMEOUT_S = 10.0
@@ -189,8 +192,81 @@ def compressed(algorithm: str, data: bytes, cut: int) -> bytes:
                      st.just(b"0" * (2 << 20))), st.integers(0, 64))))
 def test_compressed_bodies(server: HttpServer, route: str, algorithm: str,
                            body: bytes) -> None:
-    check(server, *send(server, "POST", route, body,
-                        [("Content-Encoding", algorithm.encode())]))
+    """Refused from the head, whatever they inflate to (the control routes ask for the
+    token first)."""
+    status, answer = send(server, "POST", route, body, [("Content-Encoding", algorithm.encode())])
+    check(server, status, answer)
+    assert status == (401 if route.endswith(("/load", "/unload")) else 415)
+
+
+def infer_loaded(server: HttpServer, body: bytes) -> tuple[int, bytes]:
+    """An inference of the demo, loaded again first if an earlier example unloaded it."""
+    answer = send(server, "POST", "/v2/models/demo/infer", body, [])
+    if answer[0] == 503 and b"not loaded" in answer[1]:
+        assert send(server, "POST", "/v2/repository/models/demo/load", b"",
+                    [("Authorization", f"Bearer {TOKEN}".encode())])[0] == 200
+        answer = send(server, "POST", "/v2/models/demo/infer", body, [])
+    return answer
+
+
+NON_FINITE = {"1e999", "-1e999", "NaN", "Infinity", "-Infinity", "1.7976931348623157e309"}
+FINITE = ["0.5", "1e-999", "-0", "4.9e-325", "18446744073709551616", "-1e38", "3.4e38"]
+TOO_LONG = ["1" * (MAX_INT_DIGITS + 1), "-" + "9" * (MAX_INT_DIGITS + 5)]
+
+
+@FUZZ
+@given(placed=st.lists(st.tuples(st.integers(0, PIXELS - 1),
+                                 st.sampled_from([*NON_FINITE, *FINITE, *TOO_LONG])),
+                       max_size=3))
+def test_numbers_beyond_json_or_the_datatype(server: HttpServer,
+                                             placed: list[tuple[int, str]]) -> None:
+    """The demo's FP32 input in JSON with a few values replaced: a non-finite number or an
+    integer of too many digits is a 400 naming the input; anything else serves."""
+    values = ["0.5"] * PIXELS
+    for index, token in placed:
+        values[index] = token
+    body = ('{"inputs":[{"name":"image","shape":[1,3,64,64],"datatype":"FP32","data":['
+            + ",".join(values) + "]}]}").encode()
+    status, answer = infer_loaded(server, body)
+    check(server, status, answer)
+    if any(value in TOO_LONG for value in values):  # refused as the JSON is parsed
+        assert status == 400 and b"digits is out of range" in answer
+    elif any(value in NON_FINITE for value in values):
+        assert status == 400 and b"input image: NaN, Infinity" in answer
+    else:
+        assert status == 200
+
+
+FLOODS = {"inputs": MAX_TENSORS, "outputs": MAX_TENSORS, "parameters": MAX_PARAMETERS,
+          "input parameters": MAX_PARAMETERS}
+
+
+@FUZZ
+@given(field=st.sampled_from(sorted(FLOODS)), count=st.integers(0, 2 * MAX_TENSORS),
+       overflow=st.sampled_from(["1e999", "NaN", str(2**64), "-1", str(10**39), "0"]))
+def test_floods_of_fields(server: HttpServer, field: str, count: int, overflow: str) -> None:
+    """``count`` inputs, outputs or parameters (each value ``overflow``): beyond the bound a
+    400 naming the field and the bound, before any of them is decoded; never a 500."""
+    image = ('{"name":"image","shape":[1,3,64,64],"datatype":"FP32","data":['
+             + ",".join(["0.5"] * PIXELS) + "]")
+    entries = ",".join(f'"p{n}":{overflow}' for n in range(count))
+    if field == "inputs":
+        inputs = ",".join([image + "}"] + [f'{{"name":"x{n}","shape":[1],"datatype":"FP32",'
+                                            f'"data":[{overflow}]}}' for n in range(count - 1)])
+        body = f'{{"inputs":[{inputs}]}}'
+    elif field == "outputs":
+        outputs = ",".join(['{"name":"probabilities"}'] * count)
+        body = f'{{"inputs":[{image}}}],"outputs":[{outputs}]}}'
+    elif field == "parameters":
+        body = f'{{"inputs":[{image}}}],"parameters":{{{entries}}}}}'
+    else:
+        body = f'{{"inputs":[{image},"parameters":{{{entries}}}}}]}}'
+    status, answer = infer_loaded(server, body.encode())
+    check(server, status, answer)
+    limit = FLOODS[field]
+    if count > limit:
+        assert status == 400
+        assert f": {count} given, at most {limit}".encode() in answer
 
 
 @FUZZ

@@ -146,6 +146,12 @@ class ServeConfig:
     # a request's ``priority`` at this level or higher (1 is the highest) needs the bearer
     # token, so that any local process cannot jump the queue; 0: every level is open
     privileged_priority: int = setting(integer(0, 1000), 1)
+    # the HTTP front end's open connections (agent.serving.http_listener; None: a quarter of
+    # the descriptor limit), and the seconds a request's head may take to arrive and a
+    # kept-alive connection may wait for its next request
+    http_max_connections: int | None = setting(optional(integer(1, 1 << 20)), None)
+    http_header_timeout_s: float = setting(number(0.1, 3600), 5.0)
+    http_idle_timeout_s: float = setting(number(0.1, 3600), 5.0)
     # system shared memory: only objects whose name starts with it may be registered
     shm_prefix: str = setting(text(re.compile(r"^[A-Za-z0-9_.-]{1,64}$"),
                                    "a name prefix such as edge-agent- (letters, digits, "

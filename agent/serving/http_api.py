@@ -9,6 +9,14 @@ becomes ``{"error": …}`` with its status, aiohttp's own refusals (404, 405, 41
 shape, and anything else is a bug: logged and answered 500, never left to hang a client.
 Decoding, inference and encoding run in ``executor`` together, so a large body or a slow
 model never stalls the loop that answers health probes.
+
+Each request holds a reservation on the data plane's memory budget from its head to its
+last byte sent: its body before a byte of it is read (http_body, which also refuses
+compressed bodies on every route, 415, and says why), then what decoding and encoding make
+(http_codec); one that does not fit is refused 503 at once, and the reservation is given
+back once the response is written, whatever the outcome.  A body refused or left unread
+(413, 415, 503, a refusal before the body was needed) closes its connection at once
+(``Connection: close``, no lingering read: see http_listener).
 """
 
 from __future__ import annotations
@@ -17,16 +25,18 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from agent.serving import http_codec as codec
 from agent.serving.access import Access, bearer
-from agent.serving.budget import MemoryBudget, default_limit_bytes
+from agent.serving.budget import MemoryBudget, Reservation, default_limit_bytes
 from agent.serving.core import Models
 from agent.serving.errors import ServeError, invalid
+from agent.serving.http_body import compression_refused, read_body, too_big
+from agent.serving.http_listener import Connection, ConnectionLimits
 from agent.serving.shm import (
     DEFAULT_PREFIX,
     CallerRegions,
@@ -39,6 +49,8 @@ log = logging.getLogger(__name__)
 # the routes that always need the token
 CONTROL_ROUTES = frozenset({"load", "unload", "shm_register", "shm_unregister",
                             "shm_unregister_one"})
+# the budget reservation of the request this task answers (aiohttp runs each in a task)
+_RESERVATION: ContextVar[Reservation] = ContextVar("reservation")
 _T = TypeVar("_T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -61,47 +73,41 @@ class _Api:
 
     def __init__(self, models: Models, access: Access, max_request_bytes: int,
                  executor: concurrent.futures.Executor, regions: SharedMemoryRegions,
-                 budget: MemoryBudget) -> None:
+                 budget: MemoryBudget, limits: ConnectionLimits) -> None:
         self.budget = budget
         self.models = models
         self.regions = regions
         self.access = access
         self.max_request_bytes = max_request_bytes
         self.executor = executor
+        self.limits = limits
 
     async def _blocking(self, call: Callable[..., _T], *args: Any) -> _T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, call, *args)
 
-    async def _body(self, request: web.Request) -> bytes:
-        """The whole body, refused with 413 before reading when it says it is too big."""
-        length = request.content_length
-        if length is not None and length > self.max_request_bytes:
-            raise ServeError("RESOURCE_EXHAUSTED", f"request body of {length} bytes is above "
-                             f"the limit of {self.max_request_bytes}")
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise ServeError("RESOURCE_EXHAUSTED", "request body is above the limit of "
-                             f"{self.max_request_bytes} bytes") from None
-        except (HttpProcessingError, web.RequestPayloadError) as error:
-            # a body cut short, or not in its Content-Encoding: the cause says which
-            cause = error.__cause__ if isinstance(error, web.RequestPayloadError) else error
-            detail = cause.message if isinstance(cause, HttpProcessingError) else str(error)
-            raise invalid(f"request body unreadable ({detail.strip()})") from None
-        except ConnectionError:
-            raise invalid("request body cut short") from None
+    async def _body(self, request: web.Request) -> bytearray:
+        return await read_body(request, self.max_request_bytes, _RESERVATION.get(),
+                               self.limits)
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue`` answered here rather than by aiohttp's default, which
         runs outside the middleware and fails (500) on a header that is not UTF-8; a body
-        that is too big is refused before the client sends it."""
+        that is compressed, too big or beyond the budget now is refused before the client
+        sends it (the budget is held from the middleware on, when the body comes)."""
         if request.headers.get("Expect", "").lower() != "100-continue":
             return error_response(417, "only Expect: 100-continue is understood")
-        length = request.content_length
-        if length is not None and length > self.max_request_bytes:
-            return error_response(413, f"request body of {length} bytes is above the "
-                                  f"limit of {self.max_request_bytes}")
+        refusal = (compression_refused(request)
+                   or too_big(request.content_length, self.max_request_bytes))
+        if refusal is None:
+            try:
+                self.budget.reserve(request.content_length or 0, "the request body").release()
+            except ServeError as error:
+                refusal = error
+        if refusal is not None:
+            response = error_response(refusal.http_status, refusal.message)
+            response.force_close()
+            return response
         if request.version >= (1, 1):
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0
@@ -109,6 +115,25 @@ class _Api:
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The request's connection marked busy and its reservation held until its
+        response is written (see the module)."""
+        connection = request.protocol if isinstance(request.protocol, Connection) else None
+        if connection is not None:
+            connection.request_started()
+        reservation = Reservation(self.budget)
+        _RESERVATION.set(reservation)
+        try:
+            response = await self._answer(request, handler)
+            if not request.content.is_eof():  # refused before its body was read
+                response.force_close()
+            await self._send(request, response)
+            return response
+        finally:
+            reservation.release()
+            if connection is not None:
+                connection.request_done()
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Token check, then the handler, every outcome a JSON answer (see the module)."""
         try:
             route = request.match_info.route.name
@@ -124,6 +149,22 @@ class _Api:
         except Exception:
             log.exception("HTTP %s %s failed", request.method, request.path)
             return error_response(500, "internal error")
+
+    async def _send(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Written here, so that the reservation lasts until it is; a client that does not
+        take it within its time (ConnectionLimits.transfer_s) loses its connection."""
+        transport = request.transport
+        if transport is None:
+            return
+        deadline = asyncio.get_running_loop().call_later(
+            self.limits.transfer_s(response.content_length or 0), transport.abort)
+        try:
+            await response.prepare(request)
+            await response.write_eof()
+        except ConnectionError:
+            pass  # gone, or cut off: nobody to answer
+        finally:
+            deadline.cancel()
 
     async def live(self, request: web.Request) -> web.StreamResponse:
         return web.Response(status=200 if self.models.live() else 503)
@@ -154,33 +195,40 @@ class _Api:
         stats = self.models.statistics(request.match_info.get("model", ""), _version(request))
         return json_response({"model_stats": stats})
 
-    def _infer(self, model: str, version: str, body: bytes, header: str | None,
-               authorization: str | None) -> tuple[bytes, int | None]:
-        regions = CallerRegions(self.regions, lambda: self.access.check(
-            bearer(authorization), control=True))
+    def _infer(self, model: str, version: str, body: bytearray, header: str | None,
+               authorization: str | None, reservation: Reservation
+               ) -> tuple[bytes, int | None]:
+        token = bearer(authorization)
+        regions = CallerRegions(self.regions, lambda: self.access.check(token, control=True))
         decoded = codec.decode_infer(model, version, body,
-                                     codec.header_length(header, len(body)), regions=regions)
-        return codec.encode_infer(self.models.infer(decoded.request), decoded)
+                                     codec.header_length(header, len(body)), regions=regions,
+                                     reservation=reservation,
+                                     trusted=token is not None and self.access.holds(token))
+        return codec.encode_infer(self.models.infer(decoded.request), decoded, reservation)
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         payload, head = await self._blocking(
             self._infer, request.match_info["model"], _version(request), body,
-            request.headers.get(codec.HEADER_LENGTH), request.headers.get("Authorization"))
+            request.headers.get(codec.HEADER_LENGTH), request.headers.get("Authorization"),
+            _RESERVATION.get())
+        del body  # not held while the response is written
         if head is None:
             return web.Response(body=payload, content_type="application/json")
         return web.Response(body=payload, content_type="application/octet-stream",
                             headers={codec.HEADER_LENGTH: str(head)})
 
     async def index(self, request: web.Request) -> web.StreamResponse:
-        document = codec.optional_object(await self._body(request), "the index request")
+        document = codec.optional_object(await self._body(request), "the index request",
+                                          _RESERVATION.get())
         ready = document.get("ready", False)
         if not isinstance(ready, bool):
             raise invalid("ready must be true or false")
         return json_response(codec.index_json(self.models.index(ready)))
 
     async def _control(self, request: web.Request, call: Callable[..., None]) -> web.Response:
-        document = codec.optional_object(await self._body(request), "the request")
+        document = codec.optional_object(await self._body(request), "the request",
+                                          _RESERVATION.get())
         params = codec.parameters(document.get("parameters"), "parameters")
         await self._blocking(call, request.match_info["model"], params)
         return web.Response(status=200)
@@ -195,7 +243,8 @@ class _Api:
         return json_response(self.regions.status(request.match_info.get("region", "")))
 
     async def shm_register(self, request: web.Request) -> web.StreamResponse:
-        document = codec.loads(await self._body(request), "the register request")
+        document = codec.loads(await self._body(request), "the register request",
+                               _RESERVATION.get())
         if not isinstance(document, dict):
             raise invalid("the register request must be a JSON object")
         key, offset, size = (document.get("key"), document.get("offset", 0),
@@ -217,15 +266,18 @@ class _Api:
 def make_app(models: Models, access: Access, *, max_request_bytes: int,
              executor: concurrent.futures.Executor,
              regions: SharedMemoryRegions | None = None,
-             budget: MemoryBudget | None = None) -> web.Application:
-    """The application to serve (with ``aiohttp.web.AppRunner``); bodies above
-    ``max_request_bytes`` are refused with 413.  Without ``regions`` (the data plane shares
-    one with gRPC) the app keeps its own, under the default prefix, closed at cleanup;
-    without ``budget`` (shared with gRPC too) one of its own, sized for no device."""
+             budget: MemoryBudget | None = None,
+             limits: ConnectionLimits | None = None) -> web.Application:
+    """The application to serve (with ``http_listener.HttpListener``, given the same
+    ``limits``); bodies above ``max_request_bytes`` are refused with 413.  Without
+    ``regions`` (the data plane shares one with gRPC) the app keeps its own, under the
+    default prefix, closed at cleanup; without ``budget`` (shared with gRPC too) one of its
+    own, sized for no device."""
     api = _Api(models, access, max_request_bytes, executor,
                regions if regions is not None
                else bounded_regions(DEFAULT_PREFIX, max_request_bytes),
-               budget or MemoryBudget(default_limit_bytes(None, max_request_bytes)))
+               budget or MemoryBudget(default_limit_bytes(None, max_request_bytes)),
+               limits or ConnectionLimits())
     app = web.Application(client_max_size=max_request_bytes, middlewares=[api.guard])
     if regions is None:
         async def close_regions(app: web.Application) -> None:

@@ -36,6 +36,7 @@ from agent.serving.threads import InferenceThreads, read_sched_file
 if TYPE_CHECKING:
     from agent.discovery.model import Topology
     from agent.inference.provider_options import RuntimeVersions
+    from agent.serving.http_listener import HttpListener
     from agent.serving.metrics import MetricsServer
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,12 @@ class ServerSettings:
     building: Building | None = None  # a TensorRT build's "still going" (seconds so far)
     max_inflight_bytes: int | None = None  # None: from the device's memory (budget.py)
     privileged_priority: int = 1  # this level and higher need the token; 0: none do
+    # the HTTP front end's connections (http_listener): None takes a quarter of the
+    # descriptor limit; a request's head must be whole, and an idle connection's next one
+    # begin, within these
+    http_max_connections: int | None = None
+    http_header_timeout_s: float = 5.0
+    http_idle_timeout_s: float = 5.0
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -196,7 +203,7 @@ class DataPlane:
         self.grpc_pool = ThreadPoolExecutor(settings.workers, "infer-grpc",
                                             initializer=self.threads.adopt_current)
         self.grpc_server: Any = None
-        self.runner: Any = None
+        self.http: HttpListener | None = None
         self.metrics: MetricsServer | None = None
         self.addresses: dict[str, str] = {}
         self._trimmer: asyncio.Task[None] | None = None
@@ -206,10 +213,9 @@ class DataPlane:
         self.threads.switch(read_sched_file(self.settings.sched_file))
 
     async def start(self) -> None:
-        from aiohttp import web
-
         from agent.serving.grpc_api import build_grpc_server
         from agent.serving.http_api import make_app
+        from agent.serving.http_listener import ConnectionLimits, HttpListener
 
         settings = self.settings
         await asyncio.get_running_loop().run_in_executor(None, self.registry.start)
@@ -224,15 +230,15 @@ class DataPlane:
             raise OSError(f"serve.grpc {settings.grpc}: cannot listen there")
         self.grpc_server.start()
         self.addresses["grpc"] = f"{host}:{bound}"
+        limits = ConnectionLimits(settings.http_max_connections, settings.http_header_timeout_s,
+                                  settings.http_idle_timeout_s)
         app = make_app(self.registry, self.access, max_request_bytes=settings.max_request_bytes,
-                       executor=self.http_pool, regions=self.regions, budget=self.budget)
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self.runner.setup()
+                       executor=self.http_pool, regions=self.regions, budget=self.budget,
+                       limits=limits)
+        self.http = HttpListener(app, limits)
         host, port = split_address(settings.http)
-        site = web.TCPSite(self.runner, host, port, ssl_context=_tls(settings),
-                           reuse_address=True)
-        await site.start()
-        self.addresses["http"] = f"{host}:{self.runner.addresses[0][1]}"  # port 0: the bound one
+        bound = await self.http.start(host, port, _tls(settings))
+        self.addresses["http"] = f"{host}:{bound}"  # port 0: the bound one
         if settings.metrics is not None:
             from agent.serving.metrics import MetricsServer
 
@@ -264,8 +270,8 @@ class DataPlane:
             self.metrics.stop()
         if self.grpc_server is not None:
             self.grpc_server.stop(2.0).wait(3.0)
-        if self.runner is not None:
-            await self.runner.cleanup()
+        if self.http is not None:
+            await self.http.stop()
         self.registry.stop()
         self.regions.close()
         self.http_pool.shutdown(wait=False, cancel_futures=True)
