@@ -7,6 +7,7 @@ bounded, and shared memory attached only when the token's owner may open it."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import resource
 import shutil
@@ -415,6 +416,28 @@ def test_only_memory_the_tokens_owner_may_open_is_attached(
     os.fchmod(fd, 0o600)
     assert register() == "OK"
     assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving an object away needs root")
+def test_http_registers_by_the_tokens_owner_too(
+        demo: DemoModels, shm_object: tuple[str, int], tmp_path: Path) -> None:
+    """The HTTP front end names the token's owner as gRPC does: an object of the uid that
+    owns the token file is attached, one of another uid is not."""
+    key, fd = shm_object
+    token = token_file(tmp_path, TOKEN)
+    holder = 54321
+    os.chown(token, holder, holder)
+    server = HttpServer(demo, Access((token,), everything=False),
+                        regions=SharedMemoryRegions(DEFAULT_PREFIX, max_bytes=MAX_REQUEST))
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    body = json.dumps({"key": key, "offset": 0, "byte_size": 64}).encode()
+    path = "/v2/systemsharedmemory/region/region/register"
+    try:
+        assert server.request("POST", path, body, headers).status == 403  # root's object
+        os.fchown(fd, holder, holder)  # the token holder's own
+        assert server.request("POST", path, body, headers).status == 200
+    finally:
+        server.stop()
 
 
 # --- the token's privileges ----------------------------------------------------------------

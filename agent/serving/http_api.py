@@ -254,8 +254,9 @@ class _Api:
         for what, value in (("offset", offset), ("byte_size", size)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise invalid(f"{what} must be an integer")
+        owner = self.access.owner(bearer(request.headers.get("Authorization")))
         await self._blocking(self.regions.register, request.match_info["region"], key,
-                             offset, size)
+                             offset, size, owner)
         return web.Response(status=200)
 
     async def shm_unregister(self, request: web.Request) -> web.StreamResponse:
