@@ -518,3 +518,26 @@ def test_typed_inputs_meet_the_size_cap_before_they_are_decoded(
     served = start()
     served.call(INFER, data)
     assert served.budget.peak - plane.budget.peak >= x.nbytes
+
+
+def test_http_json_inputs_meet_the_size_cap_before_they_are_decoded(tmp_path: Path) -> None:
+    models = CappedModels()
+    server = HttpServer(models, Access((token_file(tmp_path, TOKEN),), everything=False))
+    try:
+        body = json.dumps({"inputs": [{"name": "image", "datatype": "FP32",
+                                       "shape": [1, 3, 64, 64], "data": [0.5] * 12288}]})
+        reply = server.request("POST", "/v2/models/demo/infer", body.encode())
+        assert (reply.status, reply.json()) == (400, {"error": "input image: above the cap"})
+        assert models.asked == [("image", [1, 3, 64, 64])]
+        assert models.requests == []
+    finally:
+        server.stop()
+    # the JSON was admitted, the array it would become was not: where the cap lets the same
+    # request through, its peak holds the array's bytes more
+    served = HttpServer(RecordingModels(), Access((token_file(tmp_path, TOKEN),),
+                                                  everything=False))
+    try:
+        assert served.request("POST", "/v2/models/demo/infer", body.encode()).status == 200
+        assert served.budget.peak - server.budget.peak >= 12288 * 4
+    finally:
+        served.stop()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -203,7 +204,9 @@ class _Api:
         decoded = codec.decode_infer(model, version, body,
                                      codec.header_length(header, len(body)), regions=regions,
                                      reservation=reservation,
-                                     trusted=token is not None and self.access.holds(token))
+                                     trusted=token is not None and self.access.holds(token),
+                                     check=functools.partial(self.models.check_elements,
+                                                             model, version))
         return codec.encode_infer(self.models.infer(decoded.request), decoded, reservation)
 
     async def infer(self, request: web.Request) -> web.StreamResponse:

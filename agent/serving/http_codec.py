@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,12 +241,15 @@ class DecodedInfer:
 
 def decode_infer(model: str, version: str, body: bytes | bytearray, length: int | None, *,
                  regions: RegionLookup, reservation: Reservation,
-                 trusted: bool = False) -> DecodedInfer:
+                 trusted: bool = False,
+                 check: Callable[[str, list[int]], None] | None = None) -> DecodedInfer:
     """The request in ``body``: JSON (its first ``length`` bytes, or all of it), then each
     binary input's bytes in input order, which must add up to exactly the rest; inputs in
     shared memory are copied out of ``regions``.  What the JSON and the decoded tensors
-    cost is admitted against ``reservation`` before they are built; ``trusted``: the caller
-    showed the token (InferRequest.trusted)."""
+    cost is admitted against ``reservation`` before they are built, after ``check`` (the
+    serving version's input size cap, Models.check_elements) passed the shapes of those
+    that are copies; binary inputs are views, which the registry's own check sees before
+    any run.  ``trusted``: the caller showed the token (InferRequest.trusted)."""
     view = memoryview(body)
     head_end = len(body) if length is None else length
     json_part = body if head_end == len(body) else bytes(view[:head_end])
@@ -269,6 +272,10 @@ def decode_infer(model: str, version: str, body: bytes | bytearray, length: int 
     if wanted != len(binary):
         raise invalid(f"binary_data_size of the inputs add up to {wanted} bytes, but "
                       f"{len(binary)} follow the JSON")
+    if check is not None:
+        for head in heads:
+            if head.binary_size is None:
+                check(head.name, list(head.shape))
     reservation.grow(sum(_decoded_cost(head) for head in heads), "the decoded inputs")
     inputs, offset = [], 0
     for head in heads:
