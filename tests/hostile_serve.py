@@ -416,11 +416,12 @@ def fresh_clients_get_in(addresses: dict[str, Any],
 def priority_starvation(http: str, model: str = QUEUED, input_name: str = "image",
                         input_shape: tuple[int, ...] = QUEUED_SHAPE, low_clients: int = 40,
                         high_requests: int = 12, low_level: int = 2,
-                        seconds: float = 4.0) -> Flood:
+                        seconds: float = 4.0, token: str | None = None) -> Flood:
     """``low_clients`` threads send at ``low_level`` back to back (keeping the model's queue
     full) while ``high_requests`` at level 1 are sent one after another once the queue has
-    refused a low one; ``answers`` counts the high ones' statuses, ``notes`` the low ones'.
-    Ends after at most ``seconds`` plus the high requests' own time."""
+    refused a low one, with ``token`` (level 1 is privileged: serve.privileged_priority);
+    ``answers`` counts the high ones' statuses, ``notes`` the low ones'.  Ends after at most
+    ``seconds`` plus the high requests' own time."""
     x = np.zeros(input_shape, np.float32)
     low, headers = binary_infer(input_name, x, {"priority": low_level})
     high, _ = binary_infer(input_name, x, {"priority": 1})
@@ -456,8 +457,9 @@ def priority_starvation(http: str, model: str = QUEUED, input_name: str = "image
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not low_answers.get("503"):
             time.sleep(0.01)
+        trusted = {**headers, "Authorization": f"Bearer {token}"} if token else headers
         for _ in range(high_requests):
-            flood.count(post(http, path, high, headers, 10.0)[0])
+            flood.count(post(http, path, high, trusted, 10.0)[0])
     finally:
         stop.set()
         for thread in threads:

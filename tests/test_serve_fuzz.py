@@ -413,8 +413,6 @@ def overflow_request(field: str, value: str, sign: bytes
     return route, body + tail, headers
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30: 8, huge versions, shapes and timeouts "
-                   "answer 500 or run; 1e999 is taken as inf")
 @FEW
 @given(field=st.sampled_from(["shape", "binary_shape", "timeout", "priority", "version",
                               "data", "binary_size"]),
