@@ -16,17 +16,19 @@ cannot be read is logged and left out; the rest of the scrape goes on.
 
 from __future__ import annotations
 
+import gzip
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from agent.inference.stats import Window
 from agent.serving.core import Models
@@ -143,16 +145,77 @@ class ServingCollector:
         yield from families.all()
 
 
-class MetricsServer:
-    """``/metrics`` on host:port (port 0: a free one, then ``address`` says which)."""
+class AcceptErrorCollector:
+    """``edge_agent_serve_accept_errors_total`` per listener: connections the data plane
+    could not accept (its descriptor table full), which its log only summarises."""
 
-    def __init__(self, host: str, port: int, models: Models) -> None:
+    def __init__(self, totals: Mapping[str, int]) -> None:
+        self.totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "edge_agent_serve_accept_errors",
+            "Connections not accepted for lack of descriptors or memory", labels=["listener"])
+        for listener, count in sorted(self.totals.items()):
+            family.add_metric([listener], float(count))
+        yield family
+
+
+class MetricsServer:
+    """``/metrics`` (any path, as prometheus_client's own server) on host:port, served by the
+    data plane's event loop: no thread per connection, so a scraper that never finishes
+    its request costs a descriptor, not a thread (port 0: a free one, then ``address``
+    says which).  Output as prometheus_client's server gives it: the format the Accept
+    header asks for, ``name[]`` filters, gzip when accepted."""
+
+    KEEPALIVE_S = 15.0  # a scraper comes back every few seconds or not at all
+
+    def __init__(self, models: Models, accept_errors: Mapping[str, int] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(ServingCollector(models))
-        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        bound = self._server.server_address[1]
-        self.address = f"{host}:{bound}"
+        if accept_errors is not None:
+            self.registry.register(AcceptErrorCollector(accept_errors))
+        self.address = ""
+        self._runner: Any = None
 
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    async def start(self, host: str, port: int) -> None:
+        """Listen (OSError as the bind's: the caller names the key)."""
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._answer)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                               keepalive_timeout=self.KEEPALIVE_S)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port, reuse_address=True).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.address = f"{host}:{runner.addresses[0][1]}"
+
+    async def _answer(self, request: Any) -> Any:
+        from aiohttp import web
+
+        if request.method == "OPTIONS":
+            return web.Response(headers={"Allow": "OPTIONS,GET"})
+        if request.method != "GET":
+            return web.Response(status=405, headers={"Allow": "OPTIONS,GET"},
+                                text=f"# HTTP 405 Method Not Allowed: {request.method}; "
+                                "use OPTIONS or GET\n")
+        if request.path == "/favicon.ico":
+            return web.Response()
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        names = request.query.getall("name[]", [])
+        registry = self.registry.restricted_registry(names) if names else self.registry
+        body = encoder(registry)
+        headers = {"Content-Type": content_type}
+        if gzip_accepted(request.headers.get("Accept-Encoding", "")):
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, headers=headers)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
