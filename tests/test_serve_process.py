@@ -335,6 +335,7 @@ def test_the_inference_threads_take_the_profiles_scheduling_and_a_new_one_on_sig
     try:
         assert wait_until(lambda: ready.exists() or process.poll() is not None, 120)
         plane = json.loads(ready.read_text())
+        assert wait_until(lambda: server_ready(plane["http"]), 120)  # the models loaded
         http_infer(httpclient.InferenceServerClient(plane["http"]), "demo", demo_input())
         assert _affinities(process.pid, "infer-http") == [set(cpus[:1])]
         assert set(os.sched_getaffinity(process.pid)) == set(cpus)  # the main thread: not

@@ -133,9 +133,8 @@ class MqttLink:
         """``online`` or ``degraded`` (with why): the retained state changes at once."""
         self.health, self.health_reason = state, reason
         if self.status.state == "connected":
-            self._outgoing.put(Message(self.topic(protocol.STATE),
-                                       self._state_payload(state, self.status.session),
-                                       self.settings.retain))
+            payload = self._state_payload(state, self.status.session)
+            self._outgoing.put(Message(self.topic(protocol.STATE), payload, self.settings.retain))
             self.wake()
 
     def topic(self, suffix: str) -> str:
@@ -347,11 +346,10 @@ class MqttLink:
     def _announce(self, client: mqtt.Client) -> None:
         """The retained state, birth and Home Assistant discovery of this session."""
         session = self.status.session
-        retain = self.settings.retain
         client.publish(self.topic(protocol.STATE), self._state_payload(self.health, session),
-                       qos=1, retain=retain)
+                       qos=1, retain=self.settings.retain)
         for topic, payload in self.announce(session):
-            client.publish(topic, payload, qos=1, retain=retain)
+            client.publish(topic, payload, qos=1, retain=self.settings.retain)
 
     def _pump(self, client: mqtt.Client) -> None:
         """Fill the in-flight window: direct messages, live records, then the replay."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from agent.service.building import EXTEND_S, BuildWatch
 from agent.service.systemd import Notifier
 from agent.serving.building import BUILDING_FILE
-from agent.serving.connections import START_ERROR_FILE
+from agent.serving.connections import START_ERROR_FILE, read_start_error
 from agent.serving.threads import write_sched_file
 
 if TYPE_CHECKING:
@@ -318,11 +318,9 @@ class Supervisor:
         return not self._ready.is_set() and any(e.state == "LOADING" for e in self.index)
 
     def _poll(self, client: HttpClient) -> bool:
-        """Readiness, statistics and the index; False when the server did not answer.
-
-        Each round on a fresh connection: a connection kept alive still answers when the
-        server's descriptor table is full and no new client gets in, so "ready" would lie;
-        one connect a second costs next to nothing."""
+        """Readiness, statistics and the index; False when the server did not answer.  On a
+        fresh connection each round: a kept-alive one still answers when the server's
+        descriptor table is full and no new client gets in, so "ready" would lie."""
         from agent.serving.errors import ServeError
 
         client.close()
@@ -348,8 +346,7 @@ class Supervisor:
             return True
         failed = [e.reason for e in self.index
                   if e.state != "READY" and e.reason and e.reason != "unloaded"]
-        loading = [e.name + (f" version {e.version}" if e.version else "")
-                   for e in self.index if e.state == "LOADING"]
+        loading = [e.name for e in self.index if e.state == "LOADING"]
         self.state = "ready" if ready else "not_ready"
         self.reason = None if ready and not failed else (
             "; ".join(failed) or (f"loading {', '.join(loading)}" if loading else
@@ -369,7 +366,7 @@ class Supervisor:
         reason = exit_reason(code)
         uptime = round(time.monotonic() - self.started_at, 1)
         self.state, self.stats, self.index = "restarting", [], []
-        self.last_exit = self._start_error(process) or (
+        self.last_exit = read_start_error(self.directory, process.pid) or (
             "the last one exited with "
             + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in reason.items()))
         self.reason = f"{self.last_exit}; restarting in {backoff:.0f} s"
@@ -382,17 +379,6 @@ class Supervisor:
             if self.process is process:
                 self._spawn()
         return min(backoff * 2, BACKOFF_MAX_S)
-
-    def _start_error(self, process: subprocess.Popen[bytes]) -> str | None:
-        """What the process said before it exited because it could not start (an address
-        in use: ``serve.grpc 127.0.0.1:8001: address already in use``)."""
-        try:
-            said = json.loads((self.directory / START_ERROR_FILE).read_text())
-        except (OSError, ValueError):
-            return None
-        if not isinstance(said, dict) or said.get("pid") != process.pid:
-            return None
-        return str(said.get("error") or "") or None
 
     # -- what the rest of the agent reads ----------------------------------------------------------
 

@@ -11,10 +11,12 @@ full are counted and summarised, not logged one traceback each (asyncio's defaul
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import resource
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -45,6 +47,18 @@ def raise_descriptor_limit() -> tuple[int, int]:
     now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     logger.info("descriptors: soft limit %d (was %d), hard limit %d", now, soft, hard)
     return soft, now
+
+
+def read_start_error(directory: Path, pid: int) -> str | None:
+    """What the server ``pid`` wrote to START_ERROR_FILE in ``directory`` before it exited
+    because it could not listen; None when it wrote nothing."""
+    try:
+        said = json.loads((directory / START_ERROR_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(said, dict) or said.get("pid") != pid:
+        return None
+    return str(said.get("error") or "") or None
 
 
 def address_in_use(key: str, address: str, error: OSError) -> str | None:

@@ -195,6 +195,12 @@ class MetricsServer:
         self._runner = runner
         self.address = f"{host}:{runner.addresses[0][1]}"
 
+    @property
+    def sockets(self) -> list[str]:
+        """``host:port`` of each listening socket, as the kernel names it."""
+        return [] if self._runner is None else [
+            f"{a[0]}:{a[1]}" for a in self._runner.addresses]
+
     async def _answer(self, request: Any) -> Any:
         from aiohttp import web
 

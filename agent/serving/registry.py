@@ -139,9 +139,10 @@ class ModelRegistry:
         self._stopping.set()
         self._prober.join()
         self._started = False
+        deadline = time.monotonic() + STOP_WAIT_S  # for all loads together
         for name, slot in list(self._slots.items()):
             lock = self._lock(name)
-            held = lock.acquire(timeout=STOP_WAIT_S)
+            held = lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
             if not held:  # a load that hangs: it installs nothing once it ends (_load)
                 logger.warning("model %s: still loading at stop", name)
             try:

@@ -240,10 +240,10 @@ class DataPlane:
         loop = asyncio.get_running_loop()
         self.accept_errors.install(loop)
         await self._listen()
-        for address, key in ((self.addresses["http"], "serve.http"),
-                             (self.addresses.get("metrics"), "serve.metrics")):
-            if address is not None:
-                self.accept_errors.listeners[address] = key
+        names = self.accept_errors.listeners  # as the failed accept's socket names itself
+        names.update({f"{a[0]}:{a[1]}": "serve.http" for a in self.runner.addresses})
+        if self.metrics is not None:
+            names.update(dict.fromkeys(self.metrics.sockets, "serve.metrics"))
         self._trimmer = loop.create_task(self._trim_when_idle())
         if self.settings.ready_file is not None:
             write_ready(self.settings.ready_file, self.addresses)
