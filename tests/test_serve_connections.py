@@ -170,17 +170,18 @@ def test_serve_says_which_address_is_in_use_in_one_line(tmp_path: Path, key: str
     assert said == [f"edge-agent serve: serve.{key} {address}: address already in use"]
 
 
-def test_run_names_the_address_in_use_in_its_degraded_reason(tmp_path: Path,
-                                                             broker: Broker) -> None:
+@pytest.mark.parametrize("key", ["http", "grpc", "metrics"])
+def test_run_names_the_address_in_use_in_its_degraded_reason(tmp_path: Path, broker: Broker,
+                                                             key: str) -> None:
     watcher = Subscriber(broker, ["edge/v1/lab/orin-1/state"])
     with taken_port() as address:
         config = agent_config(tmp_path, broker.port)
-        config["serve"]["grpc"] = address
+        config["serve"][key] = address
         path = tmp_path / "agent.yaml"
         path.write_text(yaml.safe_dump(config))
         agent = start_agent(path)
         try:
-            expected = f"data plane: serve.grpc {address}: address already in use"
+            expected = f"data plane: serve.{key} {address}: address already in use"
             # at every restart: the first exit, and again after the backoff
             assert wait_until(lambda: _restarts(path) >= 2, 60), status(path)
             problems = status(path)[1].get("problems") or []
