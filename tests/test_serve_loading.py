@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.inference.demo_model import DEMO_INPUT, DEMO_MODEL_PATH
 from agent.serving.access import Access
+from agent.serving.http_client import HttpClient
 from agent.serving.registry import STOP_WAIT_S, ModelRegistry
 from tests.http_helpers import HttpServer, token_file
 from tests.mqtt_helpers import wait_until
@@ -103,3 +104,50 @@ def test_stop_does_not_wait_for_a_load_that_hangs(tmp_path: Path) -> None:
     assert models.wait_loaded(30)
     assert models.index(ready_only=True) == []
     assert not models.ready()
+
+
+def test_the_data_plane_listens_and_writes_its_ready_file_before_the_models_load(
+        tmp_path: Path) -> None:
+    """``DataPlane.start`` with the hanging build: it returns, the ready file names the
+    addresses, both front ends answer, and ``demo`` serves while ``slow`` still loads."""
+    import asyncio
+    import json
+
+    import tritonclient.grpc as grpcclient
+
+    from agent.serving.server import DataPlane, ServerSettings
+
+    repository = tmp_path / "repository"
+    (repository / "slow" / "1").mkdir(parents=True)
+    shutil.copy(DEMO_MODEL_PATH, repository / "slow" / "1" / "model.onnx")
+    ready = tmp_path / "ready.json"
+    plane = DataPlane(ServerSettings(
+        http="127.0.0.1:0", grpc="127.0.0.1:0", repository=repository,
+        builtins={"demo": DEMO_MODEL_PATH}, pins={}, token_files=[token_file(tmp_path)],
+        max_request_bytes=1 << 20, providers=["CPUExecutionProvider"], threads=(1, 1),
+        cache_dir=None, ready_file=ready, metrics="127.0.0.1:0"))
+    factory = HangingFactory(repository / "slow")
+    plane.registry.factory = factory
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(plane.start(), loop).result(30)
+        assert factory.waiting.wait(30)
+        addresses = json.loads(ready.read_text())
+        assert set(addresses) == {"pid", "http", "grpc", "metrics"}
+        with HttpClient(f"http://{addresses['http']}") as http:
+            assert http.live() and not http.ready()
+        grpc = grpcclient.InferenceServerClient(addresses["grpc"])
+        assert grpc.is_server_live() and not grpc.is_server_ready()
+        assert wait_until(lambda: grpc.is_model_ready("demo"), 30)
+        assert not grpc.is_model_ready("slow")
+        factory.release.set()
+        assert wait_until(grpc.is_server_ready, 30)
+    finally:
+        factory.release.set()
+        asyncio.run_coroutine_threadsafe(plane.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
