@@ -244,3 +244,36 @@ def _retained(broker: Broker, root: str) -> list[str]:
         publish.single(marker, b"", qos=1, retain=True, hostname=broker.host,
                        port=broker.port)
 
+
+
+def test_failed_accepts_between_two_lines_are_summed_in_the_second(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Five failures within one interval: the first logged at once, the other four in one
+    line when the interval ends; a context of another kind keeps asyncio's own handling."""
+    import asyncio
+    import errno
+
+    from agent.serving.connections import AcceptErrors
+
+    errors = AcceptErrors(interval_s=0.2)
+    loop = asyncio.new_event_loop()
+    errors.install(loop)
+    full = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+    with socket.socket() as listener, caplog.at_level("INFO"):
+        listener.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        errors.listeners[address] = "serve.http"
+        context = {"message": "socket.accept() out of system resource", "exception": full,
+                   "socket": listener}
+        for _ in range(5):
+            loop.call_exception_handler(context)
+        loop.call_exception_handler({"message": "something else went wrong"})
+        loop.run_until_complete(asyncio.sleep(0.5))
+    loop.close()
+    ours = [r.getMessage() for r in caplog.records if r.name == "agent.serving.connections"]
+    assert [line.split(" in the last")[0] for line in ours] == [
+        f"serve.http {address}: 1 connection(s) not accepted",
+        f"serve.http {address}: 4 connection(s) not accepted"]
+    assert errors.totals == {f"serve.http {address}": 5}
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == [
+        "something else went wrong"]

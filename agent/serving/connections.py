@@ -124,6 +124,3 @@ class AcceptErrors:
         address = f"{host}:{port}"
         key = self.listeners.get(address)
         return f"{key} {address}" if key else address
-
-    def total(self) -> int:
-        return sum(self.totals.values())
