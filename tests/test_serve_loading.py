@@ -51,19 +51,21 @@ def infer_body() -> tuple[bytes, dict[str, str]]:
 
 def test_a_model_whose_build_hangs_leaves_health_and_the_other_models_serving(
         tmp_path: Path) -> None:
+    """``aslow`` loads first (models load in name order, one at a time): ``demo`` starts
+    beside it once it took longer than ``load_alone_s``."""
     repository = tmp_path / "repository"
-    (repository / "slow" / "1").mkdir(parents=True)
-    shutil.copy(DEMO_MODEL_PATH, repository / "slow" / "1" / "model.onnx")
-    factory = HangingFactory(repository / "slow")
+    (repository / "aslow" / "1").mkdir(parents=True)
+    shutil.copy(DEMO_MODEL_PATH, repository / "aslow" / "1" / "model.onnx")
+    factory = HangingFactory(repository / "aslow")
     models = ModelRegistry(repository, {"demo": DEMO_MODEL_PATH}, factory,
-                           probe_interval_s=3600)
+                           probe_interval_s=3600, load_alone_s=0.5)
     server = HttpServer(models, Access((token_file(tmp_path),), everything=False))
     try:
         started = time.monotonic()
         models.start_loading()
         assert time.monotonic() - started < 5  # it did not wait for the loads
         assert factory.waiting.wait(30)
-        # live at once; ready only once the first round finished, which "slow" holds up
+        # live at once; ready only once the first round finished, which "aslow" holds up
         assert server.request("GET", "/v2/health/live").status == 200
         assert server.request("GET", "/v2/health/ready").status == 503
         assert wait_until(lambda: server.request(
@@ -71,17 +73,17 @@ def test_a_model_whose_build_hangs_leaves_health_and_the_other_models_serving(
         body, headers = infer_body()
         answer = server.request("POST", "/v2/models/demo/infer", body, headers)
         assert answer.status == 200, answer.body
-        assert server.request("GET", "/v2/models/slow/ready").status != 200
-        refused = server.request("POST", "/v2/models/slow/infer", body, headers)
+        assert server.request("GET", "/v2/models/aslow/ready").status != 200
+        refused = server.request("POST", "/v2/models/aslow/infer", body, headers)
         assert refused.status == 503 and b"loading" in refused.body
         index = {(row["name"], row["state"]) for row in server.request(
             "POST", "/v2/repository/index", "{}").json()}
-        assert index == {("demo", "READY"), ("slow", "LOADING")}
+        assert index == {("demo", "READY"), ("aslow", "LOADING")}
         assert not models.wait_loaded(0.1)
         factory.release.set()  # the build goes on: the round finishes, the server is ready
         assert models.wait_loaded(30)
         assert server.request("GET", "/v2/health/ready").status == 200
-        assert server.request("GET", "/v2/models/slow/ready").status == 200
+        assert server.request("GET", "/v2/models/aslow/ready").status == 200
     finally:
         factory.release.set()
         server.stop()

@@ -7,9 +7,11 @@ version it started on and none fails because of the load; a load that fails chan
 that serves.  Loads and unloads of one model run one at a time (its lock in ``_locks``);
 requests, the index and the probe take no lock of the registry's.
 
-The first round loads every model on a thread of its own, in the background
-(``start_loading``): the front ends answer meanwhile, the server is ready once the round
-finished, and a model whose build hangs keeps only itself from serving.
+The first round loads the models in the background (``start_loading``), one after the other
+as before (one build's peak memory at a time), each on a thread of its own: one that takes
+longer than ``load_alone_s`` has the next start beside it, so a model whose build hangs keeps
+only itself from serving.  The front ends answer meanwhile; the server is ready once the
+round finished.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from agent.serving.versions import SessionFactory, Version, build, file_sha256, 
 logger = logging.getLogger(__name__)
 
 STOP_WAIT_S = 5.0  # stop waits this long for a model's load, which then installs nothing
+LOAD_ALONE_S = 30.0  # a first load taking longer has the next model start beside it
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "parameters",
               "statistics", "system_shared_memory"]
@@ -55,7 +58,8 @@ class ModelRegistry:
                  pins: Mapping[str, str] | None = None,
                  intra_op_threads: int | None = None,
                  worker_start: Callable[[], None] | None = None,
-                 device_problem: Callable[[str], str | None] | None = None) -> None:
+                 device_problem: Callable[[str], str | None] | None = None,
+                 load_alone_s: float = LOAD_ALONE_S) -> None:
         """``clock``/``sleep`` pace a canary (tests inject their own); ``sleep`` defaults to
         a wait that ``stop`` cuts short.  ``intra_op_threads`` is shared out among a
         version's instances (versions.build); ``worker_start`` runs on every worker thread
@@ -80,6 +84,7 @@ class ModelRegistry:
         self._locks: dict[str, threading.Lock] = {}  # model -> its loads and unloads
         self._started = False  # the first load round finished
         self._loaded = threading.Event()
+        self._load_alone_s = load_alone_s
         self._prober = Prober(probe_interval_s, self._served_versions, self._stopping)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -91,21 +96,34 @@ class ModelRegistry:
         self._loaded.wait()
 
     def start_loading(self) -> None:
-        """Scan the repository and load each model on a thread of its own; the server is
-        ready once all of them finished (``wait_loaded``), each model once it serves."""
+        """Scan the repository and load its models in the background (see the module);
+        the server is ready once all of them finished (``wait_loaded``), each model once it
+        serves."""
         entries = scan(self.repository, self.builtins, self.pins)
         for name in entries:
             slot = self._slots.setdefault(name, Slot(name))
             if slot.served is None:
                 slot.loading, slot.reason = (0,), "loading"
-        loaders = [threading.Thread(target=self._first_load, args=(name, entry),
-                                    name=f"load-{name}"[:15], daemon=True)
-                   for name, entry in entries.items()]
-        for loader in loaders:
-            loader.start()
-        threading.Thread(target=self._first_round_done, args=(loaders,),
-                         name="load-round", daemon=True).start()
+        threading.Thread(target=self._first_round, args=(entries,), name="load-round",
+                         daemon=True).start()
         self._prober.start()
+
+    def _first_round(self, entries: Mapping[str, ModelEntry]) -> None:
+        loaders = []
+        for name, entry in entries.items():
+            if self._stopping.is_set():
+                break
+            loader = threading.Thread(target=self._first_load, args=(name, entry),
+                                      name=f"load-{name}"[:15], daemon=True)
+            loader.start()
+            loaders.append(loader)
+            loader.join(self._load_alone_s)  # the next one after it, or beside a slow one
+        for loader in loaders:
+            loader.join()
+        self._started = True
+        self._loaded.set()
+        logger.info("first load round done: serving %s", ", ".join(
+            e.name for e in self.index(ready_only=True)) or "nothing")
 
     def _first_load(self, name: str, entry: ModelEntry) -> None:
         with self._lock(name):
@@ -118,14 +136,6 @@ class ModelRegistry:
                 slot.failed, slot.loading = {0: f"{type(error).__name__}: {error}"}, ()
                 slot.reason = slot.failed[0]
                 logger.exception("model %s: load failed", name)
-
-    def _first_round_done(self, loaders: list[threading.Thread]) -> None:
-        for loader in loaders:
-            loader.join()
-        self._started = True
-        self._loaded.set()
-        logger.info("first load round done: serving %s", ", ".join(
-            e.name for e in self.index(ready_only=True)) or "nothing")
 
     def wait_loaded(self, timeout_s: float | None = None) -> bool:
         """Whether the first load round finished (within ``timeout_s``)."""
