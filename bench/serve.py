@@ -241,11 +241,23 @@ def start_server(scratch: Path, preexec_fn: Callable[[], None] | None = None
                                 str(config), "--ready-file", str(ready)],
                                stderr=subprocess.DEVNULL, preexec_fn=preexec_fn)
     deadline = time.monotonic() + 180
-    while not ready.exists():
+    while not (ready.exists() and _loaded(json.loads(ready.read_text())["http"])):
         if process.poll() is not None or time.monotonic() > deadline:
             raise SystemExit("edge-agent serve did not start")
         time.sleep(0.05)
     return process, json.loads(ready.read_text())
+
+
+def _loaded(address: str) -> bool:
+    """The server listens before its models load: ready once they did."""
+    from agent.serving.errors import ServeError
+    from agent.serving.http_client import HttpClient
+
+    try:
+        with HttpClient(f"http://{address}") as client:
+            return client.ready()
+    except ServeError:
+        return False
 
 
 def status_mb(pid: int | str, key: str) -> float:

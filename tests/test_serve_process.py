@@ -14,11 +14,13 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +38,41 @@ from tests.onnx_models import conv_net
 TOKEN = "test-token"
 
 
+def server_ready(address: str, tls: bool = False) -> bool:
+    """Whether the server at ``address`` says it is ready (its first load round done); with
+    the token, which a server beyond loopback asks for on every call."""
+    port = address.rpartition(":")[2]
+    scheme, context = ("https", ssl._create_unverified_context()) if tls else ("http", None)
+    request = urllib.request.Request(f"{scheme}://127.0.0.1:{port}/v2/health/ready",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=context) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def serve_process(tmp_path: Path, ready: Path | None = None, args: Sequence[str] = (),
+                  loaded: bool = True, popen: Mapping[str, Any] | None = None,
                   **serve: Any) -> Iterator[dict[str, Any]]:
     """``edge-agent serve`` on free ports (more command-line ``args``, the ready file at
-    ``ready``); yields the ready file's addresses, the process, the repository and the
-    config file."""
+    ``ready``, more Popen arguments in ``popen``); yields the ready file's addresses, the
+    process, the repository and the config file once it listens and (``loaded``) its
+    models loaded."""
     config = agent_config(tmp_path, 1883)
     config["serve"].update(serve)
     path = tmp_path / "serve.yaml"
     path.write_text(yaml.safe_dump(config))
     ready = ready or tmp_path / "ready.json"
     process = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--config", str(path),
-                                "--ready-file", str(ready), *args])
+                                "--ready-file", str(ready), *args], **(popen or {}))
     try:
         assert wait_until(lambda: ready.exists() or process.poll() is not None, 120)
         assert process.poll() is None, "serve exited before it was ready"
+        address = json.loads(ready.read_text())["http"]
+        tls = bool(serve.get("tls"))
+        assert not loaded or wait_until(lambda: server_ready(address, tls), 120)
         yield {**json.loads(ready.read_text()), "process": process,
                "repository": Path(config["state_dir"]) / "repository", "config": path}
         process.send_signal(signal.SIGTERM)
@@ -259,7 +280,6 @@ def test_kill_9_of_the_data_plane_under_load_is_an_event_and_a_restart(
 
 
 def test_beyond_loopback_it_needs_tls_and_the_token_for_every_call(tmp_path: Path) -> None:
-    import ssl
     import urllib.error
     import urllib.request
 
@@ -315,6 +335,7 @@ def test_the_inference_threads_take_the_profiles_scheduling_and_a_new_one_on_sig
     try:
         assert wait_until(lambda: ready.exists() or process.poll() is not None, 120)
         plane = json.loads(ready.read_text())
+        assert wait_until(lambda: server_ready(plane["http"]), 120)  # the models loaded
         http_infer(httpclient.InferenceServerClient(plane["http"]), "demo", demo_input())
         assert _affinities(process.pid, "infer-http") == [set(cpus[:1])]
         assert set(os.sched_getaffinity(process.pid)) == set(cpus)  # the main thread: not

@@ -37,6 +37,8 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     text = UNIT.read_text()
     for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=30", "Restart=on-failure",
                  "After=network-online.target",
+                 # the data plane raises its soft limit to this hard one (serving/connections)
+                 "LimitNOFILE=1024:65536",
                  "ExecStopPost=/opt/edge-agent/bin/edge-agent profile rollback "
                  "--after-failure"):
         assert line in text

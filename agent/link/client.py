@@ -70,7 +70,7 @@ def new_client(s: LinkSettings, will_topic: str, will: bytes, events: deque[tupl
                            clean_session=None if version == MQTTProtocolVersion.MQTTv5 else True)
     client.max_inflight_messages_set(IN_FLIGHT)
     client.connect_timeout = 5.0
-    client.will_set(will_topic, will, qos=1, retain=True)
+    client.will_set(will_topic, will, qos=1, retain=s.retain)
     if s.tls:
         client.tls_set(ca_certs=s.tls_ca, certfile=s.tls_cert, keyfile=s.tls_key)
     if s.username is not None:

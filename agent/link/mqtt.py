@@ -133,8 +133,8 @@ class MqttLink:
         """``online`` or ``degraded`` (with why): the retained state changes at once."""
         self.health, self.health_reason = state, reason
         if self.status.state == "connected":
-            self._outgoing.put(Message(self.topic(protocol.STATE),
-                                       self._state_payload(state, self.status.session), True))
+            payload = self._state_payload(state, self.status.session)
+            self._outgoing.put(Message(self.topic(protocol.STATE), payload, self.settings.retain))
             self.wake()
 
     def topic(self, suffix: str) -> str:
@@ -347,9 +347,9 @@ class MqttLink:
         """The retained state, birth and Home Assistant discovery of this session."""
         session = self.status.session
         client.publish(self.topic(protocol.STATE), self._state_payload(self.health, session),
-                       qos=1, retain=True)
+                       qos=1, retain=self.settings.retain)
         for topic, payload in self.announce(session):
-            client.publish(topic, payload, qos=1, retain=True)
+            client.publish(topic, payload, qos=1, retain=self.settings.retain)
 
     def _pump(self, client: mqtt.Client) -> None:
         """Fill the in-flight window: direct messages, live records, then the replay."""
@@ -388,7 +388,7 @@ class MqttLink:
         self._delivery.forget_acked()
         info = client.publish(self.topic(protocol.STATE),
                               self._state_payload("stopped", self.status.session), qos=1,
-                              retain=True)
+                              retain=self.settings.retain)
         deadline = time.monotonic() + _STOP_ACK_S
         while not info.is_published() and time.monotonic() < deadline:
             if not self._step(client, sock, selector, 0.05):

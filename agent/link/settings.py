@@ -30,6 +30,9 @@ class LinkSettings:
     reconnect_min_s: float = 0.5
     reconnect_max_s: float = 30.0
     replay_per_s: float = 200.0
+    # False: state, birth and the Last Will are not retained (selftest's probe node, which
+    # must leave no ghost on the broker)
+    retain: bool = True
 
 
 @dataclass

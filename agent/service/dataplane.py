@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from agent.service.building import EXTEND_S, BuildWatch
 from agent.service.systemd import Notifier
 from agent.serving.building import BUILDING_FILE
+from agent.serving.connections import START_ERROR_FILE, read_start_error
 from agent.serving.threads import write_sched_file
 
 if TYPE_CHECKING:
@@ -40,8 +41,8 @@ logger = logging.getLogger(__name__)
 POLL_S = 1.0  # readiness and statistics
 INDEX_S = 10.0  # the repository index, when nothing says it changed
 FIRST_READY_S = 300.0  # a first load may build an engine for minutes (TensorRT)
-HUNG_S = 15.0  # a ready server that stops answering this long is killed
-NOT_READY_S = 30.0  # a server whose self-probe keeps failing this long is restarted
+HUNG_S = 15.0  # a listening server that stops answering this long is killed
+NOT_READY_S = 30.0  # a loaded server whose self-probe keeps failing this long is restarted
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 30.0
 STEADY_S = 60.0  # ready this long: the backoff starts from its minimum again
 STOP_S = 10.0  # SIGTERM, then SIGKILL
@@ -162,6 +163,7 @@ class Supervisor:
 
     def _spawn(self) -> None:
         (self.directory / "ready.json").unlink(missing_ok=True)
+        (self.directory / START_ERROR_FILE).unlink(missing_ok=True)
         self.building.reset()
         self.addresses = {}
         self._index_key = None  # a new process: its index is read at its first poll
@@ -284,6 +286,9 @@ class Supervisor:
                         last_ready = last_answer
                         if last_answer - self.started_at > STEADY_S:
                             backoff = BACKOFF_MIN_S
+                    elif self._first_loading():  # the first start's budget, not NOT_READY_S
+                        last_ready = last_answer
+                        self._check_first_load(process)
                     elif last_answer - max(last_ready, self.started_at) > NOT_READY_S:
                         self._kill(process, f"not ready for {NOT_READY_S:.0f} s "
                                    f"({self.reason})")
@@ -305,12 +310,20 @@ class Supervisor:
 
     def _check_first_load(self, process: subprocess.Popen[bytes]) -> None:
         if time.monotonic() - self.started_at > self.wait_ready_s:
-            self._kill(process, f"not listening after {self.wait_ready_s:.0f} s")
+            doing = "not listening" if not self.addresses else f"still {self.reason}"
+            self._kill(process, f"{doing} after {self.wait_ready_s:.0f} s")
+
+    def _first_loading(self) -> bool:
+        """The process listens and has not been ready yet: its models still load."""
+        return not self._ready.is_set() and any(e.state == "LOADING" for e in self.index)
 
     def _poll(self, client: HttpClient) -> bool:
-        """Readiness, statistics and the index; False when the server did not answer."""
+        """Readiness, statistics and the index; False when the server did not answer.  On a
+        fresh connection each round: a kept-alive one still answers when the server's
+        descriptor table is full and no new client gets in, so "ready" would lie."""
         from agent.serving.errors import ServeError
 
+        client.close()
         try:
             ready = client.ready()
             stats = client.statistics()
@@ -336,9 +349,11 @@ class Supervisor:
             return True
         failed = [e.reason for e in self.index
                   if e.state != "READY" and e.reason and e.reason != "unloaded"]
+        loading = [e.name for e in self.index if e.state == "LOADING"]
         self.state = "ready" if ready else "not_ready"
         self.reason = None if ready and not failed else (
-            "; ".join(failed) or "the server is not ready (a model's self-probe failed)")
+            "; ".join(failed) or (f"loading {', '.join(loading)}" if loading else
+                                  "the server is not ready (a model's self-probe failed)"))
         if ready:
             self._ready.set()
         return True
@@ -354,8 +369,9 @@ class Supervisor:
         reason = exit_reason(code)
         uptime = round(time.monotonic() - self.started_at, 1)
         self.state, self.stats, self.index = "restarting", [], []
-        self.last_exit = ("the last one exited with "
-                          + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in reason.items()))
+        self.last_exit = read_start_error(self.directory, process.pid) or (
+            "the last one exited with "
+            + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in reason.items()))
         self.reason = f"{self.last_exit}; restarting in {backoff:.0f} s"
         logger.error("data plane (pid %d): %s", process.pid, self.reason)
         self.on_event("data_plane_exited", pid=process.pid, **reason, uptime_s=uptime,

@@ -75,8 +75,12 @@ def _state_dir(path: str) -> Path:
 
 class Service:
     def __init__(self, config: Config, state_dir: str | None = None,
-                 notifier: Notifier | None = None, builder: Builder | None = None) -> None:
+                 notifier: Notifier | None = None, builder: Builder | None = None,
+                 retain: bool = True) -> None:
+        """``retain=False``: a probe beside the real node (selftest), which must leave no
+        retained state, birth or Last Will on the broker."""
         self.config = config
+        self.retain = retain
         self.builder = builder or core_builder  # build-model's build (tests give their own)
         self.notifier = notifier or Notifier(enabled=False)
         self.state_dir = _state_dir(state_dir or config.state_dir)
@@ -180,7 +184,7 @@ class Service:
             max_payload_bytes=m.max_payload_kb * 1024,
             max_incoming_bytes=incoming_bound(self.config.control.max_payload_kb),
             reconnect_min_s=m.reconnect_min_s, reconnect_max_s=m.reconnect_max_s,
-            replay_per_s=self.config.telemetry.replay_per_s)
+            replay_per_s=self.config.telemetry.replay_per_s, retain=self.retain)
         return MqttLink(settings, outbox, self.sequence, self.announcements,
                         on_message=controller.on_message if controller else None,
                         subscriptions=controller.subscriptions() if controller else ())

@@ -18,24 +18,34 @@ def _any_port(address: str) -> str:
     return f"{address.rpartition(':')[0]}:0"
 
 
+def _probe_config(config: Config, scratch: str) -> Config:
+    """The config of the probe: its own node id, state and ports, nothing applied.  The data
+    plane reads the config as written (``raw``), so its addresses change there too: free
+    ports of its own, no metrics endpoint."""
+    serve = dataclasses.replace(config.serve, http=_any_port(config.serve.http),
+                                grpc=_any_port(config.serve.grpc), metrics=None)
+    raw = {**config.raw, "state_dir": scratch,
+           "serve": {**config.raw.get("serve", {}), "http": serve.http, "grpc": serve.grpc,
+                     "metrics": None}}
+    return dataclasses.replace(
+        config, node_id=f"{config.node_id}-selftest"[:64], state_dir=scratch,
+        tuning=dataclasses.replace(config.tuning, apply=False),
+        control=dataclasses.replace(config.control, enabled=False),
+        prometheus=dataclasses.replace(config.prometheus, listen=None),
+        home_assistant=dataclasses.replace(config.home_assistant, enabled=False),
+        serve=serve, inference=dataclasses.replace(config.inference, source="none"), raw=raw)
+
+
 def run_selftest(config: Config, seconds: float = 3.0,
                  stop: threading.Event | None = None) -> dict[str, Any] | None:
-    """Start the agent beside any running one (its own state directory and MQTT client id,
-    nothing applied), let it work for ``seconds``, check it, stop it.  None when ``stop`` is
-    set first: the probe is stopped (its threads joined) and there is no verdict."""
+    """Start the agent beside any running one (its own state directory, ports and MQTT
+    client id, nothing applied, nothing retained on the broker), let it work for
+    ``seconds``, check it, stop it.  None when ``stop`` is set first: the probe is stopped
+    (its threads joined) and there is no verdict."""
     with tempfile.TemporaryDirectory(prefix="edge-agent-selftest-") as scratch:
-        probe = dataclasses.replace(
-            config, node_id=f"{config.node_id}-selftest"[:64], state_dir=scratch,
-            tuning=dataclasses.replace(config.tuning, apply=False),
-            control=dataclasses.replace(config.control, enabled=False),
-            prometheus=dataclasses.replace(config.prometheus, listen=None),
-            home_assistant=dataclasses.replace(config.home_assistant, enabled=False),
-            # free ports: the probe never takes the running agent's addresses
-            serve=dataclasses.replace(config.serve, http=_any_port(config.serve.http),
-                                      grpc=_any_port(config.serve.grpc)),
-            inference=dataclasses.replace(config.inference, source="none"))
+        probe = _probe_config(config, scratch)
         stop = stop or threading.Event()
-        service = Service(probe)
+        service = Service(probe, retain=False)
         try:
             service.start()
             deadline = time.monotonic() + seconds

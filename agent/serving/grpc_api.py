@@ -457,6 +457,8 @@ def build_grpc_server(models: Models, access: Access, *, max_request_bytes: int,
     server = grpc.server(executor, options=[
         ("grpc.max_receive_message_length", max_request_bytes),
         ("grpc.max_send_message_length", -1),
+        # a port another server holds is an error, not shared with it (gRPC's default)
+        ("grpc.so_reuseport", 0),
         *limits.options(),
     ], maximum_concurrent_rpcs=limits.concurrent_rpcs)
     server.add_generic_rpc_handlers(

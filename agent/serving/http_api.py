@@ -37,7 +37,7 @@ from agent.serving.budget import MemoryBudget, Reservation, default_limit_bytes
 from agent.serving.core import Models
 from agent.serving.errors import ServeError, invalid
 from agent.serving.http_body import compression_refused, read_body, too_big
-from agent.serving.http_listener import Connection, ConnectionLimits
+from agent.serving.http_listener import ConnectionLimits, in_request
 from agent.serving.shm import (
     DEFAULT_PREFIX,
     CallerRegions,
@@ -118,21 +118,14 @@ class _Api:
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """The request's connection marked busy and its reservation held until its
         response is written (see the module)."""
-        connection = request.protocol if isinstance(request.protocol, Connection) else None
-        if connection is not None:
-            connection.request_started()
         reservation = Reservation(self.budget)
         _RESERVATION.set(reservation)
-        try:
+        with in_request(request), reservation:
             response = await self._answer(request, handler)
             if not request.content.is_eof():  # refused before its body was read
                 response.force_close()
             await self._send(request, response)
             return response
-        finally:
-            reservation.release()
-            if connection is not None:
-                connection.request_done()
 
     async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Token check, then the handler, every outcome a JSON answer (see the module)."""

@@ -27,10 +27,12 @@ trickles either loses its connection rather than holding it and its budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 import ssl
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +106,20 @@ class Connection(RequestHandler):
         self._listener.touched(self)
 
 
+@contextlib.contextmanager
+def in_request(request: web.BaseRequest) -> Iterator[None]:
+    """A request's connection is busy while its handler runs (and its response is
+    written): neither evicted at the cap nor swept as idle meanwhile."""
+    connection = request.protocol if isinstance(request.protocol, Connection) else None
+    if connection is not None:
+        connection.request_started()
+    try:
+        yield
+    finally:
+        if connection is not None:
+            connection.request_done()
+
+
 class _Refused(asyncio.Protocol):
     """A connection beyond the cap while every connection is in a request: a 503 and
     closed, its request never read."""
@@ -132,7 +148,7 @@ class HttpListener:
         self.evicted = 0  # idle ones closed to let a new one in
         self._open: set[Connection] = set()
         self._idle: OrderedDict[Connection, None] = OrderedDict()  # oldest first
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._options: dict[str, Any] = {}
 
@@ -149,6 +165,11 @@ class HttpListener:
             ssl_handshake_timeout=self.limits.header_timeout_s if ssl_context else None)
         self._sweeper = loop.create_task(self._sweep())
         return int(self._server.sockets[0].getsockname()[1])
+
+    @property
+    def addresses(self) -> list[Any]:
+        """Where it listens, as its sockets name themselves (getsockname)."""
+        return [sock.getsockname() for sock in self._server.sockets] if self._server else []
 
     @property
     def open_connections(self) -> int:

@@ -16,20 +16,24 @@ cannot be read is logged and left out; the rest of the scrape goes on.
 
 from __future__ import annotations
 
+import gzip
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from aiohttp import web
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from agent.inference.stats import Window
 from agent.serving.core import Models
+from agent.serving.http_listener import ConnectionLimits, HttpListener, in_request
 
 logger = logging.getLogger(__name__)
 
@@ -143,16 +147,85 @@ class ServingCollector:
         yield from families.all()
 
 
-class MetricsServer:
-    """``/metrics`` on host:port (port 0: a free one, then ``address`` says which)."""
+class AcceptErrorCollector:
+    """``edge_agent_serve_accept_errors_total`` per listener: connections the data plane
+    could not accept (its descriptor table full), which its log only summarises."""
 
-    def __init__(self, host: str, port: int, models: Models) -> None:
+    def __init__(self, totals: Mapping[str, int]) -> None:
+        self.totals = totals
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "edge_agent_serve_accept_errors",
+            "Connections not accepted for lack of descriptors or memory", labels=["listener"])
+        for listener, count in sorted(self.totals.items()):
+            family.add_metric([listener], float(count))
+        yield family
+
+
+class MetricsServer:
+    """``/metrics`` (any path, as prometheus_client's own server) on host:port, served by the
+    data plane's event loop: no thread per connection, so a scraper that never finishes
+    its request costs a descriptor, not a thread (port 0: a free one, then ``address``
+    says which).  Output as prometheus_client's server gives it: the format the Accept
+    header asks for, ``name[]`` filters, gzip when accepted."""
+
+    # a scraper comes back every few seconds or not at all; a few at once; the HTTP front
+    # end's listener, so that idle or slow connections cannot lock a new scraper out
+    LIMITS = ConnectionLimits(max_connections=64, header_timeout_s=5.0, idle_timeout_s=15.0)
+
+    def __init__(self, models: Models, accept_errors: Mapping[str, int] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(ServingCollector(models))
-        self._server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        bound = self._server.server_address[1]
+        if accept_errors is not None:
+            self.registry.register(AcceptErrorCollector(accept_errors))
+        self.address = ""
+        self._listener: HttpListener | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        """Listen (OSError as the bind's: the caller names the key)."""
+        app = web.Application(middlewares=[_tracked])
+        app.router.add_route("*", "/{tail:.*}", self._answer)
+        listener = HttpListener(app, self.LIMITS)
+        try:
+            bound = await listener.start(host, port)
+        except BaseException:
+            await listener.stop()
+            raise
+        self._listener = listener
         self.address = f"{host}:{bound}"
 
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    @property
+    def sockets(self) -> list[str]:
+        """``host:port`` of each listening socket, as the kernel names it."""
+        return [] if self._listener is None else [
+            f"{a[0]}:{a[1]}" for a in self._listener.addresses]
+
+    async def _answer(self, request: Any) -> Any:
+        if request.method == "OPTIONS":
+            return web.Response(headers={"Allow": "OPTIONS,GET"})
+        if request.method != "GET":
+            return web.Response(status=405, headers={"Allow": "OPTIONS,GET"},
+                                text=f"# HTTP 405 Method Not Allowed: {request.method}; "
+                                "use OPTIONS or GET\n")
+        if request.path == "/favicon.ico":
+            return web.Response()
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        names = request.query.getall("name[]", [])
+        registry = self.registry.restricted_registry(names) if names else self.registry
+        body = encoder(registry)
+        headers = {"Content-Type": content_type}
+        if gzip_accepted(request.headers.get("Accept-Encoding", "")):
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=body, headers=headers)
+
+    async def stop(self) -> None:
+        if self._listener is not None:
+            await self._listener.stop()
+
+
+@web.middleware
+async def _tracked(request: web.Request, handler: Any) -> web.StreamResponse:
+    with in_request(request):
+        return await handler(request)  # type: ignore[no-any-return]

@@ -4,8 +4,14 @@ Model control is Triton's "explicit" mode: every model loads at ``start`` and la
 ``load``/``unload``.  A load builds and probes the versions it needs beside what serves, then
 replaces the model's served set in one assignment, so a request in flight finishes on the
 version it started on and none fails because of the load; a load that fails changes nothing
-that serves.  Loads, unloads and stop run one at a time (``_load_lock``); requests, the index
-and the probe take no lock of the registry's.
+that serves.  Loads and unloads of one model run one at a time (its lock in ``_locks``);
+requests, the index and the probe take no lock of the registry's.
+
+The first round loads the models in the background (``start_loading``), one after the other
+as before (one build's peak memory at a time), each on a thread of its own: one that takes
+longer than ``load_alone_s`` has the next start beside it, so a model whose build hangs keeps
+only itself from serving.  The front ends answer meanwhile; the server is ready once the
+round finished.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ from agent.serving.versions import SessionFactory, Version, build, version_key
 
 logger = logging.getLogger(__name__)
 
+STOP_WAIT_S = 5.0  # stop waits this long for a model's load, which then installs nothing
+LOAD_ALONE_S = 30.0  # a first load taking longer has the next model start beside it
+
 EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "parameters",
               "statistics", "system_shared_memory"]
 
@@ -64,7 +73,8 @@ class ModelRegistry:
                  intra_op_threads: int | None = None,
                  worker_start: Callable[[], None] | None = None,
                  device_problem: Callable[[str], str | None] | None = None,
-                 privileged_priority: int = 0) -> None:
+                 privileged_priority: int = 0,
+                 load_alone_s: float = LOAD_ALONE_S) -> None:
         """``clock``/``sleep`` pace a canary (tests inject their own); ``sleep`` defaults to
         a wait that ``stop`` cuts short.  ``intra_op_threads``: the CPUs the profile gives
         inference (one intra-op thread each, options.thread_plan; None: this process's
@@ -91,38 +101,90 @@ class ModelRegistry:
         self._sleep = sleep or self._stopping.wait
         self._p99_floor_ms = canary_p99_floor_ms
         self._slots: dict[str, Slot] = {}
-        self._load_lock = threading.Lock()
-        self._started = False
+        self._load_lock = threading.Lock()  # guards ``_locks``
+        self._locks: dict[str, threading.Lock] = {}  # model -> its loads and unloads
+        self._started = False  # the first load round finished
+        self._loaded = threading.Event()
+        self._load_alone_s = load_alone_s
         self._prober = Prober(probe_interval_s, self._served_versions, self._stopping)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load every model of the repository and the built-ins; one that fails is listed
-        with its reason and the others serve."""
-        with self._load_lock:
-            entries = scan(self.repository, self.builtins, self.pins)
-            for name in entries:
-                self._slots.setdefault(name, Slot(name, loading=(0,)))
-            for name, entry in entries.items():
-                try:
-                    self._load(self._slots[name], entry, None)
-                except ServeError as error:
-                    logger.warning("%s", error.message)
-            self._started = True
+        """Load every model of the repository and the built-ins, and return once they all
+        finished; one that fails is listed with its reason and the others serve."""
+        self.start_loading()
+        self._loaded.wait()
+
+    def start_loading(self) -> None:
+        """Scan the repository and load its models in the background (see the module);
+        the server is ready once all of them finished (``wait_loaded``), each model once it
+        serves."""
+        entries = scan(self.repository, self.builtins, self.pins)
+        for name in entries:
+            slot = self._slots.setdefault(name, Slot(name))
+            if slot.served is None:
+                slot.loading, slot.reason = (0,), "loading"
+        threading.Thread(target=self._first_round, args=(entries,), name="load-round",
+                         daemon=True).start()
         self._prober.start()
+
+    def _first_round(self, entries: Mapping[str, ModelEntry]) -> None:
+        loaders = []
+        for name, entry in entries.items():
+            if self._stopping.is_set():
+                break
+            loader = threading.Thread(target=self._first_load, args=(name, entry),
+                                      name=f"load-{name}"[:15], daemon=True)
+            loader.start()
+            loaders.append(loader)
+            loader.join(self._load_alone_s)  # the next one after it, or beside a slow one
+        for loader in loaders:
+            loader.join()
+        self._started = True
+        self._loaded.set()
+        logger.info("first load round done: serving %s", ", ".join(
+            e.name for e in self.index(ready_only=True)) or "nothing")
+
+    def _first_load(self, name: str, entry: ModelEntry) -> None:
+        with self._lock(name):
+            try:
+                self._load(self._slots[name], entry, None)
+            except ServeError as error:
+                logger.warning("%s", error.message)
+            except Exception as error:  # a loader thread's end must not hide the reason
+                slot = self._slots[name]
+                slot.failed, slot.loading = {0: f"{type(error).__name__}: {error}"}, ()
+                slot.reason = slot.failed[0]
+                logger.exception("model %s: load failed", name)
+
+    def wait_loaded(self, timeout_s: float | None = None) -> bool:
+        """Whether the first load round finished (within ``timeout_s``)."""
+        return self._loaded.wait(timeout_s)
+
+    def _lock(self, name: str) -> threading.Lock:
+        with self._load_lock:
+            return self._locks.setdefault(name, threading.Lock())
 
     def stop(self) -> None:
         self._stopping.set()
         self._prober.join()
-        with self._load_lock:
-            self._started = False
-            for slot in self._slots.values():
+        self._started = False
+        deadline = time.monotonic() + STOP_WAIT_S  # for all loads together
+        for name, slot in list(self._slots.items()):
+            lock = self._lock(name)
+            held = lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+            if not held:  # a load that hangs: it installs nothing once it ends (_load)
+                logger.warning("model %s: still loading at stop", name)
+            try:
                 served = slot.served
                 self._replace(slot, None)
                 slot.reason = "the server stopped"
                 for version in served.versions.values() if served is not None else ():
                     version.scheduler.join(5.0)
+            finally:
+                if held:
+                    lock.release()
 
     def probe_now(self) -> None:
         """One probe round now, as the background thread runs every probe_interval_s."""
@@ -142,7 +204,7 @@ class ModelRegistry:
 
     def load(self, name: str, parameters: Mapping[str, Any]) -> None:
         limits = canaries.parse_load_parameters(parameters, self._p99_floor_ms)
-        with self._load_lock:
+        with self._lock(name):
             entry = scan_model(self.repository, self.builtins, name, self.pins)
             if entry is None:
                 raise not_found(f"model {name!r} is not in the repository {self.repository}")
@@ -185,6 +247,11 @@ class ModelRegistry:
             raise
         new = Served(versions, max(versions), entry.settings)
         slot.loading = ()
+        if self._stopping.is_set():  # stop gave up waiting for this load: serve nothing
+            for number in to_build:
+                versions[number].close()
+            slot.reason = "the server stopped"
+            return
         if limits is not None and old is not None and old.default != new.default and (
                 new.default in to_build):
             self._canary(slot, old, new, limits)
@@ -261,7 +328,7 @@ class ModelRegistry:
         raise ServeError("FAILED_PRECONDITION", message)
 
     def unload(self, name: str, parameters: Mapping[str, Any]) -> None:
-        with self._load_lock:
+        with self._lock(name):
             slot = self._slot(name)
             self._replace(slot, None)
             slot.failed, slot.loading, slot.reason = {}, (), "unloaded"

@@ -4,7 +4,10 @@ One process, so that the profile's cgroup limits, RT priorities and CPU affinity
 inference alone and a crash or OOM kill takes nothing else with it.  HTTP (aiohttp) runs on
 this process's event loop, gRPC on its own thread pool; both hand inference to threads the
 profile schedules (``threads``).  Once both listen, the bound addresses go to the ready file
-(port 0 takes a free port: tests and ``selftest``), which is how the supervisor finds them.
+(port 0 takes a free port: tests and ``selftest``), which is how the supervisor finds them;
+the models load after that, in the background, and the server is ready once they did.  An
+address the front ends cannot take is one line naming the key, on stderr and in the error
+file beside the ready file (the supervisor's ``degraded`` reason), and exit status 2.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import json
 import logging
 import os
 import signal
+import socket
 import ssl
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +33,12 @@ from agent.inference.session import Building, build_session
 from agent.kernel.process import keep_freed_buffers, release_freed_memory
 from agent.serving.access import Access, is_loopback
 from agent.serving.budget import MemoryBudget, default_limit_bytes
+from agent.serving.connections import (
+    START_ERROR_FILE,
+    AcceptErrors,
+    address_in_use,
+    raise_descriptor_limit,
+)
 from agent.serving.instances import Board
 from agent.serving.registry import ModelRegistry
 from agent.serving.shm import bounded_regions
@@ -171,10 +182,34 @@ def _device_check(settings: ServerSettings) -> Callable[[str], str | None] | Non
     return lambda device: device_problem(device, topology)
 
 
-def write_ready(path: Path, addresses: dict[str, str]) -> None:
+def write_ready(path: Path, addresses: Mapping[str, str]) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps({"pid": os.getpid(), **addresses}))
     partial.replace(path)
+
+
+class ListenError(Exception):
+    """A front end cannot listen where the config says: the message names the key."""
+
+
+def _listen_error(key: str, address: str, error: OSError) -> ListenError:
+    message = address_in_use(key, address, error)
+    return ListenError(message or f"{key} {address}: cannot listen there: "
+                       f"{error.strerror or error}")
+
+
+def _bind_problem(key: str, address: str) -> ListenError | None:
+    """Why a plain socket cannot bind ``address`` (None: it can).  gRPC is asked only
+    after this: it logs its own multi-line error and says only that the bind failed."""
+    host, port = split_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return _listen_error(key, address, error)
+    return None
 
 
 class DataPlane:
@@ -206,6 +241,7 @@ class DataPlane:
         self.http: HttpListener | None = None
         self.metrics: MetricsServer | None = None
         self.addresses: dict[str, str] = {}
+        self.accept_errors = AcceptErrors()
         self._trimmer: asyncio.Task[None] | None = None
 
     def resched(self) -> None:
@@ -213,21 +249,46 @@ class DataPlane:
         self.threads.switch(read_sched_file(self.settings.sched_file))
 
     async def start(self) -> None:
+        """Listen, say so in the ready file, then load the models in the background
+        (ListenError: an address the front ends cannot take)."""
+        loop = asyncio.get_running_loop()
+        self.accept_errors.install(loop)
+        await self._listen()
+        names = self.accept_errors.listeners  # as the failed accept's socket names itself
+        assert self.http is not None  # listening
+        names.update({f"{a[0]}:{a[1]}": "serve.http" for a in self.http.addresses})
+        if self.metrics is not None:
+            names.update(dict.fromkeys(self.metrics.sockets, "serve.metrics"))
+        self._trimmer = loop.create_task(self._trim_when_idle())
+        if self.settings.ready_file is not None:
+            write_ready(self.settings.ready_file, self.addresses)
+        logger.info("listening (HTTP %s, gRPC %s%s); loading the models",
+                    self.addresses["http"], self.addresses["grpc"],
+                    f", metrics {self.addresses['metrics']}" if "metrics" in self.addresses
+                    else "")
+        await loop.run_in_executor(None, self.registry.start_loading)
+
+    async def _listen(self) -> None:
         from agent.serving.grpc_api import build_grpc_server
         from agent.serving.http_api import make_app
         from agent.serving.http_listener import ConnectionLimits, HttpListener
 
         settings = self.settings
-        await asyncio.get_running_loop().run_in_executor(None, self.registry.start)
         self.grpc_server = build_grpc_server(
             self.registry, self.access, max_request_bytes=settings.max_request_bytes,
             executor=self.grpc_pool, regions=self.regions, budget=self.budget)
         host, port = split_address(settings.grpc)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        bound = (self.grpc_server.add_secure_port(target, _grpc_credentials(settings))
-                 if settings.tls_cert else self.grpc_server.add_insecure_port(target))
+        problem = _bind_problem("serve.grpc", settings.grpc)
+        if problem is not None:
+            raise problem
+        try:
+            bound = (self.grpc_server.add_secure_port(target, _grpc_credentials(settings))
+                     if settings.tls_cert else self.grpc_server.add_insecure_port(target))
+        except RuntimeError:  # grpcio >= 1.60 raises where older ones returned 0
+            bound = 0
         if not bound:
-            raise OSError(f"serve.grpc {settings.grpc}: cannot listen there")
+            raise ListenError(f"serve.grpc {settings.grpc}: cannot listen there")
         self.grpc_server.start()
         self.addresses["grpc"] = f"{host}:{bound}"
         limits = ConnectionLimits(settings.http_max_connections, settings.http_header_timeout_s,
@@ -237,19 +298,20 @@ class DataPlane:
                        limits=limits)
         self.http = HttpListener(app, limits)
         host, port = split_address(settings.http)
-        bound = await self.http.start(host, port, _tls(settings))
+        try:
+            bound = await self.http.start(host, port, _tls(settings))
+        except OSError as error:
+            raise _listen_error("serve.http", settings.http, error) from None
         self.addresses["http"] = f"{host}:{bound}"  # port 0: the bound one
         if settings.metrics is not None:
             from agent.serving.metrics import MetricsServer
 
-            self.metrics = MetricsServer(*split_address(settings.metrics), self.registry)
+            self.metrics = MetricsServer(self.registry, self.accept_errors.totals)
+            try:
+                await self.metrics.start(*split_address(settings.metrics))
+            except OSError as error:
+                raise _listen_error("serve.metrics", settings.metrics, error) from None
             self.addresses["metrics"] = self.metrics.address
-        self._trimmer = asyncio.get_running_loop().create_task(self._trim_when_idle())
-        if settings.ready_file is not None:
-            write_ready(settings.ready_file, self.addresses)
-        logger.info("serving %s (HTTP %s, gRPC %s)",
-                    ", ".join(e.name for e in self.registry.index(ready_only=True)) or "nothing",
-                    self.addresses["http"], self.addresses["grpc"])
 
     async def _trim_when_idle(self) -> None:
         """Give a burst's freed buffers back once a whole IDLE_TRIM_S has passed without a
@@ -267,7 +329,7 @@ class DataPlane:
         if self._trimmer is not None:
             self._trimmer.cancel()
         if self.metrics is not None:
-            self.metrics.stop()
+            await self.metrics.stop()
         if self.grpc_server is not None:
             self.grpc_server.stop(2.0).wait(3.0)
         if self.http is not None:
@@ -293,8 +355,15 @@ async def _serve(plane: DataPlane, stopped: asyncio.Event) -> None:
 
 
 def serve(settings: ServerSettings) -> int:
-    """Run until SIGTERM or SIGINT; 0 on a clean stop."""
+    """Run until SIGTERM or SIGINT; 0 on a clean stop, 2 when an address is taken."""
+    raise_descriptor_limit()
     keep_freed_buffers(KEPT_BUFFER_BYTES)  # before the threads: their arenas take it too
     plane = DataPlane(settings)
-    asyncio.run(_serve(plane, asyncio.Event()))
+    try:
+        asyncio.run(_serve(plane, asyncio.Event()))
+    except ListenError as error:
+        print(f"edge-agent serve: {error}", file=sys.stderr)
+        if settings.ready_file is not None:
+            write_ready(settings.ready_file.with_name(START_ERROR_FILE), {"error": str(error)})
+        return 2
     return 0
