@@ -132,8 +132,11 @@ def test_the_supervisor_is_not_ready_when_a_new_client_cannot_get_in(tmp_path: P
     client = HttpClient(f"http://{server.url}", timeout_s=2)
     try:
         assert supervisor._poll(client) and supervisor.ready
-        for site in list(server.runner.sites):  # the listener closes, connections stay
-            server._call(site.stop())
+        async def stop_listening() -> None:  # the listener closes, connections stay
+            assert server.listener._server is not None
+            server.listener._server.close()
+
+        server._call(stop_listening())
         assert client.live()  # an old connection still gets in
         assert not supervisor._poll(client)
         assert supervisor.reason is not None and "does not answer" in supervisor.reason
