@@ -18,12 +18,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from agent.config import from_dict
 from agent.service.dataplane import Supervisor
 from agent.serving.access import Access
+from agent.serving.errors import ServeError
 from agent.serving.http_client import HttpClient
 from tests.agent_process import agent_config, start_agent, status
 from tests.cli_helpers import edge_agent
@@ -280,3 +282,24 @@ def test_failed_accepts_between_two_lines_are_summed_in_the_second(
     assert errors.totals == {f"serve.http {address}": 5}
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == [
         "something else went wrong"]
+
+
+def test_the_memory_budget_is_on_the_metrics_endpoint(tmp_path: Path) -> None:
+    """serve.max_inflight_mb as configured, a request held and given back, one refused."""
+    with serve_process(tmp_path, max_request_mb=1, max_inflight_mb=1) as plane:
+        assert value(scrape(plane["metrics"]), "edge_agent_serve_inflight_limit_bytes") == (
+            1 << 20)
+        client = HttpClient(f"http://{plane['http']}", timeout_s=10)
+        try:
+            client.infer("demo", {"image": np.zeros((1, 3, 64, 64), np.float32)})
+            # 24,576 JSON values: what they parse into does not fit 1 MB
+            pair = np.zeros((2, 3, 64, 64), np.float32)
+            with pytest.raises(ServeError) as refused:
+                client.infer("demo", {"image": pair}, binary=False)
+            assert "memory budget" in refused.value.message
+        finally:
+            client.close()
+        metrics = scrape(plane["metrics"])
+        assert value(metrics, "edge_agent_serve_inflight_refused_total") == 1
+        assert value(metrics, "edge_agent_serve_inflight_in_use_bytes") == 0
+        assert value(metrics, "edge_agent_serve_inflight_peak_bytes") >= 64 * 64 * 3 * 4

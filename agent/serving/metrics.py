@@ -32,6 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from agent.inference.stats import Window
+from agent.serving.budget import MemoryBudget
 from agent.serving.core import Models
 from agent.serving.http_listener import ConnectionLimits, HttpListener, in_request
 
@@ -163,6 +164,26 @@ class AcceptErrorCollector:
         yield family
 
 
+class BudgetCollector:
+    """The memory budget (budget.MemoryBudget): its limit, what requests hold now, the peak
+    since start and the requests refused for want of room; the figures an operator sizes
+    ``serve.max_inflight_mb`` by."""
+
+    def __init__(self, budget: MemoryBudget) -> None:
+        self.budget = budget
+
+    def collect(self) -> Iterator[Metric]:
+        figures = self.budget.snapshot()
+        for key, text in (("limit_bytes", "serve.max_inflight_mb in bytes"),
+                          ("in_use_bytes", "Bytes requests hold now"),
+                          ("peak_bytes", "The most bytes requests held at once")):
+            yield GaugeMetricFamily(f"edge_agent_serve_inflight_{key}", text,
+                                    value=float(figures[key]))
+        yield CounterMetricFamily("edge_agent_serve_inflight_refused",
+                                  "Requests refused for want of room in the budget",
+                                  value=float(figures["refused"]))
+
+
 class MetricsServer:
     """``/metrics`` (any path, as prometheus_client's own server) on host:port, served by the
     data plane's event loop: no thread per connection, so a scraper that never finishes
@@ -174,11 +195,14 @@ class MetricsServer:
     # end's listener, so that idle or slow connections cannot lock a new scraper out
     LIMITS = ConnectionLimits(max_connections=64, header_timeout_s=5.0, idle_timeout_s=15.0)
 
-    def __init__(self, models: Models, accept_errors: Mapping[str, int] | None = None) -> None:
+    def __init__(self, models: Models, accept_errors: Mapping[str, int] | None = None,
+                 budget: MemoryBudget | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(ServingCollector(models))
         if accept_errors is not None:
             self.registry.register(AcceptErrorCollector(accept_errors))
+        if budget is not None:
+            self.registry.register(BudgetCollector(budget))
         self.address = ""
         self._listener: HttpListener | None = None
 

@@ -306,7 +306,7 @@ class DataPlane:
         if settings.metrics is not None:
             from agent.serving.metrics import MetricsServer
 
-            self.metrics = MetricsServer(self.registry, self.accept_errors.totals)
+            self.metrics = MetricsServer(self.registry, self.accept_errors.totals, self.budget)
             try:
                 await self.metrics.start(*split_address(settings.metrics))
             except OSError as error:
