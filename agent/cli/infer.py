@@ -67,7 +67,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     infer.add_argument("--shm-prefix", default="edge-agent-", metavar="PREFIX",
                        help="with --shm: the server's serve.shm_prefix (default edge-agent-)")
     infer.add_argument("--token-file", metavar="FILE",
-                       help="with --url: the bearer token, for a server beyond loopback")
+                       help="with --url: the bearer token, for a server beyond loopback "
+                       "and for the privileged priority levels (serve.privileged_priority)")
     infer.add_argument("--priority-mix", metavar="P:F,...",
                        help="with --url: the fraction F of requests sent with priority P "
                        "(e.g. 1:0.2,2:0.8), figures printed per priority")
