@@ -26,7 +26,8 @@ from serving_helpers import DemoModels
 
 from agent.serving.access import Access
 from agent.serving.core import DATATYPES
-from agent.serving.http_codec import MAX_INT_DIGITS, MAX_PARAMETERS, MAX_TENSORS
+from agent.serving.http_codec import MAX_PARAMETERS, MAX_TENSORS
+from agent.serving.json_body import MAX_INT_DIGITS
 
 TOKEN = "fuzz-token"
 TIMEOUT_S = 10.0

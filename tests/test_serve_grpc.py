@@ -24,8 +24,9 @@ from agent.serving.access import Access
 from agent.serving.budget import MemoryBudget
 from agent.serving.core import InferRequest, InferResult
 from agent.serving.errors import ServeError
-from agent.serving.grpc_api import build_grpc_server, infer_request
+from agent.serving.grpc_api import build_grpc_server
 from agent.serving.grpc_client import GrpcClient
+from agent.serving.grpc_codec import infer_request
 from agent.serving.shm import SharedMemoryRegions
 
 TOKEN = "s3cret-token"

@@ -319,8 +319,7 @@ class Supervisor:
 
     def _poll(self, client: HttpClient) -> bool:
         """Readiness, statistics and the index; False when the server did not answer.  On a
-        fresh connection each round: a kept-alive one still answers when the server's
-        descriptor table is full and no new client gets in, so "ready" would lie."""
+        fresh connection each round: a kept-alive one answers when no new client gets in."""
         from agent.serving.errors import ServeError
 
         client.close()
@@ -338,8 +337,7 @@ class Supervisor:
         except ServeError as error:
             self.reason = f"the server does not answer: {error}"
             return False
-        # a slow run is cancelled in the server and costs its own requests only; "stuck"
-        # is a cancelled run the runtime has not given back (scheduler.CANCEL_GRACE_S)
+        # "stuck": a run cancelled that the runtime has not given back (scheduler.CANCEL_GRACE_S)
         stuck = [f"{s['name']} version {s['version']}" for s in self.stats
                  if s.get("edge_agent", {}).get("stuck")]
         if stuck:

@@ -15,7 +15,7 @@ import numpy as np
 from agent.serving import proto
 from agent.serving.core import DATATYPES, ModelMetadata, TensorSpec, datatype_of
 from agent.serving.errors import HTTP_STATUS, ServeError
-from agent.serving.grpc_api import CONTENTS_FIELD
+from agent.serving.grpc_codec import CONTENTS_FIELD
 from agent.serving.shm_tensors import REGION, RegionInput, RegionRef
 from agent.serving.tensors import to_raw
 

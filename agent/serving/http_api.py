@@ -38,6 +38,7 @@ from agent.serving.core import Models
 from agent.serving.errors import ServeError, invalid
 from agent.serving.http_body import compression_refused, read_body, too_big
 from agent.serving.http_listener import ConnectionLimits, in_request
+from agent.serving.json_body import loads
 from agent.serving.shm import (
     DEFAULT_PREFIX,
     CallerRegions,
@@ -239,8 +240,8 @@ class _Api:
         return json_response(self.regions.status(request.match_info.get("region", "")))
 
     async def shm_register(self, request: web.Request) -> web.StreamResponse:
-        document = codec.loads(await self._body(request), "the register request",
-                               _RESERVATION.get())
+        document = loads(await self._body(request), "the register request",
+                         _RESERVATION.get())
         if not isinstance(document, dict):
             raise invalid("the register request must be a JSON object")
         key, offset, size = (document.get("key"), document.get("offset", 0),

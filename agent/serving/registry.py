@@ -7,11 +7,8 @@ version it started on and none fails because of the load; a load that fails chan
 that serves.  Loads and unloads of one model run one at a time (its lock in ``_locks``);
 requests, the index and the probe take no lock of the registry's.
 
-The first round loads the models in the background (``start_loading``), one after the other
-as before (one build's peak memory at a time), each on a thread of its own: one that takes
-longer than ``load_alone_s`` has the next start beside it, so a model whose build hangs keeps
-only itself from serving.  The front ends answer meanwhile; the server is ready once the
-round finished.
+The first round loads the models in the background (``start_loading``, loading.load_in_turn);
+the front ends answer meanwhile, and the server is ready once the round finished.
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ from agent.serving.core import (
     ModelMetadata,
 )
 from agent.serving.errors import ServeError, invalid, not_found, unavailable
+from agent.serving.loading import load_in_turn
 from agent.serving.pending import Retired
 from agent.serving.probe import Prober
 from agent.serving.repository import (
@@ -47,7 +45,7 @@ from agent.serving.repository import (
     scan_model,
     valid_name,
 )
-from agent.serving.settings import ModelSettingsError, check_threads
+from agent.serving.settings import instances_problem
 from agent.serving.state import Served, Slot, config_view, index_rows
 from agent.serving.versions import SessionFactory, Version, build, version_key
 
@@ -58,9 +56,6 @@ LOAD_ALONE_S = 30.0  # a first load taking longer has the next model start besid
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "parameters",
               "statistics", "system_shared_memory"]
-
-
-MAX_VERSION_DIGITS = 19  # an int64, as Triton's version numbers
 
 
 class ModelRegistry:
@@ -130,17 +125,7 @@ class ModelRegistry:
         self._prober.start()
 
     def _first_round(self, entries: Mapping[str, ModelEntry]) -> None:
-        loaders = []
-        for name, entry in entries.items():
-            if self._stopping.is_set():
-                break
-            loader = threading.Thread(target=self._first_load, args=(name, entry),
-                                      name=f"load-{name}"[:15], daemon=True)
-            loader.start()
-            loaders.append(loader)
-            loader.join(self._load_alone_s)  # the next one after it, or beside a slow one
-        for loader in loaders:
-            loader.join()
+        load_in_turn(entries, self._first_load, self._load_alone_s, self._stopping)
         self._started = True
         self._loaded.set()
         logger.info("first load round done: serving %s", ", ".join(
@@ -261,22 +246,12 @@ class ModelRegistry:
                     to_build or "none")
 
     def _check_instances(self, entry: ModelEntry) -> ModelEntry:
-        """The entry, or it with an error naming the file and the key when its instances
-        have more threads than this node's inference CPUs allow, or an instance names a
-        device discovery did not find (the error lists the devices this board has)."""
-        file = self.repository / entry.name / CONFIG_FILE
-        try:
-            check_threads(entry.settings, str(file), self._cpus)
-        except ModelSettingsError as error:
-            return dataclasses.replace(entry, error=str(error))
-        if self._device_problem is None:
-            return entry
-        for index, instance in enumerate(entry.settings.instances):
-            problem = self._device_problem(instance.device)
-            if problem:
-                return dataclasses.replace(
-                    entry, error=f"{file}: instances[{index}].device: {problem}")
-        return entry
+        """The entry, or it with the error settings.instances_problem finds (threads beyond
+        this node's inference CPUs, a device discovery did not find)."""
+        problem = instances_problem(entry.settings, str(self.repository / entry.name /
+                                                        CONFIG_FILE),
+                                    self._cpus, self._device_problem)
+        return entry if problem is None else dataclasses.replace(entry, error=problem)
 
     @staticmethod
     def _replace(slot: Slot, served: Served | None, *also: Served | None) -> None:
@@ -366,23 +341,6 @@ class ModelRegistry:
             raise unavailable(f"model {name} is not loaded ({slot.reason})")
         return served
 
-    def _version(self, name: str, version: str, served: Served) -> Version:
-        """The version a request names: "" for the default, else its canonical decimal.
-        Anything else ("01", "+1", " 1", full-width digits, 5,000 digits, which int()
-        refuses) names no version and is NOT_FOUND like "9" or "one": a version is a path
-        segment naming a resource, and "01" serving version 1 gave one version two names."""
-        if version == "":
-            return served.versions[served.default]
-        canonical = (0 < len(version) <= MAX_VERSION_DIGITS and version.isascii()
-                     and version.isdigit() and version[0] != "0")
-        found = served.versions.get(int(version)) if canonical else None
-        if found is None:
-            shown = version if len(version) <= 40 else version[:40] + "..."
-            why = "" if canonical else "; versions are decimal integers without leading zeros"
-            raise not_found(f"model {name} has no version {shown!r} serving (serving: "
-                            f"{', '.join(map(str, sorted(served.versions)))}){why}")
-        return found
-
     def model_ready(self, name: str, version: str) -> bool:
         """NOT_FOUND for an unknown model, or a version that does not serve."""
         served = self._slot(name).served
@@ -390,11 +348,11 @@ class ModelRegistry:
             return False
         if version == "":
             return served.ready
-        return not self._version(name, version, served).probe_error
+        return not served.pick(name, version).probe_error
 
     def model_metadata(self, name: str, version: str) -> ModelMetadata:
         served = self._served(name)
-        found = self._version(name, version, served)
+        found = served.pick(name, version)
         return ModelMetadata(name, tuple(str(n) for n in sorted(served.versions)),
                              found.inputs, found.outputs)
 
@@ -405,8 +363,7 @@ class ModelRegistry:
         """On the version that serves the request; one dropped between the look-up and the
         submit (a swap) hands the request to its successor, so a swap fails no request."""
         while True:
-            found = self._version(request.model, request.version,
-                                  self._served(request.model))
+            found = self._served(request.model).pick(request.model, request.version)
             if found.probe_error:
                 raise unavailable(f"{found.label} is not ready: probe failed: "
                                   f"{found.probe_error}")
@@ -421,7 +378,7 @@ class ModelRegistry:
         INVALID_ARGUMENT when the version that would serve the request takes fewer
         elements for that input (Version.check_elements); NOT_FOUND / UNAVAILABLE as
         ``infer`` answers them.  ``infer`` checks again (the backstop)."""
-        self._version(model, version, self._served(model)).check_elements(name, shape)
+        self._served(model).pick(model, version).check_elements(name, shape)
 
     def index(self, ready_only: bool) -> list[IndexEntry]:
         entries = scan(self.repository, self.builtins, self.pins)
@@ -439,5 +396,5 @@ class ModelRegistry:
         if served is None:
             return []
         if version:
-            return [self._version(name, version, served).statistics()]
+            return [served.pick(name, version).statistics()]
         return [v.statistics() for _, v in sorted(served.versions.items())]

@@ -9,7 +9,7 @@ what a value means for serving is the registry's business.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,6 +194,22 @@ def check_threads(settings: ModelSettings, file: str, cpus: int) -> None:
                                  f"{THREADS_PER_CPU} per CPU that inference runs on ({cpus} "
                                  f"CPUs; allowed: at most {allowed} threads across the "
                                  "model's instances, count x threads)")
+
+
+def instances_problem(settings: ModelSettings, file: str, cpus: int,
+                      device_problem: Callable[[str], str | None] | None) -> str | None:
+    """Why a model's instances cannot run on this node (``file: key: why``), or None: more
+    threads than ``cpus`` allow (check_threads), or a device that ``device_problem`` says
+    discovery did not find (it lists the devices the board has; None: every device goes)."""
+    try:
+        check_threads(settings, file, cpus)
+    except ModelSettingsError as error:
+        return str(error)
+    for index, instance in enumerate(settings.instances):
+        problem = device_problem(instance.device) if device_problem is not None else None
+        if problem:
+            return f"{file}: instances[{index}].device: {problem}"
+    return None
 
 
 def _policy(value: Any, file: str) -> VersionPolicy:

@@ -12,9 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from agent.serving.core import IndexEntry, InstanceGroup, ModelConfigView, TensorSpec
+from agent.serving.errors import not_found
 from agent.serving.repository import ModelEntry
 from agent.serving.settings import Instance, ModelSettings
 from agent.serving.versions import Version
+
+MAX_VERSION_DIGITS = 19  # an int64, as Triton's version numbers
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,23 @@ class Served:
     @property
     def ready(self) -> bool:
         return all(not version.probe_error for version in self.versions.values())
+
+    def pick(self, name: str, version: str) -> Version:
+        """The version a request names: "" for the default, else its canonical decimal.
+        Anything else ("01", "+1", " 1", full-width digits, 5,000 digits, which int()
+        refuses) names no version and is NOT_FOUND like "9" or "one": a version is a path
+        segment naming a resource, and "01" serving version 1 gave one version two names."""
+        if version == "":
+            return self.versions[self.default]
+        canonical = (0 < len(version) <= MAX_VERSION_DIGITS and version.isascii()
+                     and version.isdigit() and version[0] != "0")
+        found = self.versions.get(int(version)) if canonical else None
+        if found is None:
+            shown = version if len(version) <= 40 else version[:40] + "..."
+            why = "" if canonical else "; versions are decimal integers without leading zeros"
+            raise not_found(f"model {name} has no version {shown!r} serving (serving: "
+                            f"{', '.join(map(str, sorted(self.versions)))}){why}")
+        return found
 
 
 @dataclass
