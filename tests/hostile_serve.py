@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import wire_helpers as wire
 
 from agent.inference.demo_model import DEMO_MODEL_PATH
 
@@ -176,30 +177,18 @@ def json_huge_data(http: str, model: str = DEMO, mb: int = 20,
     return flood
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def grpc_empty_inputs_message(model: str, mb: int) -> bytes:
     """A ModelInferRequest (model_name = 1) with ``mb`` MiB of empty ``inputs`` entries
     (field 5, two bytes each: key 0x2a, length 0)."""
-    return _field(1, model.encode()) + b"\x2a\x00" * (mb * MB // 2)
+    return wire.field(1, model.encode()) + b"\x2a\x00" * (mb * MB // 2)
 
 
 def grpc_unknown_fields_message(model: str, mb: int) -> bytes:
     """A ModelInferRequest with ``mb`` MiB of unknown varint fields (number 100, value 0:
     three bytes each) after its model name."""
-    return _field(1, model.encode()) + (_varint(100 << 3) + b"\x00") * (mb * MB // 3)
+    return wire.field(1, model.encode()) + (wire.varint(100 << 3) + b"\x00") * (mb * MB // 3)
 
 
 def _grpc_raw(grpc: str, message: bytes, timeout_s: float) -> str:

@@ -12,6 +12,7 @@ import onnxruntime as ort
 
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.inference.session import BuiltSession, build_session
+from agent.serving.core import InferRequest, InferResult
 from agent.serving.registry import ModelRegistry
 
 
@@ -53,3 +54,15 @@ class DemoModels(ModelRegistry):
         self.start()
         self.session = ort.InferenceSession(str(DEMO_MODEL_PATH),
                                             providers=["CPUExecutionProvider"])
+
+
+class RecordingModels(DemoModels):
+    """DemoModels that keeps every request it is asked to run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[InferRequest] = []
+
+    def infer(self, request: InferRequest) -> InferResult:
+        self.requests.append(request)
+        return super().infer(request)

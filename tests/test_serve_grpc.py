@@ -15,14 +15,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 from google.protobuf import descriptor_pool, json_format
-from serving_helpers import DemoModels
+from serving_helpers import DemoModels, RecordingModels
 from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import InferenceServerException
 
 from agent.serving import proto
 from agent.serving.access import Access
 from agent.serving.budget import MemoryBudget
-from agent.serving.core import InferRequest, InferResult
 from agent.serving.errors import ServeError
 from agent.serving.grpc_api import build_grpc_server
 from agent.serving.grpc_client import GrpcClient
@@ -34,18 +33,6 @@ MAX_REQUEST = 1 << 20
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 NO_REGIONS = SharedMemoryRegions("edge-agent-", max_bytes=0)  # nothing registers in it
 BUDGET = MemoryBudget(1 << 30)
-
-
-class RecordingModels(DemoModels):
-    """DemoModels that keeps the last request it was asked to run."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.requests: list[InferRequest] = []
-
-    def infer(self, request: InferRequest) -> InferResult:
-        self.requests.append(request)
-        return super().infer(request)
 
 
 @dataclass

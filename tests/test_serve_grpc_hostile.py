@@ -28,8 +28,9 @@ import tritonclient.grpc as triton
 from http_helpers import HttpServer, token_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from serving_helpers import DemoModels
+from serving_helpers import DemoModels, RecordingModels
 from tritonclient.utils import InferenceServerException
+from wire_helpers import field
 
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.serving import proto
@@ -113,11 +114,6 @@ def image(seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).random((1, 3, 64, 64), dtype=np.float32)
 
 
-def field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field (lengths below 2**14 here)."""
-    length = len(payload)
-    size = bytes([length]) if length < 0x80 else bytes([length & 0x7F | 0x80, length >> 7])
-    return bytes([number << 3 | 2]) + size + payload
 
 
 def cpu_and_peak() -> tuple[float, int]:
@@ -442,16 +438,6 @@ def test_http_registers_by_the_tokens_owner_too(
 
 
 # --- the token's privileges ----------------------------------------------------------------
-
-
-class RecordingModels(DemoModels):
-    def __init__(self) -> None:
-        super().__init__()
-        self.requests: list[InferRequest] = []
-
-    def infer(self, request: InferRequest) -> InferResult:
-        self.requests.append(request)
-        return super().infer(request)
 
 
 def test_a_request_is_trusted_only_with_the_token(start: Callable[..., Plane]) -> None:

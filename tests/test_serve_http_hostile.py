@@ -21,11 +21,10 @@ import numpy as np
 import pytest
 from http_helpers import HttpServer, exchange, status_of_raw, token_file
 from mqtt_helpers import wait_until
-from serving_helpers import DemoModels
+from serving_helpers import DemoModels, RecordingModels
 
 from agent.serving.access import Access
 from agent.serving.budget import MB, MemoryBudget
-from agent.serving.core import InferRequest, InferResult
 from agent.serving.http_listener import SWEEP_S, ConnectionLimits
 
 TOKEN = "hostile-token"
@@ -398,23 +397,11 @@ def test_counts_are_bounded_naming_the_field(serve: Callable[..., HttpServer],
     assert (reply.status, reply.json()["error"]) == (400, words)
 
 
-class Recording(DemoModels):
-    """The demo, keeping each request it is asked to run."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[InferRequest] = []
-
-    def infer(self, request: InferRequest) -> InferResult:
-        self.seen.append(request)
-        return super().infer(request)
-
-
 def test_only_a_token_holder_is_trusted(serve: Callable[..., HttpServer]) -> None:
-    models = Recording()
+    models = RecordingModels()
     server = serve(models)
     body, headers = binary_request(image())
     for authorization in (None, "Bearer wrong", f"Bearer {TOKEN}"):
         sent = {**headers, **({"Authorization": authorization} if authorization else {})}
         assert server.request("POST", "/v2/models/demo/infer", body, sent).status == 200
-    assert [request.trusted for request in models.seen] == [False, False, True]
+    assert [request.trusted for request in models.requests] == [False, False, True]

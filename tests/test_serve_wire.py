@@ -8,6 +8,7 @@ import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from wire_helpers import field, varint
 
 from agent.serving import proto
 from agent.serving.errors import ServeError
@@ -100,18 +101,6 @@ def test_arbitrary_bytes_are_accepted_or_refused_as_protobuf_does(data: bytes) -
 # --- bounds: every count is refused before the work it drives ------------------------------
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def refusal(data: bytes) -> str:
@@ -121,7 +110,7 @@ def refusal(data: bytes) -> str:
     return excinfo.value.message
 
 
-EMPTY_INPUT, EMPTY_OUTPUT, EMPTY_RAW, EMPTY_PARAMETER = (_field(n, b"") for n in (5, 6, 7, 4))
+EMPTY_INPUT, EMPTY_OUTPUT, EMPTY_RAW, EMPTY_PARAMETER = (field(n, b"") for n in (5, 6, 7, 4))
 
 
 @pytest.mark.parametrize(("data", "named"), [
@@ -130,21 +119,21 @@ EMPTY_INPUT, EMPTY_OUTPUT, EMPTY_RAW, EMPTY_PARAMETER = (_field(n, b"") for n in
     (EMPTY_RAW * 3_000_000, "raw_input_contents has more than 1024 entries"),
     (EMPTY_PARAMETER * 3_000_000, "parameters has more than 64 entries"),
     # 8 MB of unknown varints (field 100): was seconds of walking, and protobuf's copy
-    (_varint(100 << 3) + b"\x01", "unknown"),
-    (_field(1, b"m") * 2, "model_name is given twice"),
-    (_field(5, _field(1, b"x") * 2), "inputs[0]: field 1 is given twice"),
-    (_field(5, _field(4, b"") * 65), "inputs[0].parameters has more than 64 entries"),
-    (_field(6, _field(2, b"") * 65), "outputs[0].parameters has more than 64 entries"),
-    (_field(5, _field(3, b"\x01" * 17)), "inputs[0].shape has more than 16 dimensions"),
-    (_field(5, b"\x18\x01" * 17), "inputs[0].shape has more than 16 dimensions"),  # unpacked
-    (_field(5, _field(5, b"\x35\x00\x00\x80\x3f" * 17)), "send typed contents packed"),
-    (_field(5, _field(5, _field(8, b"x"))), "bytes_contents: BYTES tensors are not supported"),
+    (varint(100 << 3) + b"\x01", "unknown"),
+    (field(1, b"m") * 2, "model_name is given twice"),
+    (field(5, field(1, b"x") * 2), "inputs[0]: field 1 is given twice"),
+    (field(5, field(4, b"") * 65), "inputs[0].parameters has more than 64 entries"),
+    (field(6, field(2, b"") * 65), "outputs[0].parameters has more than 64 entries"),
+    (field(5, field(3, b"\x01" * 17)), "inputs[0].shape has more than 16 dimensions"),
+    (field(5, b"\x18\x01" * 17), "inputs[0].shape has more than 16 dimensions"),  # unpacked
+    (field(5, field(5, b"\x35\x00\x00\x80\x3f" * 17)), "send typed contents packed"),
+    (field(5, field(5, field(8, b"x"))), "bytes_contents: BYTES tensors are not supported"),
     (b"\x2b\x2c", "a group"),
-    (_field(1, b"m" * 1025), "model_name is longer than 1024 bytes"),
-    (_field(2, b"1" * 1025), "model_version is longer than 1024 bytes"),
-    (_field(5, _field(1, b"x" * 1025)), "inputs[0].name is longer than 1024 bytes"),
-    (_field(5, _field(2, b"x" * 1025)), "inputs[0].datatype is longer than 1024 bytes"),
-    (_field(6, _field(1, b"x" * 1025)), "outputs[0].name is longer than 1024 bytes"),
+    (field(1, b"m" * 1025), "model_name is longer than 1024 bytes"),
+    (field(2, b"1" * 1025), "model_version is longer than 1024 bytes"),
+    (field(5, field(1, b"x" * 1025)), "inputs[0].name is longer than 1024 bytes"),
+    (field(5, field(2, b"x" * 1025)), "inputs[0].datatype is longer than 1024 bytes"),
+    (field(6, field(1, b"x" * 1025)), "outputs[0].name is longer than 1024 bytes"),
 ], ids=lambda value: value if isinstance(value, str) else "")
 def test_a_flood_or_an_odd_encoding_is_refused_naming_the_field(data: bytes,
                                                                 named: str) -> None:
@@ -155,8 +144,8 @@ def test_a_flood_or_an_odd_encoding_is_refused_naming_the_field(data: bytes,
 
 def test_fields_beyond_the_walks_own_bound_are_refused() -> None:
     """Within every other bound, fields of every kind together are bounded too."""
-    tensor = _field(4, b"") * 64 + b"\x18\x01" * 16
-    assert "more than 16384 protobuf fields" in refusal(_field(5, tensor) * 1024)
+    tensor = field(4, b"") * 64 + b"\x18\x01" * 16
+    assert "more than 16384 protobuf fields" in refusal(field(5, tensor) * 1024)
 
 
 def test_the_cost_covers_what_protobuf_makes_of_typed_contents() -> None:
@@ -175,9 +164,9 @@ def test_the_cost_covers_what_protobuf_makes_of_typed_contents() -> None:
 
 
 FLOOD_PIECES = [EMPTY_INPUT, EMPTY_OUTPUT, EMPTY_RAW, EMPTY_PARAMETER,
-                _varint(100 << 3) + b"\x01", _field(100, b"x"), _field(1, b"m"),
-                _field(5, _field(3, b"\x01" * 4)), _field(5, b"\x18\x01" * 4),
-                _field(5, _field(5, _field(6, b"\0\0\x80\x3f" * 4)))]
+                varint(100 << 3) + b"\x01", field(100, b"x"), field(1, b"m"),
+                field(5, field(3, b"\x01" * 4)), field(5, b"\x18\x01" * 4),
+                field(5, field(5, field(6, b"\0\0\x80\x3f" * 4)))]
 
 
 @settings(max_examples=200, deadline=None)
