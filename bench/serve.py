@@ -72,6 +72,7 @@ ALONE = [{"count": 1, "threads": THREADS}]
 # end to end, the batching model as a throughput setup would have it: one single-threaded
 # session per core fed from the one queue (Triton's instance groups), no intra-op sync
 SPLIT = [{"count": THREADS, "threads": 1}]
+HOSTILE_BUDGET_MB = 512  # --hostile: serve.max_inflight_mb as a 4 GB board has it by default
 ECHO_SERVER = r"""
 import sys, grpc
 from concurrent import futures
@@ -227,19 +228,26 @@ def repository(scratch: Path, model: Path, real_instances: list[dict[str, int]])
     return scratch / "repository"
 
 
-def start_server(scratch: Path, preexec_fn: Callable[[], None] | None = None
+def start_server(scratch: Path, preexec_fn: Callable[[], None] | None = None,
+                 checkout: Path | None = None, inflight_mb: float | None = None
                  ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """``edge-agent serve`` over ``scratch``'s repository, of this checkout or of
+    ``checkout`` (another tree's ``agent`` package first on the path); ``inflight_mb``:
+    its serve.max_inflight_mb (None: the default for this machine's memory)."""
     config = scratch / "agent.yaml"
-    config.write_text(yaml.safe_dump({
-        "state_dir": str(scratch / "state"), "root": "/",
-        "serve": {"http": "127.0.0.1:0", "grpc": "127.0.0.1:0", "metrics": None,
-                  "repository": str(scratch / "repository"),
-                  "token_file": str(scratch / "token")}}))
+    serve: dict[str, Any] = {"http": "127.0.0.1:0", "grpc": "127.0.0.1:0", "metrics": None,
+                             "repository": str(scratch / "repository"),
+                             "token_file": str(scratch / "token")}
+    if inflight_mb is not None:
+        serve["max_inflight_mb"] = inflight_mb
+    config.write_text(yaml.safe_dump({"state_dir": str(scratch / "state"), "root": "/",
+                                      "serve": serve}))
     (scratch / "token").write_text("bench\n")
     ready = scratch / "ready.json"
+    env = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout)}
     process = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--config",
                                 str(config), "--ready-file", str(ready)],
-                               stderr=subprocess.DEVNULL, preexec_fn=preexec_fn)
+                               stderr=subprocess.DEVNULL, preexec_fn=preexec_fn, env=env)
     deadline = time.monotonic() + 180
     while not (ready.exists() and _loaded(json.loads(ready.read_text())["http"])):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -337,12 +345,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="per measurement")
     parser.add_argument("--hostile", action="store_true",
                         help="instead: each flood of issue 30 beside a legit client")
+    parser.add_argument("--against", type=Path, metavar="CHECKOUT",
+                        help="instead: section 3's end-to-end rate against the data plane of "
+                        "another checkout (e.g. a worktree of an earlier commit), interleaved")
     args = parser.parse_args()
     keep_freed_buffers(KEPT_BUFFER_BYTES)
     if args.hostile:
         hostile()
         return
     model = real_model()
+    if args.against is not None:
+        against(args.against.resolve(), model, args.seconds)
+        return
     print(f"model {model.name} ({'real' if model != DEMO_MODEL_PATH else 'demo stand-in'}), "
           f"{THREADS} intra-op threads, concurrency {CONCURRENCY}, batch {BATCH}")
     with tempfile.TemporaryDirectory() as scratch_dir:
@@ -510,6 +524,53 @@ def end_to_end(addresses: dict[str, Any], model: Path, seconds: float, pid: int)
           f"{served_rss - bare_rss:.0f} MB (target <= 60 MB)")
 
 
+def against(checkout: Path, model: Path, seconds: float, rounds: int = 8) -> None:
+    """``--against``: the end-to-end figure of section 3 for this checkout's data plane and
+    another's (an earlier commit's worktree), both serving the same repository, measured in
+    ``rounds`` interleaved rounds in shuffled order: what a change costs, in one run, where
+    the bare baseline alone moves by a third between runs here."""
+    import tritonclient.grpc as grpcclient
+
+    bare = bare_session(model)
+    name, x = input_of(bare, 1)
+    output = bare.get_outputs()[0].name
+    with tempfile.TemporaryDirectory() as scratch_dir:
+        planes = {}
+        for who, tree in (("this", None), ("that", checkout)):
+            scratch = Path(scratch_dir) / who
+            repository(scratch, model, SPLIT)
+            process, addresses = start_server(scratch, checkout=tree)
+            planes[who] = (process, [grpcclient.InferenceServerClient(addresses["grpc"])
+                                     for _ in range(CONCURRENCY)])
+        counts = {who: 0 for who in planes}
+        took = {who: 0.0 for who in planes}
+        ratios = []
+        try:
+            for _ in range(rounds):
+                rates = {}
+                for who in random.sample(sorted(planes), len(planes)):
+                    clients = planes[who][1]
+
+                    def served(index: int, clients: Any = clients) -> Any:
+                        given = grpcclient.InferInput(name, list(x.shape), "FP32")
+                        given.set_data_from_numpy(x)
+                        return clients[index].infer("real", [given]).as_numpy(output)
+
+                    rate, part = concurrent_rate(served, CONCURRENCY, seconds / rounds * 2)
+                    rates[who] = rate
+                    counts[who] += len(part)
+                    took[who] += len(part) / rate
+                ratios.append(rates["this"] / rates["that"])
+        finally:
+            for process, _ in planes.values():
+                process.terminate()
+                process.wait(30)
+    this, that = counts["this"] / took["this"], counts["that"] / took["that"]
+    print(f"end to end at concurrency {CONCURRENCY}, {rounds} interleaved rounds: this "
+          f"checkout {this:.1f}/s, {checkout} {that:.1f}/s: {this / that:.3f}x (per round: "
+          f"median {float(np.median(ratios)):.3f}x, {min(ratios):.3f}-{max(ratios):.3f}x)")
+
+
 def unit_nofile() -> None:
     """``preexec_fn``: the systemd unit's default soft descriptor limit, 1024."""
     import resource
@@ -546,22 +607,24 @@ def hostile() -> None:
         ("JSON data 40 MB", lambda a: attacks.json_huge_data(a["http"], mb=40)),
         ("gRPC inputs 6 MB", lambda a: attacks.grpc_empty_inputs(a["grpc"], mb=6)),
         ("gRPC unknown 12 MB", lambda a: attacks.grpc_unknown_fields(a["grpc"], mb=12)),
-        ("binary 8 x 60 MB", lambda a: attacks.parallel_binary(a["http"], count=8, mb=60)),
+        ("binary 16 x 60 MB", lambda a: attacks.parallel_binary(a["http"], count=16, mb=60)),
         ("idle 1100 conns", lambda a: attacks.fresh_clients_get_in(
             a, lambda opened: attacks.idle_connections(a["http"], 1100, 5.0, opened))[0]),
         ("slowloris 1010", lambda a: attacks.fresh_clients_get_in(
             a, lambda opened: attacks.slowloris(a["http"], 1010, 5.0, opened))[0]),
-        ("priority 40 low/12 high", lambda a: attacks.priority_starvation(a["http"])),
+        ("priority 40 low/12 high", lambda a: attacks.priority_starvation(a["http"],
+                                                                          token="bench")),
         ("odd inputs (item 8)", odd_inputs),
     ]
-    print("hostile: the data plane (soft RLIMIT_NOFILE 1024) beside each flood; the legit "
-          "client calls the demo every 0.2 s, gRPC and HTTP in turn")
+    print(f"hostile: the data plane (soft RLIMIT_NOFILE 1024, serve.max_inflight_mb "
+          f"{HOSTILE_BUDGET_MB}: a 4 GB board's default) beside each flood; the legit client "
+          "calls the demo every 0.2 s, gRPC and HTTP in turn")
     print(f"{'flood':<24} {'legit p99 ms':>12} {'success':>8} {'peak RSS MB':>12} "
           f"{'(+MB)':>7}  flood answers")
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
         attacks.repository(scratch / "repository")
-        process, addresses = start_server(scratch, unit_nofile)
+        process, addresses = start_server(scratch, unit_nofile, inflight_mb=HOSTILE_BUDGET_MB)
         try:
             for name, attack in kinds:
                 with attacks.LegitClient(addresses["grpc"], addresses["http"]) as legit:
@@ -579,7 +642,8 @@ def hostile() -> None:
                          flood.notes else "") + ("; THE SERVER DIED" if down else ""))
                 if down:
                     (scratch / "ready.json").unlink()
-                    process, addresses = start_server(scratch, unit_nofile)
+                    process, addresses = start_server(scratch, unit_nofile,
+                                                      inflight_mb=HOSTILE_BUDGET_MB)
         finally:
             process.terminate()
             process.wait(30)
