@@ -349,3 +349,19 @@ def test_the_inference_threads_take_the_profiles_scheduling_and_a_new_one_on_sig
     finally:
         process.terminate()
         process.wait(30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving the token file away needs root")
+def test_infer_url_shm_shares_its_memory_with_the_token_files_group(tmp_path: Path) -> None:
+    """A caller who is not the token file's owner (a member of its group, as a device's
+    users are) shares each region with that group: the server attaches nothing else."""
+    with serve_process(tmp_path) as plane:
+        token = tmp_path / "serve-token"
+        os.chown(token, 54321, os.getegid())
+        shared = subprocess.run(
+            [sys.executable, "-m", "agent", "infer", "--url", f"grpc://{plane['grpc']}",
+             "--seconds", "1", "--shm", "--token-file", str(token), "--json"],
+            capture_output=True, text=True, timeout=120, check=False)
+        assert shared.returncode == 0, shared.stderr
+        report = json.loads(shared.stdout)
+        assert report["shared_memory"] and report["errors"] == 0 and report["count"] > 2

@@ -86,10 +86,12 @@ class PriorityMix:
 
 class ClientRegion:
     """``--shm``: one client's POSIX shared memory object holding its inputs and room for
-    its outputs, registered with the server (which needs the token) for the run."""
+    its outputs, registered with the server (which needs the token) for the run.  The
+    server attaches only memory the token file's owner may open (shm.register): a caller
+    who is not that owner shares the object with the token file's group, read and write."""
 
     def __init__(self, client: Any, name: str, feeds: dict[str, np.ndarray],
-                 outputs: dict[str, int]) -> None:
+                 outputs: dict[str, int], token_file: Path) -> None:
         from multiprocessing import shared_memory
 
         from agent.serving.core import datatype_of
@@ -97,6 +99,10 @@ class ClientRegion:
 
         sizes = [array.nbytes for array in feeds.values()] + list(outputs.values())
         self.memory = shared_memory.SharedMemory(name=name, create=True, size=sum(sizes))
+        holder = token_file.stat()
+        if holder.st_uid != os.geteuid():
+            os.chown(f"/dev/shm/{name}", -1, holder.st_gid)
+            os.chmod(f"/dev/shm/{name}", 0o660)
         self.client, self.name = client, name
         self.feeds: dict[str, Any] = {}
         self.outputs: dict[str, Any] = {}
@@ -155,7 +161,8 @@ def run_remote(args: argparse.Namespace, model: str,
     def client_loop(index: int, mine: dict[int | None, LatencyStats]) -> None:
         client = _client(args.url, token, 10.0)
         region = ClientRegion(client, f"{args.shm_prefix}infer-{os.getpid()}-{index}", feeds,
-                              output_bytes(metadata)) if args.shm else None
+                              output_bytes(metadata), Path(args.token_file)) if args.shm \
+            else None
         try:
             send(client, region, mine)
         finally:
