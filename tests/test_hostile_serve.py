@@ -151,7 +151,9 @@ def test_gzip_bombs_cost_one_refusal_each(agent: Agent) -> None:
     held = beside_legit(agent, lambda a: hostile.gzip_bombs(a["http"], count=3,
                                                             inflated_mb=1024))
     assert_held(held)
-    assert set(held.flood.answers) <= {"400", "413", "415"}, held.flood
+    # refused before a byte of the body is read, and the connection closed without reading
+    # it: a client still sending its body may see the reset before the 415
+    assert set(held.flood.answers) <= {"415", "reset"}, held.flood
 
 
 # -- finding 2 ----------------------------------------------------------------------------
