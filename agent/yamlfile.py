@@ -18,6 +18,7 @@ from agent.validation import key_label
 # libyaml's safe loader when PyYAML was built with it: several times faster than pure Python
 _BASE: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _MERGE = "tag:yaml.org,2002:merge"
+_NO_KEY = object()  # a key node that builds no hashable value: the constructor refuses it
 
 
 class DuplicateKeyError(yaml.YAMLError):
@@ -72,23 +73,23 @@ class UniqueKeyLoader(_BASE):  # type: ignore[valid-type,misc]
             key = self._key(key_node)
             inner = f"{path}.{key_label(key)}" if path else key_label(key)
             line = key_node.start_mark.line + 1
-            if key is not None and key in lines:
+            if key is not _NO_KEY and key in lines:
                 raise DuplicateKeyError(inner, lines[key], line)
-            if key is not None:
+            if key is not _NO_KEY:
                 lines[key] = line
             children.append((value_node, inner))
         return children
 
     def _key(self, node: yaml.Node) -> Any:
         """A scalar key's value (``1`` and ``0x1``, ``yes`` and ``true`` are the same key in
-        the mapping built); None for a key that cannot be one (the constructor says why)."""
+        the mapping built); _NO_KEY for a key that cannot be one (the constructor says why)."""
         if not isinstance(node, yaml.ScalarNode):
-            return None
+            return _NO_KEY
         key = self.construct_object(node)
         try:
             hash(key)
         except TypeError:
-            return None
+            return _NO_KEY
         return key
 
 

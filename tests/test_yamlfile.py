@@ -28,7 +28,8 @@ def test_a_merge_key_override_is_no_repeat_but_a_repeat_beside_it_is() -> None:
     ("1: a\n0x1: b\n", "1: given twice (lines 1 and 2)"),
     ("x:\n  yes: a\n  true: b\n", "x.true: given twice (lines 2 and 3)"),
     ("x: [{a: 1}, {b: 2, 'b': 3}]\n", "x[1].b: given twice (lines 1 and 1)"),
-], ids=["int-spellings", "bool-spellings", "quoted-in-a-list"])
+    ("~: a\nnull: b\n", "null: given twice (lines 1 and 2)"),
+], ids=["int-spellings", "bool-spellings", "quoted-in-a-list", "null"])
 def test_keys_equal_once_built_are_the_same_key(text: str, message: str) -> None:
     """safe_load keeps the last of them: the mapping built would silently lose the first."""
     assert len(yaml.safe_load(text)) == 1
