@@ -80,3 +80,49 @@ def test_an_unreadable_file_is_exit_2(tmp_path: Path) -> None:
     result = check(missing)
     assert result.returncode == 2
     assert result.stdout.startswith(f"{missing}: cannot be read: ")
+
+
+# Notepad's UTF-16 (with its byte order mark, and without), and Latin-1 bytes: what each
+# command that reads the config says, in one line, instead of a UnicodeDecodeError traceback.
+NOT_UTF8 = [
+    ("node_id: café\n".encode("utf-16"),
+     "is UTF-16 text (by its byte order mark), not UTF-8: save it as UTF-8"),
+    ("node_id: café\n".encode("utf-16-le"),
+     "is not UTF-8 text: NUL bytes from line 1 (UTF-16?): save it as UTF-8"),
+    ("fleet: lab\nnode_id: café\n".encode("latin-1"),
+     "is not UTF-8 text: byte 0xe9 on line 2: save it as UTF-8"),
+]
+
+
+@pytest.mark.parametrize(("data", "problem"), NOT_UTF8, ids=["utf16-bom", "utf16", "latin1"])
+@pytest.mark.parametrize("command", [["config", "check"], ["status"], ["run", "--seconds", "1"]],
+                         ids=["config-check", "status", "run"])
+def test_a_config_that_is_not_utf8_is_one_line_and_exit_2(tmp_path: Path, command: list[str],
+                                                          data: bytes, problem: str) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_bytes(data)
+    result = edge_agent(*command, "--config", config, "--state-dir", tmp_path / "state",
+                        cwd=REPO) if command[0] != "config" else check(config)
+    assert result.returncode == 2
+    said = result.stdout if command[0] == "config" else result.stderr
+    prefix = "" if command[0] == "config" else f"edge-agent {command[0]}: "
+    assert said == f"{prefix}{config}: {problem}\n"
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("fleet: lab\nmqtt:\n  host: a\nnode_id: n1\nmqtt:\n  port: 1884\n",
+     "mqtt: given twice (lines 2 and 5)"),
+    ("mqtt:\n  host: a\n  reconnect:\n    min_s: 1\n    max_s: 9\n    min_s: 2\n",
+     "mqtt.reconnect.min_s: given twice (lines 4 and 6)"),
+    ("telemetry:\n  metrics: [cpu]\nmqtt: {host: a, port: 1, host: b}\n",
+     "mqtt.host: given twice (lines 3 and 3)"),
+], ids=["top-level", "nested", "flow"])
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path, text: str,
+                                                      problem: str) -> None:
+    config = written(tmp_path, text)
+    result = check(config)
+    assert (result.returncode, result.stdout) == (2, f"{config}: {problem}\n")
+    result = edge_agent("status", "--config", config, "--state-dir", tmp_path / "state",
+                        cwd=REPO)
+    assert (result.returncode, result.stderr) == (2, f"edge-agent status: {config}: {problem}\n")
+

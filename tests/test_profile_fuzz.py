@@ -40,10 +40,10 @@ import yaml
 from hypothesis import HealthCheck, event, example, given, note, settings
 from hypothesis import strategies as st
 
+from agent import yamlfile
 from agent.discovery import discover
 from agent.discovery.model import Topology
 from agent.kernel.fsroot import Root
-from agent.tuning import profiles as profiles_module
 from agent.tuning.engine import Engine
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal
@@ -60,8 +60,8 @@ import make_fixtures  # noqa: E402
 # a VM with no cpufreq and a hybrid cgroup tree.
 BOARDS = ("rk3588-vendor", "jetson-agx-orin-jp6", "x86-edge-npu", "bare-vm")
 NAME = "fuzzed"
-# Parse exactly as the loader does (libyaml's CSafeLoader when PyYAML has it).
-LOADER = getattr(profiles_module, "SAFE_LOADER", yaml.SafeLoader)
+# Parse exactly as the loader does (on libyaml's CSafeLoader when PyYAML has it).
+LOADER = yamlfile.UniqueKeyLoader
 
 # Random in development (finds new bugs), fixed examples in CI (a landing is not a lottery).
 FUZZ = settings(deadline=None, database=None, print_blob=True,
@@ -386,6 +386,10 @@ def check_load_error(error: ProfileError, file: str) -> None:
         event("load: YAML syntax error")
         assert re.fullmatch(r"line \d+|YAML", error.key), error.key
         return
+    if error.message.startswith("given twice"):
+        event("load: a key given twice")
+        assert re.fullmatch(r"given twice \(lines \d+ and \d+\)", error.message), str(error)
+        return
     data = parse(file)
     if error.key == "":
         # The one load error without a key: the document is not a mapping at all.
@@ -625,7 +629,8 @@ def _load_and_plan(world: World, body: str | bytes, board: str = "rk3588-vendor"
     "!!int",  # IndexError
     "sysctl:\n  vm.swappiness: " + "1" * 5000,  # ValueError: int max str digits
     pytest.param("[" * 1000 + "]" * 1000, id="deep", marks=pytest.mark.skipif(
-        LOADER is not yaml.SafeLoader, reason="libyaml reports deep nesting as a YAMLError")),
+        issubclass(LOADER, getattr(yaml, "CSafeLoader", ())),
+        reason="libyaml reports deep nesting as a YAMLError")),
 ], ids=["bad-date", "0x_", "int-tag", "bool-tag", "timestamp-tag", "bare-int-tag",
         "5000-digits", "deep"])
 def test_regression_pyyaml_exceptions_escape_the_loader(world: World, body: str) -> None:

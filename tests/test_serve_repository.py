@@ -228,3 +228,17 @@ def test_version_policy_from_the_file(tmp_path: Path) -> None:
         config(tmp_path, "m", text + "\n")
         entry = scan_model(tmp_path, {}, "m")
         assert entry is not None and sorted(entry.wanted()) == wanted, text
+
+
+@pytest.mark.parametrize(("text", "key", "lines"), [
+    ("max_batch_size: 8\nmax_run_ms: 100\nmax_batch_size: 16\n", "max_batch_size", "1 and 3"),
+    ("dynamic_batching:\n  queue:\n    max_size: 4\n    timeout_us: 10\n    max_size: 8\n",
+     "dynamic_batching.queue.max_size", "3 and 5"),
+    ("instances:\n- count: 1\n  threads: 2\n  count: 2\n", "instances[0].count", "2 and 4"),
+], ids=["top-level", "nested", "in-a-list"])
+def test_a_key_given_twice_names_the_key_and_both_lines(tmp_path: Path, text: str, key: str,
+                                                        lines: str) -> None:
+    path = config(tmp_path, "m", text)
+    with pytest.raises(ModelSettingsError) as caught:
+        read_settings(path)
+    assert str(caught.value) == f"{path}: {key}: given twice (lines {lines})"

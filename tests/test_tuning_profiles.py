@@ -177,3 +177,27 @@ def test_the_broken_profile_by_name_is_a_usage_error(site_tree: Path, action: st
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.strip().splitlines() == [f"edge-agent profile {action}: {BROKEN_ERROR}"]
+
+
+@pytest.mark.parametrize(("text", "key", "lines"), [
+    ("thp: {enabled: never}\nsysctl: {vm.swappiness: 1}\nthp: {defrag: never}\n", "thp",
+     "1 and 3"),
+    ("sysctl:\n  vm.swappiness: 1\n  vm.dirty_ratio: 5\n  vm.swappiness: 10\n",
+     "sysctl.vm.swappiness", "2 and 4"),
+], ids=["top-level", "nested"])
+def test_a_key_given_twice_in_a_profile_is_refused(tmp_path: Path, text: str, key: str,
+                                                   lines: str) -> None:
+    store = store_with(tmp_path, {"x": text})
+    with pytest.raises(ProfileError) as error:
+        store.load("x")
+    assert str(error.value) == f"{tmp_path}/profiles/x.yaml: {key}: given twice (lines {lines})"
+
+
+def test_a_key_given_twice_in_a_site_profile_is_refused(tmp_path: Path) -> None:
+    site = tmp_path / "etc/edge-agent/profiles"
+    site.mkdir(parents=True)
+    (site / "line-a.yaml").write_text("include: [balanced]\ninclude: [latency]\n")
+    with pytest.raises(ProfileError) as error:
+        ProfileStore(Root(tmp_path), dirs=[REPO_PROFILES]).load("line-a")
+    assert str(error.value) == ("/etc/edge-agent/profiles/line-a.yaml: include: given twice "
+                                "(lines 1 and 2)")

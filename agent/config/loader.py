@@ -12,10 +12,11 @@ from typing import Any
 
 import yaml
 
+from agent import yamlfile
 from agent.config.declare import build, defaults, schema
 from agent.config.sections import Config
 from agent.kernel.fsroot import Root
-from agent.tuning.profiles import SAFE_LOADER, ProfileStore, deep_merge
+from agent.tuning.profiles import ProfileStore, deep_merge
 from agent.validation import SettingsError, missing_directory, validate
 
 DEFAULT_PATH = "/etc/edge-agent/agent.yaml"
@@ -117,11 +118,15 @@ def load_config(path: str | None = None) -> Config:
             return from_dict({})
         path = DEFAULT_PATH
     try:
-        document = Path(path).read_text()
+        document = yamlfile.decode(Path(path).read_bytes())
     except OSError as error:
         raise ConfigError(path, "", f"cannot be read: {error.strerror or error}") from error
+    except yamlfile.NotUtf8Error as error:
+        raise ConfigError(path, "", str(error)) from None
     try:
-        data = yaml.load(document, Loader=SAFE_LOADER)
+        data = yamlfile.load(document)
+    except yamlfile.DuplicateKeyError as error:
+        raise ConfigError(path, error.path, error.message) from None
     except yaml.YAMLError as error:
         raise ConfigError(path, "", f"is not valid YAML: {error}") from error
     return from_dict(data, path)

@@ -28,12 +28,12 @@ from typing import Any
 
 import yaml
 
+from agent import yamlfile
 from agent.overlays.errors import OverlayError
 from agent.overlays.socs import FLAVOURS, MHZ, SOCS, OppTarget, Soc
 from agent.overlays.stock import DEFAULT_LIMITS, Limits, Triple, check_floor, rescaled_bins
 from agent.validation import Check, choice, integer, text, validate
 
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 FLAG = choice(True, False)
 
 
@@ -244,9 +244,11 @@ def load_table(path: str | Path, soc: str | None = None, flavour: str | None = N
     """Read and validate a YAML OPP table; command-line values fill what the file leaves out."""
     file = str(path)
     try:
-        document = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=SAFE_LOADER)
+        document = yamlfile.load(Path(path).read_text(encoding="utf-8"))
     except OSError as error:
         raise OverlayError(file, "", f"cannot read: {error.strerror or error}") from None
+    except yamlfile.DuplicateKeyError as error:
+        raise OverlayError(file, error.path, error.message) from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         mark = getattr(error, "problem_mark", None)
         raise OverlayError(file, f"line {mark.line + 1}" if mark else "YAML",

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from agent import yamlfile
 from agent.inference.devices import DEVICE, DEVICE_HELP
 from agent.validation import SettingsError, choice, integer, shown, text, validate
 
@@ -137,13 +138,17 @@ def read_settings(path: Path) -> ModelSettings:
     ModelSettingsError naming the file (and key) for anything it cannot use."""
     file = str(path)
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = yamlfile.decode(path.read_bytes())
     except FileNotFoundError:
         return ModelSettings()
-    except (OSError, UnicodeDecodeError) as error:
+    except OSError as error:
         raise ModelSettingsError(file, "", f"cannot read it: {error}") from None
+    except yamlfile.NotUtf8Error as error:
+        raise ModelSettingsError(file, "", str(error)) from None
     try:
-        data = yaml.safe_load(raw)
+        data = yamlfile.load(raw)
+    except yamlfile.DuplicateKeyError as error:
+        raise ModelSettingsError(file, error.path, error.message) from None
     except yaml.YAMLError as error:
         raise ModelSettingsError(file, "", f"not valid YAML: {error}") from None
     return parse_settings({} if data is None else data, file)

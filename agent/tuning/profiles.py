@@ -16,14 +16,13 @@ from typing import Any
 
 import yaml
 
+from agent import yamlfile
 from agent.discovery.model import Board
 from agent.kernel.fsroot import Root
 from agent.tuning.errors import ProfileError
 from agent.tuning.schema import validate_profile
 
 SITE_DIR = "/etc/edge-agent/profiles"
-# libyaml's safe loader when PyYAML was built with it: several times faster than pure Python
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MATCH_WEIGHTS = {"family": 1, "soc": 2, "model": 4}
 
 
@@ -169,7 +168,9 @@ class ProfileStore:
             line = text[:text.index("\ufffd")].count("\n") + 1
             raise ProfileError(file, f"line {line}", "not UTF-8 text")
         try:
-            data = yaml.load(text, Loader=SAFE_LOADER)
+            data = yamlfile.load(text)
+        except yamlfile.DuplicateKeyError as error:
+            raise ProfileError(file, error.path, error.message) from None
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f"line {mark.line + 1}" if mark else "YAML"
