@@ -218,12 +218,24 @@ repair_onnxruntime() {
     fi
 }
 
-# report_onnxruntime PYTHON: which build was installed and the providers it has
+# report_onnxruntime PYTHON: which build was installed and the providers it has; one that
+# does not import (a missing CUDA library, a wheel for another CPU) fails the install, with
+# the import error's last line: the agent cannot infer without it
 report_onnxruntime() {
-    local found
-    found="$("$1" -c 'import onnxruntime as o
-print(o.__version__ + ", providers: " + " ".join(o.get_available_providers()))' \
-             2>/dev/null || echo "(not importable)")"
+    local found hint=""
+    [ "$ort_dist" = onnxruntime ] || hint=" (--onnxruntime onnxruntime installs PyPI's CPU build)"
+    if ! found="$("$1" -c 'import sys, traceback
+try:
+    import onnxruntime as o
+except Exception as error:  # ImportError, or OSError from a shared library
+    print("".join(traceback.format_exception_only(type(error), error)).strip().splitlines()[-1])
+    sys.exit(1)
+print(o.__version__ + ", providers: " + " ".join(o.get_available_providers()))' 2>/dev/null)"
+    then
+        echo "install.sh: onnxruntime: $ort_dist was installed but does not import:" \
+             "${found:-python exited without a message}$hint" >&2
+        exit 1
+    fi
     step "onnxruntime: installed $ort_dist $found"
 }
 

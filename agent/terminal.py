@@ -37,6 +37,17 @@ def status_line(status: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
+def status_notes(status: dict[str, Any]) -> list[str]:
+    """The lines under the status line, one per running job, problem and warning: what
+    ``edge-agent status`` prints and ``fleet send NODE get-status`` shows per node."""
+    lines = [f"job: {job['command']} {job['id']} ({slot}), {job['running_s']} s"
+             + (f": {job['step']}" if job["step"] else "")
+             for slot, job in sorted((status.get("jobs") or {}).items())]
+    lines += [f"problem: {problem}" for problem in status.get("problems") or []]
+    lines += [f"warning: {warning}" for warning in status.get("warnings") or []]
+    return lines
+
+
 def fit(line: str, columns: int) -> str:
     """``line`` cut to fit ``columns`` (one column is kept free: a line that fills the last
     column makes some terminals wrap), with an ellipsis where it was cut."""

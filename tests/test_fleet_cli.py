@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,11 +15,13 @@ from typing import Any
 
 import pytest
 from agent_process import sigint_at_default
-from control_helpers import FLEET, SimulatedNode, trusted, trusted_keys
+from control_helpers import FLEET, SimulatedNode, node_config, running_node, trusted, trusted_keys
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, Subscriber, wait_until
+from tuning_helpers import copy_board
 
 from agent.cli.fleet import watch_rows
+from agent.cli.fleet_replies import shorten
 from agent.control.envelope import (
     key_id,
     load_private_key,
@@ -332,3 +335,55 @@ def test_ctrl_c_and_sigterm_end_watch_and_send_cleanly(
         listener.close()
     assert send.returncode == 130
     assert errors.splitlines() == ["edge-agent fleet send: interrupted"]
+
+
+# -- send: what a person reads ----------------------------------------------------------------
+
+
+def test_send_shows_each_result_and_whole_reasons_to_a_person(
+        tmp_path: Path, broker: Broker, key: Ed25519PrivateKey, key_file: Path) -> None:
+    root = copy_board("jetson-agx-orin-jp6", tmp_path)
+    config = {**node_config(tmp_path, root, broker, key, allow=["get-status", "apply-profile"]),
+              "tuning": {"profile": "jetson-orin-latency", "apply": True}}
+    with running_node(config) as service:
+        assert wait_until(lambda: service.last is not None and "inference" in
+                          service.last["metrics"], 30)
+        done = fleet(broker, "send", "orin-1", "get-status", "--key", str(key_file))
+        refused = fleet(broker, "send", "orin-1", "apply-profile", "--arg",
+                        "profile=no-such-profile", "--key", str(key_file))
+    assert done.returncode == 0, done.stderr
+    head, _, body = done.stdout.partition("\n\n")
+    assert head.splitlines()[-1].split() == ["orin-1", "succeeded", "ok", head.split()[-1]]
+    lines = body.splitlines()
+    assert lines[0] == "orin-1:"
+    assert lines[1].startswith("  connected s") and " | outbox " in lines[1]
+    assert lines[2].startswith("  up ") and lines[2].endswith(f", pid {os.getpid()}")
+    assert any(line.startswith("  profile: jetson-orin-latency (applied, ") and
+               line.endswith(", drift 0)") for line in lines)
+    assert "  model: demo version 1 on onnxruntime cpu fp32" in lines
+    assert any(line.startswith("  data plane: ready, http 127.0.0.1:") for line in lines)
+    assert "{" not in body  # laid out, not a dict
+
+    assert refused.returncode == 1
+    reason = ("profile: no profile named 'no-such-profile' (available: balanced, jetson-orin, "
+              "jetson-orin-latency, latency, powersave, realtime, rk3588, rk3588-latency, "
+              "x86, x86-latency)")
+    head, _, body = refused.stdout.partition("\n\n")
+    row = head.splitlines()[-1]
+    assert row.split()[:3] == ["orin-1", "failed", "invalid_profile"]
+    shown = row.split(None, 4)[4]
+    assert shown.endswith("…") and len(shown) <= 80
+    kept = shown[:-1]
+    assert reason.startswith(kept) and reason[len(kept):].startswith((" ", ", "))  # whole words
+    assert " ".join(body.split()) == f"orin-1: message: {reason}"  # the whole, wrapped
+
+
+@pytest.mark.parametrize(("text", "width", "expected"), [
+    ("short enough", 80, "short enough"),
+    ("one two three four", 12, "one two…"),
+    ("one two, three", 13, "one two…"),  # no dangling comma before the ellipsis
+    ("a/path/without/spaces/that/is/long", 10, "a/path/wi…"),  # one word: cut inside
+    ("two\nlines", 80, "two lines")])
+def test_a_message_is_cut_after_a_whole_word(text: str, width: int, expected: str) -> None:
+    assert shorten(text, width) == expected
+    assert len(shorten(text, width)) <= width

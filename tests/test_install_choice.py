@@ -90,14 +90,21 @@ exec {python} "$@"
 """
 
 
-def staged_install(tmp_path: Path, fail: str = "no-such-thing",
+def staged_install(tmp_path: Path, fail: str = "no-such-thing", broken_ort: str | None = None,
                    **environ: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """install.sh in DESTDIR mode over a venv whose python is FAKE_PYTHON."""
+    """install.sh in DESTDIR mode over a venv whose python is FAKE_PYTHON; ``broken_ort``:
+    its onnxruntime does not import, raising that ImportError (as a wheel whose CUDA
+    library is missing does)."""
     prefix, stage, log = tmp_path / "opt/edge-agent", tmp_path / "stage", tmp_path / "pip.log"
     bin_dir = Path(f"{stage}{prefix}/bin")
     bin_dir.mkdir(parents=True)
-    (bin_dir / "python").write_text(FAKE_PYTHON.format(log=log, fail=fail,
-                                                       python=sys.executable))
+    python = sys.executable
+    if broken_ort is not None:  # found before the real one
+        shadow = tmp_path / "shadow/onnxruntime"
+        shadow.mkdir(parents=True)
+        (shadow / "__init__.py").write_text(f"raise ImportError({broken_ort!r})\n")
+        python = f"env PYTHONPATH={shadow.parent} {python}"
+    (bin_dir / "python").write_text(FAKE_PYTHON.format(log=log, fail=fail, python=python))
     (bin_dir / "python").chmod(0o755)
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONHOME") and not k.startswith("EDGE_AGENT_")}
@@ -154,3 +161,18 @@ def test_an_unknown_distribution_is_refused(tmp_path: Path) -> None:
     result, pip = staged_install(tmp_path, EDGE_AGENT_ONNXRUNTIME="tensorflow")
     assert result.returncode == 2 and pip == []
     assert "--onnxruntime must be auto or an onnxruntime distribution" in result.stderr
+
+
+@pytest.mark.parametrize(("chosen", "hint"), [
+    ("onnxruntime", ""),
+    ("onnxruntime-gpu", " (--onnxruntime onnxruntime installs PyPI's CPU build)")])
+def test_an_onnxruntime_that_does_not_import_fails_the_install_with_the_reason(
+        tmp_path: Path, chosen: str, hint: str) -> None:
+    why = "libcudart.so.12: cannot open shared object file: No such file or directory"
+    result, _ = staged_install(tmp_path, broken_ort=why, EDGE_AGENT_ONNXRUNTIME=chosen)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"install.sh: onnxruntime: {chosen} was installed but does not import: "
+        f"ImportError: {why}{hint}")
+    assert "onnxruntime: installed" not in result.stdout
+    assert "edge-agent staged" not in result.stdout  # it stopped there

@@ -10,11 +10,13 @@ import errno
 import mmap
 import os
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mqtt_helpers import wait_until
 from tuning_helpers import copy_board, engine_for, named_thread, snapshot, write_profile
 
 from agent.discovery import discover
@@ -122,25 +124,75 @@ def test_discovery_on_the_host_probes_the_syscall() -> None:
 # -- io_uring's kernel-side threads ------------------------------------------------------
 
 
-@pytest.fixture
-def sqpoll_ring() -> Iterator[tuple[int, int]]:
-    """A real ring with a submission-queue polling thread: (ring fd, iou-sqp tid)."""
+def open_sqpoll_ring(idle_ms: int) -> int:
+    """A real ring with a submission-queue polling thread (its fd).  The thread busy-polls
+    for ``idle_ms`` after its last work, then sleeps until the ring closes."""
     libc = ctypes.CDLL(None, use_errno=True)
     params = (ctypes.c_uint32 * 30)()  # struct io_uring_params: 120 bytes
     params[2] = IORING_SETUP_SQPOLL  # flags
-    params[4] = 60_000  # sq_thread_idle (ms): it stays up, asleep, until the ring closes
+    params[4] = idle_ms  # sq_thread_idle
     fd = libc.syscall(IO_URING_SETUP, 4, ctypes.byref(params))
     if fd < 0:
         code = ctypes.get_errno()
         pytest.skip(f"io_uring_setup with SQPOLL is not permitted here: "
                     f"{errno.errorcode.get(code, code)} ({os.strerror(code)})")
+    return int(fd)
+
+
+def sqpoll_thread(creator: int) -> int:
+    """The TID of the SQPOLL thread of the ring this process's thread ``creator`` (a TID)
+    made.  The kernel starts it under the creator's name and it names itself
+    iou-sqp-<creator> when it first runs, which on a busy machine can be after
+    io_uring_setup has returned: wait for the name."""
+    name, tids = f"iou-sqp-{creator}", []
+
+    def named() -> bool:
+        tids[:] = [t for _p, t, _c in rt.threads_matching(Root("/"), name, pid=os.getpid())]
+        return bool(tids)
+
+    assert wait_until(named, 30), f"no {name} thread in /proc/self/task"
+    assert len(tids) == 1, f"{len(tids)} {name} threads"
+    return tids[0]
+
+
+@pytest.fixture
+def sqpoll_ring() -> Iterator[tuple[int, int]]:
+    """A real SQPOLL ring of this process: (ring fd, iou-sqp tid)."""
+    fd = open_sqpoll_ring(idle_ms=60_000)  # its thread stays up while the test runs
     try:
-        name = f"iou-sqp-{os.getpid()}"
-        tids = [t for _p, t, _c in rt.threads_matching(Root("/"), name, pid=os.getpid())]
-        assert len(tids) == 1, f"no {name} thread in /proc/self/task"
-        yield fd, tids[0]
+        yield fd, sqpoll_thread(threading.get_native_id())
     finally:
         os.close(fd)
+
+
+def test_an_sqpoll_thread_that_has_not_run_yet_is_waited_for() -> None:
+    """The fixture's flake under load (issue 32), made certain: the ring is created from a
+    thread that is SCHED_FIFO on one CPU, so its SQPOLL thread (which inherits both) cannot
+    run, and name itself, until that thread sleeps."""
+    cpu, found, errors = max(os.sched_getaffinity(0)), [], []
+
+    def create() -> None:
+        try:
+            os.sched_setaffinity(0, {cpu})  # 0: this thread
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        except PermissionError as error:
+            errors.append(f"SCHED_FIFO is not permitted here: {error}")
+            return
+        fd = open_sqpoll_ring(idle_ms=1)  # it sleeps again at once: this thread runs on
+        try:
+            found.append(sqpoll_thread(threading.get_native_id()))
+        except AssertionError as error:
+            errors.append(str(error))
+        finally:
+            os.close(fd)
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    creator.join(60)
+    assert not creator.is_alive()
+    if errors and errors[0].startswith("SCHED_FIFO"):
+        pytest.skip(errors[0])
+    assert errors == [] and len(found) == 1
 
 
 IORING_OP_OPENAT, IOSQE_ASYNC, AT_FDCWD = 18, 1 << 4, -100

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agent_process import start_agent, status, write_config
 from mqtt_helpers import Broker, Subscriber, free_port, wait_until
+from tuning_helpers import copy_board, snapshot
 
 from agent.telemetry.groups import METRIC_GROUPS
 
@@ -74,6 +75,36 @@ def test_sigterm_says_stopped_and_exits_zero(tmp_path: Path, broker: Broker) -> 
     finally:
         agent.kill()
         watcher.close()
+    code, state = status(config)
+    assert code == 1 and state["stopped"] is True and state["outbox"]["depth"] == 0
+
+
+def test_sigterm_delivers_the_rollback_before_stopped(tmp_path: Path, broker: Broker) -> None:
+    """With a profile applied and rollback_on_stop, SIGTERM rolls back before the last
+    flush: tuning_rolled_back reaches the broker in this stop, not at the next start."""
+    root = copy_board("jetson-agx-orin-jp6", tmp_path)
+    original = snapshot(root)
+    watcher = Subscriber(broker, [f"{TOPIC}/state", f"{TOPIC}/event"])
+    config = write_config(tmp_path, broker.port, root,
+                          tuning={"profile": "jetson-orin-latency", "apply": True})
+    agent = start_agent(config)
+    try:
+        assert wait_until(lambda: any(e["type"] == "tuning_applied"
+                                      for e in watcher.on("event")), 60), agent.stdout
+        assert snapshot(root) != original
+        agent.send_signal(signal.SIGTERM)
+        output, _ = agent.communicate(timeout=60)
+        assert agent.returncode == 0, output
+        assert wait_until(lambda: watcher.on("state")[-1]["state"] == "stopped")
+    finally:
+        agent.kill()
+        watcher.close()
+    assert snapshot(root) == original
+    with watcher.lock:
+        arrived = [(topic.rsplit("/", 1)[1], p.get("type") or p.get("state"))
+                   for topic, p, _ in watcher.messages]
+    last = arrived[-2:]
+    assert last == [("event", "tuning_rolled_back"), ("state", "stopped")], arrived
     code, state = status(config)
     assert code == 1 and state["stopped"] is True and state["outbox"]["depth"] == 0
 

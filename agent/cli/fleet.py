@@ -25,7 +25,7 @@ from agent.telemetry.records import hottest_c
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from agent.control.operator import BrokerSettings, Bus, Outcome
+    from agent.control.operator import BrokerSettings, Bus
 
 
 DEFAULT_TIMEOUT_S = 15.0
@@ -205,14 +205,8 @@ def parse_args_list(pairs: list[str]) -> dict[str, Any]:
     return result
 
 
-def table(outcomes: dict[str, Outcome]) -> str:
-    rows: list[tuple[str, ...]] = [("NODE", "STATUS", "CODE", "MS", "MESSAGE")]
-    rows += [(o.node, o.status, o.code, "" if o.ms is None else f"{o.ms:.0f}", o.message[:80])
-             for o in sorted(outcomes.values(), key=lambda o: o.node)]
-    return render_table(rows)
-
-
 def send(args: argparse.Namespace) -> int:
+    from agent.cli.fleet_replies import details, table
     from agent.control.envelope import sign
     from agent.control.operator import collect, expected_nodes, publish_command
 
@@ -252,8 +246,10 @@ def send(args: argparse.Namespace) -> int:
             {"node": o.node, "status": o.status, "code": o.code, "message": o.message,
              "ms": o.ms, "result": o.result} for o in outcomes.values()]}, indent=2))
     else:
+        by_node = sorted(outcomes.values(), key=lambda o: o.node)
+        more = details(by_node)
         print(f"{args.fleet_command} {envelope['id']} -> {args.target}: "
-              f"{len(outcomes)} node(s)\n{table(outcomes)}")
+              f"{len(outcomes)} node(s)\n{table(by_node)}" + (f"\n\n{more}" if more else ""))
     return 0 if outcomes and all(o.status == protocol.SUCCEEDED
                                  for o in outcomes.values()) else 1
 

@@ -19,7 +19,7 @@ from agent.cli.common import (
     resolve_state_dir,
 )
 from agent.stopping import StopSignals
-from agent.terminal import TerminalLine, status_line
+from agent.terminal import TerminalLine, status_line, status_notes
 
 if TYPE_CHECKING:
     from agent.config import Config
@@ -135,13 +135,8 @@ def status(args: argparse.Namespace) -> int:
            f"not running (no update for {state['age_s']} s)")
           + f", node {state['node_id']}, pid {state['pid']}")
     print(status_line(state))
-    for slot, job in sorted((state.get("jobs") or {}).items()):
-        print(f"job: {job['command']} {job['id']} ({slot}), {job['running_s']} s"
-              + (f": {job['step']}" if job["step"] else ""))
-    for problem in state.get("problems") or []:
-        print(f"problem: {problem}")
-    for warning in state.get("warnings") or []:
-        print(f"warning: {warning}")
+    for line in status_notes(state):
+        print(line)
     return 0 if running else 1
 
 

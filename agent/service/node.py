@@ -107,8 +107,9 @@ class Service:
     # -- start ------------------------------------------------------------------------------
 
     def _start(self, part: Part, late: bool = False) -> None:
-        """``late``: stopped after every other part, so that what those say on the way out
-        (the last records, ``stopped``) is flushed, and tuning outlives inference."""
+        """``late``: stopped after every other part, and in the order they started: tuning
+        (started first) outlives inference and rolls back, then the link flushes what every
+        part said on the way out, the rollback's event too, and says ``stopped``."""
         self.parts.append(part)  # first: stop() stops a part whose start failed half-way
         if late:
             self.late.append(part)
@@ -369,13 +370,13 @@ class Service:
 
     def stop(self, flush_s: float = 5.0, rollback: bool | None = None) -> None:
         """What produces first, in reverse start order (sampling, commands, inference, the
-        hot-plug watch), then the link flushes and says ``stopped``, then tuning rolls back
-        (when ``rollback`` says; None: as ``tuning.rollback_on_stop`` says); the outbox closes
-        last."""
+        hot-plug watch), then tuning rolls back (when ``rollback`` says; None: as
+        ``tuning.rollback_on_stop`` says), then the link flushes for up to ``flush_s`` (the
+        rollback's event with the rest) and says ``stopped``; the outbox closes last."""
         ending = Ending(flush_s, self.config.tuning.rollback_on_stop if rollback is None
                         else rollback)
         early = [part for part in self.parts if part not in self.late]
-        for part in [*reversed(early), *reversed(self.late)]:
+        for part in [*reversed(early), *self.late]:
             part.stop(ending)
         self.parts, self.late = [], []
         if self.outbox is not None and self.link is not None:
