@@ -30,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"agent"},
     {"kernel"},
     {"discovery", "validation"},
+    {"yamlfile"},  # the one YAML loader of every user file: config, profiles, overlays, models
     # below tuning: kernel arguments (tuning's cmdline section) use the overlays' boot layouts
     {"overlays"},
     {"telemetry", "tuning", "inference"},
