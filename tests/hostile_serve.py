@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.client import HTTPConnection, HTTPException
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import wire_helpers as wire
@@ -549,7 +549,31 @@ class Call:
     matched: bool
 
 
-class LegitClient:
+_B = TypeVar("_B", bound="Background")
+
+
+class Background:
+    """A thread that runs ``_run`` while the ``with`` block does; ``_stop`` ends it, and
+    leaving the block waits ``join_s`` at most for it."""
+
+    def __init__(self, name: str, join_s: float = 5.0) -> None:
+        self._join_s = join_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self: _B) -> _B:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(self._join_s)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class LegitClient(Background):
     """Triton's own clients calling the demo model every ``interval_s`` on a thread of
     their own, gRPC and HTTP in turn (a flood may stall one front end and not the other),
     each answer compared with a local ONNX Runtime session of the same file."""
@@ -565,16 +589,7 @@ class LegitClient:
         session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
         self.reference = session.run([DEMO_OUTPUT], {DEMO_INPUT: self.x})[0]
         self.calls: list[Call] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="legit-client", daemon=True)
-
-    def __enter__(self) -> LegitClient:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(self.timeout_s + 5)
+        super().__init__("legit-client", timeout_s + 5)
 
     def _callers(self) -> list[tuple[str, Callable[[], Any]]]:
         """One call per front end, each returning the output array."""
@@ -647,25 +662,16 @@ def vm_kb(pid: int, key: str) -> int:
     return 0
 
 
-class PeakRss:
+class PeakRss(Background):
     """The highest VmRSS of ``pid`` seen while the block runs, sampled every ``step_s``."""
 
     def __init__(self, pid: int, step_s: float = 0.02) -> None:
         self.pid, self.step_s = pid, step_s
         self.start_mb = vm_kb(pid, "VmRSS") / 1024
         self.peak_mb = self.start_mb
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="rss", daemon=True)
+        super().__init__("rss")
 
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _sample(self) -> None:
+    def _run(self) -> None:
         while not self._stop.wait(self.step_s):
             self.peak_mb = max(self.peak_mb, vm_kb(self.pid, "VmRSS") / 1024)
 
