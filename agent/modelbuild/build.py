@@ -107,7 +107,7 @@ class _Judge:
 
     def __init__(self, request: BuildRequest, report: BuildReport,
                  original: ort.InferenceSession, expected: list[list[np.ndarray]],
-                 heldout: list[Feed], measure: Measure | None, progress: Progress) -> None:
+                 heldout: Sequence[Feed], measure: Measure | None, progress: Progress) -> None:
         self.request, self.report, self.original = request, report, original
         self.expected, self.heldout = expected, heldout
         self.measure, self.progress = measure, progress
