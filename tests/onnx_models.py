@@ -159,3 +159,29 @@ def slow_image_model(path: Path, layers: int = 300, batch: str | int = 1) -> Pat
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [batch, 3, "H", "W"])],
         [weight])
     return _save(finish_model(graph), path)
+
+
+def wide_conv_net(path: Path, size: int = 96, channels: int = 32) -> Path:
+    """``image`` [1,3,size,size] -> ``logits`` [1,10] through two 3x3 Conv+Relu of
+    ``channels`` at full resolution: a small file (~40 kB) whose activations are large
+    (about 4.7 MB an input at the defaults), as a calibration set's memory grows with them."""
+    weight = HeWeights(5)
+    nodes: list[onnx.NodeProto] = []
+    x = "image"
+    for name, c_in in (("c1", 3), ("c2", channels)):
+        w = weight(f"{name}.w", (channels, c_in, 3, 3), c_in * 9)
+        b = weight(f"{name}.b", (channels,), channels)
+        nodes += [helper.make_node("Conv", [x, w, b], [f"{name}.conv"], kernel_shape=[3, 3],
+                                   pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"{name}.conv"], [name])]
+        x = name
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["gap"]),
+              helper.make_node("Flatten", ["gap"], ["flat"]),
+              helper.make_node("Gemm", ["flat", weight("fc.w", (10, channels), channels),
+                                        weight("fc.b", (10,), 10)], ["logits"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "wide_conv_net",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
+        weight.initializers)
+    return _save(finish_model(graph), path)

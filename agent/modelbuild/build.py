@@ -22,7 +22,7 @@ from agent.inference.session import build_session
 from agent.modelbuild import inputs as input_files
 from agent.modelbuild import quantize, targets, variants
 from agent.modelbuild.compare import agreement
-from agent.modelbuild.measure import Measure, interleaved
+from agent.modelbuild.measure import Measure, PeakMemory, interleaved
 from agent.modelbuild.report import MODEL_FILE, RKNN_FILE, BuildReport, Tried
 from agent.modelbuild.request import BuildError, BuildRequest, Feed, Progress, check_target
 from agent.serving.versions import file_sha256
@@ -62,6 +62,7 @@ def build_candidate(request: BuildRequest, workdir: Path,
                     measure: Measure | None = None) -> BuildReport:
     """Build ``request`` in ``workdir`` (which must exist and be empty); the report says
     whether the file it chose may be installed.  BuildError for what the user caused."""
+    peak = PeakMemory()
     check_target(request.target, request.precision)
     size = _source(request)
     if request.calibration is None:
@@ -98,6 +99,7 @@ def build_candidate(request: BuildRequest, workdir: Path,
                 os.replace(candidate, workdir / MODEL_FILE)
                 break
     _finish(report, workdir)
+    report.peak_rss_mb = peak.mb()
     report.write(workdir)
     return report
 
@@ -107,7 +109,7 @@ class _Judge:
 
     def __init__(self, request: BuildRequest, report: BuildReport,
                  original: ort.InferenceSession, expected: list[list[np.ndarray]],
-                 heldout: list[Feed], measure: Measure | None, progress: Progress) -> None:
+                 heldout: Sequence[Feed], measure: Measure | None, progress: Progress) -> None:
         self.request, self.report, self.original = request, report, original
         self.expected, self.heldout = expected, heldout
         self.measure, self.progress = measure, progress

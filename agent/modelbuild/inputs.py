@@ -1,12 +1,14 @@
 """The inputs a build calibrates on and the gate compares on, read from one directory:
 ``.npy`` files (one batch of a one-input model each), ``.npz`` files (one array per input
 name) or images.  Files alternate between calibration and held-out, so the gate never judges
-a model on an input it was calibrated with."""
+a model on an input it was calibrated with.  Every file is checked once up front, then read
+again each time it is used: a build holds one file's inputs at a time, not the whole set
+(hundreds of decoded images would not fit a 4 GB board beside a running agent)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +42,35 @@ class InputSpec:
                                     for d in node.shape), node.type)
 
 
+@dataclass
+class Feeds(Sequence[Feed]):
+    """The inputs of some files, read from disk when asked for (the last file's kept, so an
+    image and its mirror image decode once)."""
+
+    files: list[Path]
+    specs: Sequence[InputSpec]
+    preprocess: Preprocess
+    per_file: int  # 2 for images (the picture and its mirror image), 1 for arrays
+    _last: tuple[int, list[Feed]] = field(default=(-1, []), repr=False)
+
+    def __len__(self) -> int:
+        return len(self.files) * self.per_file
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        number, view = divmod(index % len(self), self.per_file)
+        if self._last[0] != number:
+            self._last = (number, _read(self.files[number], self.specs, self.preprocess))
+        return self._last[1][view]
+
+
 @dataclass(frozen=True)
 class Inputs:
-    calibration: list[Feed]
-    heldout: list[Feed]
+    calibration: Feeds
+    heldout: Feeds
     kind: str  # "images" or "arrays"
 
 
@@ -66,9 +93,11 @@ def load(directory: Path, specs: Sequence[InputSpec], preprocess: Preprocess) ->
     if len(kinds) > 1:
         raise BuildError(f"--calibration {directory}: mixes images and arrays; use one kind")
     kind = kinds.pop()
-    groups = [_read(path, specs, preprocess) for path in files]
-    return Inputs(calibration=[f for g in groups[0::2] for f in g],
-                  heldout=[f for g in groups[1::2] for f in g], kind=kind)
+    for path in files:  # every error before any work, one file in memory at a time
+        _read(path, specs, preprocess)
+    per_file = 2 if kind == "images" else 1
+    return Inputs(calibration=Feeds(files[0::2], specs, preprocess, per_file),
+                  heldout=Feeds(files[1::2], specs, preprocess, per_file), kind=kind)
 
 
 def _read(path: Path, specs: Sequence[InputSpec], preprocess: Preprocess) -> list[Feed]:

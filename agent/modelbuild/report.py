@@ -52,6 +52,7 @@ class BuildReport:
     chosen: str | None = None
     model_file: Path | None = None  # in the build's working directory
     version: int | None = None  # once installed
+    peak_rss_mb: float | None = None  # the build's peak resident memory (measure.PeakMemory)
 
     def to_dict(self) -> dict[str, Any]:
         request = self.request
@@ -62,7 +63,7 @@ class BuildReport:
                 "gate": asdict(request.gate), "passed": self.passed, "reason": self.reason,
                 "chosen": self.chosen, "version": self.version,
                 "measured_with": self.measured_with, "speed_note": self.speed_note,
-                "inputs": self.inputs, "tools": self.tools,
+                "inputs": self.inputs, "peak_rss_mb": self.peak_rss_mb, "tools": self.tools,
                 "variants": [t.to_dict() for t in self.tried]}
 
     def write(self, directory: Path) -> Path:
@@ -81,7 +82,9 @@ class BuildReport:
                  f"({request.precision}), gate top-1 >= {request.gate.top1:g}, cosine >= "
                  f"{request.gate.cosine:g}, speed >= {request.gate.speed:g}x",
                  f"  inputs: {self.inputs['calibration']} calibration, "
-                 f"{self.inputs['heldout']} held out; run with {self.measured_with}"]
+                 f"{self.inputs['heldout']} held out; run with {self.measured_with}"
+                 + ("" if self.peak_rss_mb is None else
+                    f"; peak memory {self.peak_rss_mb:.0f} MB")]
         if self.speed_note:
             lines.append(f"  speed: not measured: {self.speed_note}")
         for tried in self.tried:

@@ -10,6 +10,7 @@ bounds it in time and size, and reads the simulator's outputs back.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import queue
@@ -20,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -77,7 +79,7 @@ def converter_python(config_value: str | None) -> Path:
 
 
 def convert(source: Path, out_dir: Path, platform: str, precision: str,
-            calibration: list[Feed], heldout: list[Feed], python: Path,
+            calibration: Sequence[Feed], heldout: Sequence[Feed], python: Path,
             timeout_s: float, progress: Progress) -> RknnConversion:
     """``out_dir/model.rknn`` converted from ``source`` for ``platform``, with the simulator's
     outputs for each held-out feed (to gate it against the original)."""
@@ -91,10 +93,9 @@ def convert(source: Path, out_dir: Path, platform: str, precision: str,
         raise BuildError("--precision int8 for rknn needs calibration inputs (--calibration DIR)")
     if not source.is_file():
         raise BuildError(f"{source}: no such model file")
-    inputs = _input_specs([(f"calibration input {index}", feed)
-                           for index, feed in enumerate(calibration)]
-                          + [(f"held-out input {index}", feed)
-                             for index, feed in enumerate(heldout)])
+    inputs = _input_specs(itertools.chain(
+        ((f"calibration input {index}", feed) for index, feed in enumerate(calibration)),
+        ((f"held-out input {index}", feed) for index, feed in enumerate(heldout))))
     out_dir.mkdir(parents=True, exist_ok=True)
     model = out_dir / MODEL_FILE
     model.unlink(missing_ok=True)  # what the check after the run sees is this run's
@@ -118,26 +119,30 @@ def convert(source: Path, out_dir: Path, platform: str, precision: str,
     return RknnConversion(model=model, outputs=outputs, toolkit_version=version)
 
 
-def _input_specs(feeds: list[tuple[str, Feed]]) -> list[tuple[str, list[int]]]:
+def _input_specs(feeds: Iterable[tuple[str, Feed]]) -> list[tuple[str, list[int]]]:
     """Input names in the first feed's order, each with its batch-1 shape; every feed must
-    have the same inputs and per-sample shapes, since the .rknn has fixed shapes."""
-    if not feeds:
-        raise BuildError("rknn conversion needs at least one calibration or held-out input")
-    first = feeds[0][1]
-    specs = [(name, [1, *np.shape(array)[1:]]) for name, array in first.items()]
+    have the same inputs and per-sample shapes, since the .rknn has fixed shapes.  The
+    feeds are read one at a time (a lazy set stays on disk)."""
+    specs: list[tuple[str, list[int]]] | None = None
+    first_label, first = "", {}
     for label, feed in feeds:
+        if specs is None:
+            first_label, first = label, feed
+            specs = [(name, [1, *np.shape(array)[1:]]) for name, array in first.items()]
         if set(feed) != set(first):
-            raise BuildError(f"{label}: names {sorted(feed)} differ from {feeds[0][0]}'s "
+            raise BuildError(f"{label}: names {sorted(feed)} differ from {first_label}'s "
                              f"{sorted(first)}")
         for name, shape in specs:
             array = feed[name]
             if array.ndim < 1 or array.shape[0] < 1 or list(array.shape[1:]) != shape[1:]:
                 raise BuildError(f"{label}: {name} has shape {list(array.shape)}; the "
                                  f"rknn model takes [N, {', '.join(map(str, shape[1:]))}]")
+    if specs is None:
+        raise BuildError("rknn conversion needs at least one calibration or held-out input")
     return specs
 
 
-def _write_calibration(scratch: Path, names: list[str], feeds: list[Feed]) -> int:
+def _write_calibration(scratch: Path, names: list[str], feeds: Sequence[Feed]) -> int:
     """One .npy per sample and input, listed in dataset.txt as the toolkit reads it: a line
     per sample, its inputs' files separated by spaces (so the names have none)."""
     folder = scratch / "calibration"
@@ -155,7 +160,7 @@ def _write_calibration(scratch: Path, names: list[str], feeds: list[Feed]) -> in
     return len(lines)
 
 
-def _write_heldout(scratch: Path, names: list[str], feeds: list[Feed]) -> list[list[str]]:
+def _write_heldout(scratch: Path, names: list[str], feeds: Sequence[Feed]) -> list[list[str]]:
     folder = scratch / "heldout"
     folder.mkdir()
     written = []
