@@ -6,6 +6,7 @@ has no ``device`` link.  Variants of the committed trees are built in tmp_path
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -56,12 +57,32 @@ def test_pi5_v3d_is_found_by_its_drm_driver_and_vc4_display_is_not() -> None:
         None, None, None, None, None)
 
 
-def test_pi5_v3d_has_a_telemetry_row_without_values() -> None:
-    root = FIXTURES / "rpi5-hailo"
-    assert gpu_rows(root, committed("rpi5-hailo")) == [{
+def stats(timestamp: int, bin_ns: int, render_ns: int) -> str:
+    return ("queue\ttimestamp\tjobs\truntime\n"
+            f"bin\t{timestamp}\t10\t{bin_ns}\nrender\t{timestamp}\t10\t{render_ns}\n"
+            f"tfu\t{timestamp}\t0\t0\ncsd\t{timestamp}\t0\t0\n"
+            f"cache_clean\t{timestamp}\t0\t0\ncpu\t{timestamp}\t0\t0\n")
+
+
+def test_pi5_v3d_load_is_its_busiest_queue_between_two_gpu_stats(tmp_path: Path) -> None:
+    root = tmp_path / "rpi5"
+    shutil.copytree(FIXTURES / "rpi5-hailo", root, symlinks=True)
+    topology = discover(Root(root))
+    collector = GpuCollector(SysReader(Root(root)), topology, None)
+    stats_file = root / "sys/devices/platform/axi/1002000000.v3d/gpu_stats"
+    stats_file.write_text(stats(1_000_000_000, 100_000_000, 200_000_000))
+    (first,) = collector.collect()
+    assert first == {  # one reading is no interval; V3D has no clock file at all
         "name": "2712-v3d", "util_pct": None, "freq_hz": None, "memory_used_bytes": None,
         "memory_total_bytes": None, "temp_c": None, "power_mw": None,
-        "graphics_clock_mhz": None, "memory_clock_mhz": None, "throttle_reasons": None}]
+        "graphics_clock_mhz": None, "memory_clock_mhz": None, "throttle_reasons": None}
+    # 2 s later: bin ran 0.2 s, render 1.2 s of them -> 60 %, not the 70 % of a sum
+    stats_file.write_text(stats(3_000_000_000, 300_000_000, 1_400_000_000))
+    assert collector.collect()[0]["util_pct"] == 60.0
+    stats_file.write_text(stats(4_000_000_000, 0, 0))  # counters back to 0: driver reloaded
+    assert collector.collect()[0]["util_pct"] is None
+    stats_file.write_text("garbage\n")
+    assert collector.collect()[0]["util_pct"] is None
 
 
 # -- Intel: i915 and xe --------------------------------------------------------------------

@@ -57,11 +57,15 @@ class DrmClock(NamedTuple):
 
 
 class DrmFiles(NamedTuple):
-    """Where telemetry samples one GPU: a clock file in MHz (or amdgpu's level table) and
-    a busy-percent file; None where the driver has neither."""
+    """Where telemetry samples one GPU: a clock file in MHz (or amdgpu's level table), a
+    busy-percent file or V3D's busy-time counters; None where the driver has none."""
     freq_mhz: str | None = None
     sclk_table: str | None = None
     busy_pct: str | None = None
+    gpu_stats: str | None = None
+
+
+GpuStats = tuple[int, dict[str, int]]  # (timestamp ns, busy ns per queue)
 
 
 def gpu_cards(reader: SysReader) -> list[DrmCard]:
@@ -117,7 +121,38 @@ def files(reader: SysReader, card: DrmCard) -> DrmFiles:
         sclk, busy = f"{card.device}/pp_dpm_sclk", f"{card.device}/gpu_busy_percent"
         return DrmFiles(sclk_table=sclk if reader.exists(sclk) else None,
                         busy_pct=busy if reader.exists(busy) else None)
+    stats = f"{card.device}/gpu_stats"
+    if card.driver == "v3d" and reader.exists(stats):
+        return DrmFiles(gpu_stats=stats)
     return DrmFiles()
+
+
+def parse_gpu_stats(text: str) -> GpuStats:
+    """V3D ``gpu_stats``: a ``queue timestamp jobs runtime`` header, then one line per queue
+    (v3d_sysfs.c ``"%s\t%llu\t%llu\t%llu\n"``, the same local_clock() timestamp on all)."""
+    lines = text.splitlines()
+    if not lines or lines[0].split() != ["queue", "timestamp", "jobs", "runtime"]:
+        raise ValueError(f"not a v3d gpu_stats table: {text[:40]!r}")
+    timestamp, busy = 0, {}
+    for line in lines[1:]:
+        fields = line.split()
+        if len(fields) != 4 or not all(f.isdigit() for f in fields[1:]):
+            raise ValueError(f"not a gpu_stats queue line: {line!r}")
+        timestamp, busy[fields[0]] = int(fields[1]), int(fields[3])
+    if not busy:
+        raise ValueError("gpu_stats lists no queue")
+    return timestamp, busy
+
+
+def busy_between(before: GpuStats, after: GpuStats) -> float | None:
+    """Percent of the time between two readings the busiest queue ran (the queues overlap:
+    bin and render run together, so a sum would exceed 100 %); None without a forward
+    interval or with a counter that went back (a driver reload)."""
+    elapsed = after[0] - before[0]
+    deltas = [after[1][q] - before[1][q] for q in after[1] if q in before[1]]
+    if elapsed <= 0 or not deltas or min(deltas) < 0:
+        return None
+    return round(min(100.0, max(deltas) * 100 / elapsed), 1)
 
 
 def parse_sclk(text: str) -> tuple[list[int], int | None]:

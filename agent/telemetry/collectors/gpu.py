@@ -1,8 +1,8 @@
 """GPU load and clocks: devfreq GPUs (Jetson, Mali/panthor) from sysfs, NVIDIA discrete GPUs
 through NVML (https://docs.nvidia.com/deploy/nvml-api/), which does not cover the Jetson iGPU,
 and every other GPU discovery found from its DRM driver's own files (agent/discovery/drm.py:
-i915/xe MHz, amdgpu's current sclk level and busy percent; V3D has neither, so its row is
-there with None values).
+i915/xe MHz, amdgpu's current sclk level and busy percent, V3D's busiest queue between two
+samples of its ``gpu_stats``; V3D has no clock file, so its ``freq_hz`` stays None).
 
 Where a devfreq GPU's load lives is decided once: Rockchip's vendor Mali driver adds a
 ``load`` attribute to the devfreq node reading ``<pct>@<Hz>Hz``; a Jetson GPU keeps a
@@ -101,6 +101,7 @@ class GpuCollector:
         self._drm = [drm_gpu(reader, gpu) for gpu in topology.gpus
                      if not gpu.devfreq and not _is_nvidia_discrete(gpu)]
         self._nvidia = nvidia_discrete(topology)
+        self._gpu_stats: dict[str, drm.GpuStats] = {}
         self._nvml = nvml if self._nvidia else None
 
     def _devfreq_row(self, gpu: DevfreqGpu) -> dict[str, Any]:
@@ -118,8 +119,20 @@ class GpuCollector:
             levels = self._reader.parsed(files.sclk_table, drm.parse_sclk)
             mhz = levels[1] if levels else None
         busy = self._reader.integer(files.busy_pct) if files.busy_pct else None
-        return gpu_row(gpu.name, util_pct=float(busy) if busy is not None else None,
-                       freq_hz=mhz * drm.MHZ if mhz is not None else None)
+        util = float(busy) if busy is not None else None
+        if files.gpu_stats:
+            util = self._v3d_busy(files.gpu_stats)
+        return gpu_row(gpu.name, util_pct=util, freq_hz=mhz * drm.MHZ if mhz is not None else None)
+
+    def _v3d_busy(self, path: str) -> float | None:
+        """V3D counts busy time itself: the first sample has no value, later ones the share
+        since the one before."""
+        stats = self._reader.parsed(path, drm.parse_gpu_stats)
+        before = self._gpu_stats.pop(path, None)
+        if stats is None:
+            return None
+        self._gpu_stats[path] = stats
+        return drm.busy_between(before, stats) if before is not None else None
 
     def _nvml_rows(self) -> list[dict[str, Any]]:
         if self._nvml is None:
