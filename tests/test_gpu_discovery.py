@@ -124,6 +124,16 @@ def test_devfreq_gpu_is_one_entry_with_its_card(board: str, card: str | None) ->
     assert (gpu.source, gpu.drm_card) == ("devfreq", card)
 
 
+def test_nvidia_drm_card_joins_the_pci_gpu(tmp_path: Path) -> None:
+    root = tmp_path / "server"
+    shutil.copytree(FIXTURES / "x86-server-nvidia", root, symlinks=True)
+    st.drm_node(Tree(root), "/sys/devices/pci0000:98/0000:98:02.0/0000:99:00.0", "card1",
+                "226:1")  # nvidia-drm's card on the L4
+    (gpu,) = discover(Root(root)).gpus
+    assert (gpu.pci_bdf, gpu.driver, gpu.drm_card, gpu.kind) == (
+        "0000:99:00.0", "nvidia", "card1", "discrete")
+
+
 def test_display_only_drm_devices_are_not_gpus() -> None:
     assert committed("bare-vm").gpus == []  # bochs-drm card0
     assert [g.driver for g in committed("x86-server-nvidia").gpus] == ["nvidia"]  # ast card0

@@ -95,12 +95,12 @@ def _merge_drm(reader: SysReader, gpus: list[Gpu]) -> None:
     """Add the GPUs only a DRM card shows, and give every GPU its card and, where the
     devfreq/PCI entry has none, the clock its driver's own files report."""
     by_device = {gpu.sysfs: gpu for gpu in gpus if gpu.sysfs}
+    by_bdf = {gpu.pci_bdf: gpu for gpu in gpus if gpu.pci_bdf}
     for card in drm.gpu_cards(reader):
-        gpu = by_device.get(card.device)
+        pci = card.device.rsplit("/", 1)[-1] if reader.exists(f"{card.device}/vendor") else None
+        gpu = by_device.get(card.device) or by_bdf.get(pci or "")
         if gpu is None:
             name, vendor = _platform_name(reader, card)
-            pci = card.device.rsplit("/", 1)[-1] if reader.exists(
-                f"{card.device}/vendor") else None
             gpu = Gpu(name=name, vendor=vendor, kind="discrete" if pci and vendor not in (
                 "intel",) else "integrated", pci_bdf=pci, driver=card.driver, source="drm",
                 sysfs=card.device)
