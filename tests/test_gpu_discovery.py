@@ -134,6 +134,15 @@ def test_nvidia_drm_card_joins_the_pci_gpu(tmp_path: Path) -> None:
         "0000:99:00.0", "nvidia", "card1", "discrete")
 
 
+def test_devfreq_of_a_drm_gpu_on_an_oddly_named_node_is_still_read(tmp_path: Path) -> None:
+    root = tmp_path / "mainline"
+    shutil.copytree(FIXTURES / "rk3588-mainline", root, symlinks=True)
+    Tree(root).dt("/sys/firmware/devicetree/base/gpu@fb000000/name", "mali")
+    (gpu,) = discover(Root(root)).gpus  # panthor's card names it a GPU; devfreq has the clock
+    assert (gpu.driver, gpu.devfreq, gpu.drm_card, gpu.cur_hz, gpu.max_hz) == (
+        "panthor", "fb000000.gpu", "card1", 400_000_000, 1_000_000_000)
+
+
 def test_display_only_drm_devices_are_not_gpus() -> None:
     assert committed("bare-vm").gpus == []  # bochs-drm card0
     assert [g.driver for g in committed("x86-server-nvidia").gpus] == ["nvidia"]  # ast card0

@@ -15,7 +15,7 @@ Clock files, all read-only facts here (tuning writes none of them):
   (drivers/gpu/drm/xe/xe_gt_freq.c).
 - amdgpu: on the device, ``pp_dpm_sclk`` (``N: <MHz>Mhz`` per level, ``*`` on the current
   one) and ``gpu_busy_percent`` (Documentation/gpu/amdgpu/thermal.rst).
-- panfrost, panthor, lima, msm: devfreq (found by gpu.py, matched here by device).
+- panfrost, panthor, lima, msm: devfreq (gpu.py reads it for any node such a driver is bound to).
 - v3d, etnaviv, nouveau, powervr: no clock file (v3d's clock is the firmware's;
   v3d_sysfs.c's ``gpu_stats`` counts busy nanoseconds per queue).
 """

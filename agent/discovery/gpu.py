@@ -48,12 +48,14 @@ def read_devfreq(reader: SysReader, path: str) -> Devfreq:
         cur_hz=reader.integer(f"{path}/cur_freq"))
 
 
-def _devfreq_gpus(reader: SysReader) -> list[Gpu]:
+def _devfreq_gpus(reader: SysReader, drm_gpus: set[str]) -> list[Gpu]:
+    """devfreq nodes of a GPU: by device-tree node name, or because a GPU's DRM driver
+    (panfrost, lima, msm... on a node named otherwise) is bound to the device."""
     gpus = []
     for node in reader.listdir(DEVFREQ):
         device = f"{DEVFREQ}/{node}/device"
         of_name = reader.of_node_name(device)
-        if not is_gpu_node(of_name):
+        if not is_gpu_node(of_name) and reader.realpath(device) not in drm_gpus:
             continue
         compatible = reader.dt_strings(f"{device}/of_node/compatible") or []
         vendor = "arm" if any("mali" in entry for entry in compatible) else (
@@ -91,12 +93,12 @@ def _platform_name(reader: SysReader, card: drm.DrmCard) -> tuple[str, str]:
     return (compatible[-1].split(",")[-1] if compatible else f"{card.driver} GPU"), card.vendor
 
 
-def _merge_drm(reader: SysReader, gpus: list[Gpu]) -> None:
+def _merge_drm(reader: SysReader, gpus: list[Gpu], cards: list[drm.DrmCard]) -> None:
     """Add the GPUs only a DRM card shows, and give every GPU its card and, where the
     devfreq/PCI entry has none, the clock its driver's own files report."""
     by_device = {gpu.sysfs: gpu for gpu in gpus if gpu.sysfs}
     by_bdf = {gpu.pci_bdf: gpu for gpu in gpus if gpu.pci_bdf}
-    for card in drm.gpu_cards(reader):
+    for card in cards:
         pci = card.device.rsplit("/", 1)[-1] if reader.exists(f"{card.device}/vendor") else None
         gpu = by_device.get(card.device) or by_bdf.get(pci or "")
         if gpu is None:
@@ -143,8 +145,9 @@ def _merge_nvml(reader: SysReader, gpus: list[Gpu], nvml: NvmlSource) -> None:
 
 
 def discover_gpus(reader: SysReader, pci: list[PciDevice], nvml: NvmlSource | None) -> list[Gpu]:
-    gpus = _devfreq_gpus(reader) + _pci_gpus(reader, pci)
-    _merge_drm(reader, gpus)
+    cards = drm.gpu_cards(reader)
+    gpus = _devfreq_gpus(reader, {card.device for card in cards}) + _pci_gpus(reader, pci)
+    _merge_drm(reader, gpus, cards)
     if any(gpu.vendor == "nvidia" and gpu.kind == "discrete" for gpu in gpus):
         if nvml is None:
             reader.warn("NVML not queried (fixture root); NVIDIA GPU details from PCI sysfs only")
