@@ -28,7 +28,7 @@ BOARD_PROFILES = {"jetson-agx-orin-jp6": "jetson-orin-latency",
                   "jetson-xavier-nx-jp5-rt": "jetson-orin-latency",  # no tegra194 profile
                   "rk3588-vendor": "rk3588-latency", "rk3588-mainline": "rk3588-latency",
                   "x86-server-nvidia": "x86-latency", "x86-edge-npu": "x86-latency",
-                  "bare-vm": "x86-latency"}
+                  "bare-vm": "x86-latency", "rpi5-hailo": "latency"}  # no Pi profile
 
 
 @pytest.mark.parametrize("board", BOARDS)

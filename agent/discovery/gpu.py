@@ -1,4 +1,6 @@
-"""GPUs: Jetson iGPU and Mali through devfreq, discrete GPUs through PCI and NVML.
+"""GPUs: Jetson iGPU and Mali through devfreq, discrete GPUs through PCI and NVML, and any
+GPU with a DRM card through the driver bound to it (drm.py: the Pi 5's V3D, i915/xe/amdgpu
+clocks).  One device is one GPU, whichever of these found it first.
 
 devfreq nodes are recognised by their device-tree node name, never by the devfreq name, which
 changes between releases (gv11b -> ga10b -> gpu); the memory controller (``dmc``) is skipped.
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from agent.discovery import drm
 from agent.discovery.model import Gpu, PciDevice
 from agent.discovery.nvml import NvmlSource, sysfs_bdf
 from agent.kernel.reader import SysReader
@@ -45,12 +48,14 @@ def read_devfreq(reader: SysReader, path: str) -> Devfreq:
         cur_hz=reader.integer(f"{path}/cur_freq"))
 
 
-def _devfreq_gpus(reader: SysReader) -> list[Gpu]:
+def _devfreq_gpus(reader: SysReader, drm_gpus: set[str]) -> list[Gpu]:
+    """devfreq nodes of a GPU: by device-tree node name, or because a GPU's DRM driver
+    (panfrost, lima, msm... on a node named otherwise) is bound to the device."""
     gpus = []
     for node in reader.listdir(DEVFREQ):
         device = f"{DEVFREQ}/{node}/device"
         of_name = reader.of_node_name(device)
-        if not is_gpu_node(of_name):
+        if not is_gpu_node(of_name) and reader.realpath(device) not in drm_gpus:
             continue
         compatible = reader.dt_strings(f"{device}/of_node/compatible") or []
         vendor = "arm" if any("mali" in entry for entry in compatible) else (
@@ -62,11 +67,11 @@ def _devfreq_gpus(reader: SysReader) -> list[Gpu]:
             max_hz=freq.max_hz, available_hz=freq.available_hz, governor=freq.governor,
             limit_min_hz=freq.limit_min_hz, limit_max_hz=freq.limit_max_hz, cur_hz=freq.cur_hz,
             available_governors=reader.words(f"{DEVFREQ}/{node}/available_governors"),
-            driver=reader.driver(device), source="devfreq"))
+            driver=reader.driver(device), source="devfreq", sysfs=reader.realpath(device)))
     return gpus
 
 
-def _pci_gpus(pci: list[PciDevice]) -> list[Gpu]:
+def _pci_gpus(reader: SysReader, pci: list[PciDevice]) -> list[Gpu]:
     gpus = []
     for device in pci:
         vendor = PCI_GPU_VENDORS.get(device.vendor_id or "")
@@ -76,8 +81,45 @@ def _pci_gpus(pci: list[PciDevice]) -> list[Gpu]:
                         f"{device.device_id}", vendor=vendor,
                         kind="integrated" if vendor == "intel" else "discrete",
                         pci_bdf=device.bdf, numa_node=device.numa_node, driver=device.driver,
-                        source="pci"))
+                        source="pci",
+                        sysfs=reader.realpath(f"/sys/bus/pci/devices/{device.bdf}")))
     return gpus
+
+
+def _platform_name(reader: SysReader, card: drm.DrmCard) -> tuple[str, str]:
+    """(name, vendor) of a DRM GPU: the device-tree model, as for a devfreq GPU, and the
+    driver's vendor."""
+    compatible = reader.dt_strings(f"{card.device}/of_node/compatible") or []
+    return (compatible[-1].split(",")[-1] if compatible else f"{card.driver} GPU"), card.vendor
+
+
+def _merge_drm(reader: SysReader, gpus: list[Gpu], cards: list[drm.DrmCard]) -> None:
+    """Add the GPUs only a DRM card shows, and give every GPU its card and, where the
+    devfreq/PCI entry has none, the clock its driver's own files report."""
+    by_device = {gpu.sysfs: gpu for gpu in gpus if gpu.sysfs}
+    by_bdf = {gpu.pci_bdf: gpu for gpu in gpus if gpu.pci_bdf}
+    for card in cards:
+        pci = card.device.rsplit("/", 1)[-1] if reader.exists(f"{card.device}/vendor") else None
+        gpu = by_device.get(card.device) or by_bdf.get(pci or "")
+        if gpu is None:
+            name, vendor = _platform_name(reader, card)
+            gpu = Gpu(name=name, vendor=vendor, kind="discrete" if pci and vendor not in (
+                "intel",) else "integrated", pci_bdf=pci, driver=card.driver, source="drm",
+                sysfs=card.device)
+            gpus.append(gpu)
+            by_device[card.device] = gpu
+        gpu.drm_card = gpu.drm_card or card.card
+        if gpu.devfreq is None:
+            _fill_clock(gpu, drm.clock(reader, card))
+
+
+def _fill_clock(gpu: Gpu, clock: drm.DrmClock) -> None:
+    gpu.min_hz = gpu.min_hz if gpu.min_hz is not None else clock.min_hz
+    gpu.max_hz = gpu.max_hz if gpu.max_hz is not None else clock.max_hz
+    gpu.available_hz = gpu.available_hz or clock.available_hz
+    gpu.limit_min_hz = gpu.limit_min_hz if gpu.limit_min_hz is not None else clock.limit_min_hz
+    gpu.limit_max_hz = gpu.limit_max_hz if gpu.limit_max_hz is not None else clock.limit_max_hz
+    gpu.cur_hz = gpu.cur_hz if gpu.cur_hz is not None else clock.cur_hz
 
 
 def _merge_nvml(reader: SysReader, gpus: list[Gpu], nvml: NvmlSource) -> None:
@@ -103,7 +145,9 @@ def _merge_nvml(reader: SysReader, gpus: list[Gpu], nvml: NvmlSource) -> None:
 
 
 def discover_gpus(reader: SysReader, pci: list[PciDevice], nvml: NvmlSource | None) -> list[Gpu]:
-    gpus = _devfreq_gpus(reader) + _pci_gpus(pci)
+    cards = drm.gpu_cards(reader)
+    gpus = _devfreq_gpus(reader, {card.device for card in cards}) + _pci_gpus(reader, pci)
+    _merge_drm(reader, gpus, cards)
     if any(gpu.vendor == "nvidia" and gpu.kind == "discrete" for gpu in gpus):
         if nvml is None:
             reader.warn("NVML not queried (fixture root); NVIDIA GPU details from PCI sysfs only")

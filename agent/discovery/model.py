@@ -99,11 +99,13 @@ class Gpu:
     numa_node: int | None = None
     memory_bytes: int | None = None
     driver: str | None = None
-    source: str = "sysfs"  # devfreq | pci | nvml
+    source: str = "sysfs"  # devfreq | pci | nvml | drm
     uuid: str | None = None
-    limit_min_hz: int | None = None  # current devfreq limits (nvpmodel caps, tuning)
+    limit_min_hz: int | None = None  # current limits (devfreq, nvpmodel caps, i915/xe min/max)
     limit_max_hz: int | None = None
     cur_hz: int | None = None
+    drm_card: str | None = None  # "card1": the DRM card its driver registered
+    sysfs: str | None = None  # the resolved device directory
 
 
 @dataclass

@@ -179,22 +179,65 @@ def _jetson_dla(reader: SysReader) -> list[Npu]:
     return npus
 
 
+HAILO_VENDOR = "0x1e60"
+HAILO_NAMES = {"2864": "hailo8", "45c4": "hailo10h", "43a2": "hailo15l"}  # 8 and 8L share 2864
+
+
+def _hailo_function(reader: SysReader, base: str, functions: dict[str, PciDevice]) -> str | None:
+    """The PCI function (bdf) behind ``/sys/class/hailo_chardev/<node>``.
+
+    hailort's driver creates the node without a parent (``device_create(class, NULL, ...)``
+    in linux/pcie/src/pcie.c), so there is no ``device`` link to follow: the node's
+    ``board_location`` names the function; failing that, the node's major is the driver's
+    (``register_chrdev`` with the driver's name, /proc/devices) and its minor the board
+    index, which counts that driver's functions in probe (bus) order."""
+    device = reader.realpath(f"{base}/device")
+    if device is not None:
+        return os.path.basename(device)
+    location = reader.text(f"{base}/board_location")
+    if location in functions:
+        return location
+    dev = (reader.text(f"{base}/dev") or "").partition(":")
+    majors = reader.parsed("/proc/devices", parsers.parse_char_majors) if reader.exists(
+        "/proc/devices") else None
+    owner = majors.get(int(dev[0])) if majors and dev[0].isdigit() else None
+    bound = sorted(bdf for bdf, fn in functions.items() if owner and fn.driver == owner)
+    index = int(dev[2]) if dev[2].isdigit() else len(bound)
+    return bound[index] if index < len(bound) else None
+
+
+def _hailo_name(kind: str | None, device_id: str | None) -> str:
+    """``accelerator_type`` is a number in hailort's driver (0 NNC, 1 SoC); some builds
+    print the chip: use the chip's name from its PCI device id then."""
+    if kind and not kind.isdigit():
+        return kind.lower()
+    chip = (device_id or "").removeprefix("0x")
+    return HAILO_NAMES.get(chip, f"hailo-{chip}")
+
+
 def _hailo(reader: SysReader, pci: list[PciDevice]) -> list[Npu]:
+    """One NPU per Hailo PCI function: its character device, where it has one, is matched
+    to the function by driver and device number, never listed beside it."""
+    functions = {dev.bdf: dev for dev in pci if dev.vendor_id == HAILO_VENDOR}
     npus = []
     seen: set[str] = set()
     for name in reader.listdir("/sys/class/hailo_chardev"):
         base = f"/sys/class/hailo_chardev/{name}"
-        device = reader.realpath(f"{base}/device")
-        if device:
-            seen.add(os.path.basename(device))
-        kind = reader.text(f"{base}/accelerator_type")
-        npus.append(Npu(name=kind.lower() if kind else "hailo",
-                        driver=reader.driver(f"{base}/device") or "hailo_pci", cores=None,
-                        vendor="hailo", device=f"/dev/{name}", sysfs=device))
-    for dev in pci:  # Hailo-10H/15 (hailo1x_pci) and unbound Hailo-8 cards
-        if dev.vendor_id == "0x1e60" and dev.bdf not in seen:
-            npus.append(Npu(name=f"hailo-{(dev.device_id or '').removeprefix('0x')}",
-                            driver=dev.driver, cores=None, vendor="hailo",
+        bdf = _hailo_function(reader, base, functions)
+        function = functions.get(bdf or "")
+        if bdf is not None:
+            seen.add(bdf)
+        npus.append(Npu(
+            name=_hailo_name(reader.text(f"{base}/accelerator_type"),
+                             function.device_id if function else None),
+            driver=(function.driver if function else None) or reader.driver(
+                f"{base}/device") or "hailo", cores=None, vendor="hailo", device=f"/dev/{name}",
+            sysfs=reader.realpath(f"{base}/device") or (
+                reader.realpath(f"/sys/bus/pci/devices/{bdf}") if bdf else None)))
+    for dev in functions.values():  # Hailo-10H/15 (hailo1x_pci) and unbound Hailo-8 cards
+        if dev.bdf not in seen:
+            npus.append(Npu(name=_hailo_name(None, dev.device_id), driver=dev.driver,
+                            cores=None, vendor="hailo",
                             sysfs=f"/sys/bus/pci/devices/{dev.bdf}"))
     return npus
 

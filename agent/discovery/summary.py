@@ -85,6 +85,7 @@ def render_summary(topology: Topology) -> str:
     rows.append(("Memory", [f"{gib}, {len(memory.numa_nodes) or 1} NUMA node(s)"]))
     rows.append(("GPU", [
         f"{g.name} ({g.vendor}, {g.kind})" + (f" devfreq {g.devfreq}" if g.devfreq else "")
+        + (f" {g.drm_card}" if g.drm_card else "")
         + (f" {g.pci_bdf}" if g.pci_bdf else "") + (f" NUMA {g.numa_node}"
                                                   if g.numa_node is not None else "")
         + (f" {_mhz(g.min_hz, g.max_hz, 1_000_000)}" if g.max_hz else "")

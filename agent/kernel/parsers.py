@@ -160,6 +160,17 @@ def parse_link_speed_gts(text: str) -> float | None:
     raise ValueError(f"not a PCIe link speed: {text.strip()[:40]!r}")
 
 
+def parse_char_majors(text: str) -> dict[int, str]:
+    """``/proc/devices``' character section: major -> the name its driver registered
+    (fs/char_dev.c chrdev_show, ``"%3d %s"``); the block section is not read."""
+    majors: dict[int, str] = {}
+    for line in text.split("Block devices:")[0].splitlines()[1:]:
+        number, _, name = line.strip().partition(" ")
+        if number.isdigit() and name:
+            majors.setdefault(int(number), name.strip())
+    return majors
+
+
 _RT_VERSION = re.compile(r"\bPREEMPT[_ ]RT\b")
 
 
