@@ -29,7 +29,7 @@ from agent.discovery.model import Topology
 from agent.kernel import irqs
 from agent.kernel import sched as rt
 from agent.kernel.fsroot import Root
-from agent.tuning import coowners
+from agent.tuning import conflicts, coowners
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal, JournalState, current_boot_id, live_state
 from agent.tuning.kinds import KINDS, follow_ups
@@ -153,11 +153,8 @@ class Engine:
             ctx.warnings.append(f"overlay.dvfs: {profile.settings['overlay']['dvfs']} is a "
                                 "device-tree overlay, installed only on request")
         ctx.warnings += coowners.warnings(self.root, ctx.changes)  # Armbian's boot services
-        seen: set[str] = set()
-        for change in ctx.changes:
-            if change.path in seen:
-                raise ProfileError(profile.file, change.key, f"{change.path} is set twice")
-            seen.add(change.path)
+        ctx.changes = conflicts.check(profile.file, ctx.changes, profile.settings,
+                                      self.topology, ctx.cpus)
         return Plan(profile=profile.name, changes=ctx.changes, warnings=ctx.warnings,
                     runtime=ctx.runtime, cpus=ctx.cpus, optional=frozenset(
                         c.key for c in ctx.changes if c.key and not profile.requires(c.key)))
