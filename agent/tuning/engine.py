@@ -31,7 +31,13 @@ from agent.kernel import sched as rt
 from agent.kernel.fsroot import Root
 from agent.tuning import conflicts, coowners
 from agent.tuning.errors import ProfileError
-from agent.tuning.journal import Journal, JournalState, current_boot_id, live_state
+from agent.tuning.journal import (
+    Journal,
+    JournalState,
+    current_boot_id,
+    gone_with_boot,
+    live_state,
+)
 from agent.tuning.kinds import KINDS, follow_ups
 from agent.tuning.placement import Placement, detect
 from agent.tuning.plan import Change, Plan, PlanContext, matches, read_normalised
@@ -316,8 +322,11 @@ class Engine:
 
     @_links_read_once
     def verify(self) -> list[tuple[Change, str | None]]:
-        """Every journaled path that no longer holds its desired value, with what it holds."""
+        """Every journaled path that no longer holds its desired value, with what it holds.
+        A runtime journal from another boot is not drift: its settings went with the reboot
+        (journal.gone_with_boot says so)."""
         state = self.journal.load()
+        state = None if gone_with_boot(state, self.root) else state
         kept = self.lasting.load()
         if state is None and kept is None:
             return []
