@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from agent.discovery import discover  # noqa: E402
 from agent.kernel.fsroot import Root  # noqa: E402
 from agent.tuning.profiles import ProfileStore  # noqa: E402
 
-REASON_WORDS = 9  # a skip's reason, cut at a word: the table stays readable
+REASON_WORDS = 12  # a skip's reason, cut at a word: the table stays readable
 HEADER = ("board", "profile", "match", "planned", "skipped (reason)", "applied", "verified",
           "rolled back exactly")
 
@@ -100,7 +101,11 @@ def edge_agent(*argv: str) -> tuple[int, str, str]:
 
 
 def short(text: str, words: int = REASON_WORDS) -> str:
-    """The first ``words`` words, cut at a word; pipes escaped for the table."""
+    """The first ``words`` words, cut at a word; pipes escaped for the table.  "PATH does not
+    exist on this device (why)" reads "no PATH: why"."""
+    missing = re.match(r"(\S+) does not exist on this device:? ?\(?(.*?)\)?$", text)
+    if missing:
+        text = f"no {missing.group(1)}" + (f": {missing.group(2)}" if missing.group(2) else "")
     parts = text.split()
     cut = " ".join(parts[:words]) + (" …" if len(parts) > words else "")
     return cut.replace("|", "\\|")
