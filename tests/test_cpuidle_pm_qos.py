@@ -267,3 +267,45 @@ def test_a_device_that_cannot_be_held_is_a_clear_warning(tmp_path: Path,
     assert tuning.hold_warning.startswith("cpuidle.dma_latency_us: /dev/cpu_dma_latency cannot "
                                           "be held (Is a directory)")
     assert tuning.hold_warning in caplog.text
+
+
+def _without_pm_qos(tmp_path: Path, board: str, disable_files: bool = True) -> Path:
+    """A board whose kernel has no per-CPU PM QoS file (CONFIG_PM off): and, unless
+    ``disable_files``, no cpuidle ``stateK/disable`` either."""
+    tree = copy_board(board, tmp_path)
+    for path in tree.glob(f"sys/devices/system/cpu/cpu*/{LATENCY}"):
+        path.unlink()
+    if not disable_files:
+        for path in tree.glob("sys/devices/system/cpu/cpu*/cpuidle/state*/disable"):
+            path.unlink()
+    return tree
+
+
+def test_without_pm_qos_the_deeper_states_are_disabled_per_cpu(tmp_path: Path) -> None:
+    """latency on the vendor RK3588 without CONFIG_PM: the big cores' state1 (cpu-sleep,
+    above 100 us) is disabled on cpu4-7 only, verified, and rolled back byte-exact."""
+    tree = _without_pm_qos(tmp_path, "rk3588-vendor")
+    before = snapshot(tree)
+    engine = engine_for(tree, tmp_path / "state")
+    plan = engine.plan("latency")
+    cpuidle = {c.path: (c.current, c.desired) for c in plan.changes if c.tuner == "cpuidle"}
+    assert cpuidle == {f"/sys/devices/system/cpu/cpu{cpu}/cpuidle/state1/disable": ("0", "1")
+                       for cpu in (4, 5, 6, 7)}
+    assert any("CPUs 4-7 have no power/pm_qos_resume_latency_us" in w for w in plan.warnings)
+    assert "dma_latency_us" not in plan.runtime
+    engine.apply("latency")
+    assert (tree / "sys/devices/system/cpu/cpu4/cpuidle/state1/disable").read_text() == "1\n"
+    assert (tree / "sys/devices/system/cpu/cpu0/cpuidle/state1/disable").read_text() == "0\n"
+    assert engine.verify() == []
+    engine.rollback()
+    assert snapshot(tree) == before
+
+
+def test_without_pm_qos_or_disable_files_the_service_holds_dma_latency(tmp_path: Path) -> None:
+    tree = _without_pm_qos(tmp_path, "x86-edge-npu", disable_files=False)
+    plan = engine_for(tree, tmp_path / "state").plan("latency", force=True)
+    assert [c for c in plan.changes if c.tuner == "cpuidle"] == []
+    assert plan.runtime["dma_latency_us"] == 100
+    assert any(w.startswith("cpuidle.disable_deeper_than_us: CPUs 1-11 have neither "
+                            "power/pm_qos_resume_latency_us nor cpuidle stateK/disable: the "
+                            f"service holds {DMA_LATENCY} at 100 us") for w in plan.warnings)

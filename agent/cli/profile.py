@@ -141,6 +141,8 @@ def _verify_text(drift: list[tuple[Change, str | None]]) -> str:
 
 
 def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
+    from agent.tuning.journal import gone_with_boot
+
     if args.action == "list":
         return _list(args, engine)
     if args.action == "show":
@@ -182,10 +184,13 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
             emit(args.json, {"ok": False, "drift": [], "applied": None}, "no profile applied")
             return 1
         drift = engine.verify()
-        emit(args.json, {"ok": not drift, "drift": [
+        gone = gone_with_boot(engine.journal.load(), engine.root)
+        emit(args.json, {"ok": not drift and gone is None, "gone_with_boot": gone, "drift": [
             {"path": c.path, "expected": c.desired, "actual": a, "key": c.key}
-            for c, a in drift]}, _verify_text(drift))
-        return 0 if not drift else 1
+            for c, a in drift]}, "\n".join(
+                ([f"verify: {gone}"] if gone else []) + ([_verify_text(drift)]
+                                                         if drift or not gone else [])))
+        return 0 if not drift and gone is None else 1
     if args.action == "rollback" and args.after_failure and \
             os.environ.get("SERVICE_RESULT", "success") == "success":
         emit(args.json, {"rolled_back": None, "notes": ["clean stop: nothing to roll back"]},
@@ -197,12 +202,14 @@ def _dispatch(args: argparse.Namespace, engine: Engine) -> int:
             ([f"rolled back {profile}"] if profile else []) + notes))
         return 0
     state = engine.journal.load()
+    gone = gone_with_boot(state, engine.root)
     data = None if state is None else {
-        "profile": state.profile, "status": state.status, "boot_id": state.boot_id,
-        "changes": len(state.changes), "created_ms": state.created_ms,
-        "drift": len(engine.verify())}
+        "profile": state.profile, "status": "gone with the boot" if gone else state.status,
+        "boot_id": state.boot_id, "changes": len(state.changes),
+        "created_ms": state.created_ms, "drift": 0 if gone else len(engine.verify()),
+        "gone_with_boot": gone}
     lasting = persistent_status(engine)
-    lines = ["no profile applied" if data is None else
+    lines = ["no profile applied" if data is None else gone if gone else
              f"{data['profile']} {data['status']}: {data['changes']} setting(s), "
              f"{data['drift']} drifted"]
     if lasting is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from agent.kernel import block_queue, cgroup_model, jetson_model
+from agent.kernel import block_queue, cgroup_model, jetson_model, pcie_aspm
 from agent.kernel.attributes import Reader, emulate_attribute_write
 
 
@@ -28,6 +28,9 @@ def write(base: Path, path: str, logical: str, target: Path, value: str,
     if jetson_model.handles(logical):
         jetson_model.write(target, logical, value)
         return
+    refusal = pcie_aspm.fixture_refusal(base, path)
+    if refusal is not None:
+        raise refusal
     with open(target, "r+b") as handle:
         old = handle.read()
         data = emulate_attribute_write(old, value, path, read, base)

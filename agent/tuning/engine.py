@@ -29,13 +29,20 @@ from agent.discovery.model import Topology
 from agent.kernel import irqs
 from agent.kernel import sched as rt
 from agent.kernel.fsroot import Root
-from agent.tuning import coowners
+from agent.tuning import conflicts, coowners
 from agent.tuning.errors import ProfileError
-from agent.tuning.journal import Journal, JournalState, current_boot_id
+from agent.tuning.journal import (
+    Journal,
+    JournalState,
+    current_boot_id,
+    gone_with_boot,
+    live_state,
+)
 from agent.tuning.kinds import KINDS, follow_ups
 from agent.tuning.placement import Placement, detect
 from agent.tuning.plan import Change, Plan, PlanContext, matches, read_normalised
 from agent.tuning.profiles import ProfileStore
+from agent.tuning.refusals import optional_refusal
 from agent.tuning.tuners import (
     block,
     cgroup,
@@ -115,17 +122,6 @@ def _refused_affinity(change: Change, error: OSError | rt.RtError) -> str | None
     return f"kernel refuses affinity ({what})"
 
 
-def _stale_journal(root: Root, journal: Journal, notes: list[str]) -> JournalState | None:
-    """The live journal, or None; one from another boot is discarded, never replayed."""
-    state = journal.load()
-    if state is not None and state.boot_id != current_boot_id(root):
-        notes.append(f"{journal.path}: journal of profile {state.profile!r} is from another "
-                     "boot; sysfs was reset by the reboot, so it is discarded, not replayed")
-        journal.clear()
-        return None
-    return state
-
-
 class Engine:
     def __init__(self, root: Root, topology: Topology, journal: Journal,
                  store: ProfileStore | None = None, placement: Placement | None = None,
@@ -163,18 +159,16 @@ class Engine:
             ctx.warnings.append(f"overlay.dvfs: {profile.settings['overlay']['dvfs']} is a "
                                 "device-tree overlay, installed only on request")
         ctx.warnings += coowners.warnings(self.root, ctx.changes)  # Armbian's boot services
-        seen: set[str] = set()
-        for change in ctx.changes:
-            if change.path in seen:
-                raise ProfileError(profile.file, change.key, f"{change.path} is set twice")
-            seen.add(change.path)
+        ctx.changes = conflicts.check(profile.file, ctx.changes, profile.settings,
+                                      self.topology, ctx.cpus)
         return Plan(profile=profile.name, changes=ctx.changes, warnings=ctx.warnings,
-                    runtime=ctx.runtime, cpus=ctx.cpus)
+                    runtime=ctx.runtime, cpus=ctx.cpus, optional=frozenset(
+                        c.key for c in ctx.changes if c.key and not profile.requires(c.key)))
 
     @_links_read_once
     def apply(self, name: str, force: bool = False) -> ApplyResult:
         notes: list[str] = []
-        old = _stale_journal(self.root, self.journal, notes)
+        old = live_state(self.root, self.journal, notes)
         originals = {c.path: c for c in old.changes} if old else {}
         kept = self.lasting.load() if self.persistent else None  # never stale: no boot-id rule
         lasting = {c.path: c for c in kept.changes} if kept else {}
@@ -215,11 +209,17 @@ class Engine:
                 if isinstance(error, OSError) and _managed_irq(change, error):
                     result.skipped.append(f"{change.path}: {irqs.MANAGED}")
                     continue
-                refused = _refused_affinity(change, error)
+                refused = _refused_affinity(change, error) or optional_refusal(
+                    change, error, plan.optional)
                 if refused is not None:
                     result.skipped.append(f"{change.path}: {refused}")
+                    state.runtime = {**state.runtime,
+                                     "skipped": [s.split(":")[0] for s in result.skipped]}
+                    self.journal.save(state, durable=False)  # rollback leaves it alone
                     continue
-                self._undo_apply(every[:index], every[index:], old)
+                gone = set(state.runtime.get("skipped", []))
+                self._undo_apply([c for c in every[:index] if c.path not in gone],
+                                 every[index:], old)
                 raise TuningError(f"applying {plan.profile} failed at {change.path} "
                                   f"({change.key}): {error}; every earlier write was rolled "
                                   "back") from None
@@ -322,8 +322,11 @@ class Engine:
 
     @_links_read_once
     def verify(self) -> list[tuple[Change, str | None]]:
-        """Every journaled path that no longer holds its desired value, with what it holds."""
+        """Every journaled path that no longer holds its desired value, with what it holds.
+        A runtime journal from another boot is not drift: its settings went with the reboot
+        (journal.gone_with_boot says so)."""
         state = self.journal.load()
+        state = None if gone_with_boot(state, self.root) else state
         kept = self.lasting.load()
         if state is None and kept is None:
             return []
@@ -359,7 +362,7 @@ class Engine:
         """Restore every original in reverse order; returns (profile, notes).  Persistent
         settings too when this engine writes them; otherwise a note says they remain."""
         notes: list[str] = []
-        state = _stale_journal(self.root, self.journal, notes)
+        state = live_state(self.root, self.journal, notes)
         kept = self.lasting.load()
         failures: list[str] = []
         if state is not None:

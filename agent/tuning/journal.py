@@ -39,6 +39,19 @@ def current_boot_id(root: Root) -> str:
         return "no-boot-id"
 
 
+def gone_with_boot(state: JournalState | None, root: Root) -> str | None:
+    """Why a runtime journal's settings are not in force, when it is from another boot: a
+    reboot reset sysfs and procfs, so they went with it (not drift), and what puts them back.
+    None for a journal of this boot (or none)."""
+    if state is None or state.boot_id == current_boot_id(root):
+        return None
+    return (f"the runtime settings of {state.profile} were applied in an earlier boot (boot id "
+            f"{state.boot_id[:8]}) and went with the reboot; that is not drift. The service "
+            f"re-applies them when it starts (tuning.apply: true in its config; the enabled "
+            f"edge-agent unit starts at boot), or run `sudo edge-agent profile apply "
+            f"{state.profile}`")
+
+
 @dataclass
 class JournalState:
     profile: str
@@ -101,3 +114,14 @@ class Journal:
             self.path.unlink(missing_ok=True)
             if self.sync_dir:
                 fsync_dir(self.dir)
+
+
+def live_state(root: Root, journal: Journal, notes: list[str]) -> JournalState | None:
+    """The live journal, or None; one from another boot is discarded, never replayed."""
+    state = journal.load()
+    if state is not None and state.boot_id != current_boot_id(root):
+        notes.append(f"{journal.path}: journal of profile {state.profile!r} is from another "
+                     "boot; sysfs was reset by the reboot, so it is discarded, not replayed")
+        journal.clear()
+        return None
+    return state

@@ -53,6 +53,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     runtime: dict[str, Any] = field(default_factory=dict)  # for the service: RT loop, THP
     cpus: dict[str, list[int]] = field(default_factory=dict)  # resolved sets, by role
+    # keys the profile can do without (optional or inherited): a refused write skips them
+    optional: frozenset[str] = frozenset()
 
     def to_dict(self) -> dict[str, Any]:
         return {"profile": self.profile, "changes": [

@@ -27,6 +27,10 @@ Two bounds are never written (Documentation/admin-guide/pm/cpuidle.rst):
 ``/dev/cpu_dma_latency`` open with N written (Documentation/power/pm_qos_interface.rst)
 while the profile is applied; the kernel drops the request when the file is closed, even
 when the agent crashes, so it is not journaled.  The same floors apply.
+
+Without the resume latency file (``CONFIG_PM`` off, or an older kernel) the bound falls back
+to disabling the deeper states on the same CPUs (``stateK/disable``), and where cpuidle has no
+such file either, to the service's /dev/cpu_dma_latency hold (see ``_without_pm_qos``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from agent.kernel.parsers import format_cpulist
 from agent.tuning.plan import PlanContext
 
 CPU = "/sys/devices/system/cpu"
+RESUME_LATENCY = "power/pm_qos_resume_latency_us"
 POLL = "POLL"  # the x86 polling state's name (drivers/cpuidle/poll_state.c)
 
 
@@ -70,20 +75,61 @@ def _plan_resume_latency(ctx: PlanContext, bound: int) -> None:
     cpus = inference or sorted(online)
     where = (f"the inference cores {format_cpulist(cpus)} (rt.inference.cpus)" if inference
              else f"every online CPU, {format_cpulist(cpus)} (no rt.inference.cpus)")
+    without: list[tuple[int, int, list[IdleState]]] = []  # no PM QoS file: cpu, bound, states
     for cluster in ctx.topology.cpu.clusters:
         mine = [cpu for cpu in cluster.online_cpus if cpu in cpus]
         if not mine:
             continue
         value = _clamped(ctx, key, bound, cluster.idle_states)
-        avoided = [s.name for s in cluster.idle_states
-                   if s.latency_us is not None and s.latency_us > value]
-        if not avoided:  # no state of this cluster is deeper: nothing to ask for
+        deeper = [s for s in cluster.idle_states
+                  if s.latency_us is not None and s.latency_us > value]
+        if not deeper:  # no state of this cluster is deeper: nothing to ask for
             continue
         for cpu in mine:
-            ctx.want("cpuidle", f"{CPU}/cpu{cpu}/power/pm_qos_resume_latency_us",
-                     pm_qos.resume_latency_value(value), key,
-                     note=f"{', '.join(avoided)} avoided (exit latency > {value} us) on "
-                     f"{where}")
+            path = f"{CPU}/cpu{cpu}/{RESUME_LATENCY}"
+            if not ctx.root.exists(path):
+                without.append((cpu, value, deeper))
+                continue
+            ctx.want("cpuidle", path, pm_qos.resume_latency_value(value), key,
+                     note=f"{', '.join(s.name for s in deeper)} avoided (exit latency > "
+                     f"{value} us) on {where}")
+    if without:
+        _without_pm_qos(ctx, key, without)
+
+
+def _without_pm_qos(ctx: PlanContext, key: str,
+                    without: list[tuple[int, int, list[IdleState]]]) -> None:
+    """No resume latency file (a kernel without CONFIG_PM, or before it existed): the deeper
+    states are disabled on those CPUs instead (``stateK/disable``, per CPU, restored by
+    rollback); where cpuidle has no such file either, the service holds
+    /dev/cpu_dma_latency at the bound (system-wide).  docs/kernel-facts/refusals.md"""
+    held: list[int] = []
+    for cpu, value, deeper in without:
+        paths = [(s, f"{CPU}/cpu{cpu}/cpuidle/{s.state}/disable") for s in deeper if s.state]
+        if not paths or not all(ctx.root.exists(p) for _, p in paths):
+            held.append(cpu)
+            continue
+        for state, path in paths:
+            ctx.want("cpuidle", path, "1", key, note=f"{state.name} disabled on cpu{cpu} "
+                     f"(exit latency {state.latency_us} us > {value} us): no {RESUME_LATENCY}")
+    cpus = format_cpulist(sorted(cpu for cpu, _, _ in without))
+    if len(held) < len(without):
+        ctx.warnings.append(f"{key}: CPUs {cpus} have no {RESUME_LATENCY} (a kernel without "
+                            "CONFIG_PM): their deeper idle states are disabled instead "
+                            "(cpuidle stateK/disable, restored by rollback)")
+    if not held:
+        return
+    value = min(v for cpu, v, _ in without if cpu in held)
+    if not ctx.root.exists(pm_qos.DMA_LATENCY):
+        ctx.lacking(key, f"CPUs {format_cpulist(held)} have neither {RESUME_LATENCY} nor "
+                    f"cpuidle stateK/disable, and {pm_qos.DMA_LATENCY} does not exist",
+                    "a kernel with CONFIG_PM or CONFIG_CPU_IDLE")
+        return
+    ctx.runtime["dma_latency_us"] = min(value, ctx.runtime.get("dma_latency_us", value))
+    ctx.warnings.append(f"{key}: CPUs {format_cpulist(held)} have neither {RESUME_LATENCY} "
+                        f"nor cpuidle stateK/disable: the service holds {pm_qos.DMA_LATENCY} "
+                        f"at {value} us instead (system-wide: every CPU keeps out of the "
+                        "deeper states while it runs; the CLI's profile apply does not hold it)")
 
 
 def _plan_dma_latency(ctx: PlanContext, bound: int) -> None:
@@ -94,7 +140,7 @@ def _plan_dma_latency(ctx: PlanContext, bound: int) -> None:
         return
     states = ctx.topology.cpu.idle_states
     value = _clamped(ctx, key, bound, states)
-    ctx.runtime["dma_latency_us"] = value
+    ctx.runtime["dma_latency_us"] = min(value, ctx.runtime.get("dma_latency_us", value))
     ctx.warnings.append(f"{key}: {value} us system-wide: the service (edge-agent run) holds "
                         f"{pm_qos.DMA_LATENCY} while this profile is applied; the CLI's "
                         "profile apply does not (the kernel drops the hold when it exits)")

@@ -1,4 +1,5 @@
-"""sysctl values: every vm.* name, plus an explicit allowlist of kernel.* and net.core.* names.
+"""sysctl values: every vm.* name (within its documented range where vm.rst gives one), plus
+an explicit allowlist of kernel.* and net.core.* names.
 
 Each allowlisted name carries its documented meaning and values (Documentation/admin-guide/
 sysctl/kernel.rst and net.rst); a kernel built without the feature has no file, which is an
@@ -43,15 +44,69 @@ ALLOWED: dict[str, Sysctl] = {
 }
 
 
+# vm.* names with a documented range (Documentation/admin-guide/sysctl/vm.rst and their
+# sysctl tables' extra1/extra2; docs/kernel-facts/refusals.md); other vm.* names take any
+# integer and the file's own range applies.  None: no upper bound in the table.
+VM: dict[str, tuple[int, int | None, str]] = {
+    "vm.swappiness": (0, 200, "0..200 since 5.8 (mm/vmscan.c), 0..100 before"),
+    "vm.dirty_ratio": (0, 100, "percent of dirtyable memory"),
+    "vm.dirty_background_ratio": (0, 100, "percent of dirtyable memory"),
+    "vm.dirty_bytes": (2 * 4096, None, "at least two pages (dirty_bytes_min); 0 is refused"),
+    "vm.dirty_background_bytes": (0, None, "bytes"),
+    "vm.dirty_expire_centisecs": (0, 2**31 - 1, "centiseconds"),
+    "vm.dirty_writeback_centisecs": (0, 2**31 - 1, "centiseconds; 0 stops periodic writeback"),
+    "vm.overcommit_memory": (0, 2, "0 heuristic, 1 always, 2 never overcommit"),
+    "vm.overcommit_ratio": (0, 2**31 - 1, "percent"),
+    "vm.vfs_cache_pressure": (0, 2**31 - 1, "100 is the default"),
+    "vm.watermark_scale_factor": (1, 3000, "in 1/10000 of memory (mm/page_alloc.c)"),
+    "vm.compaction_proactiveness": (0, 100, "0 disables proactive compaction"),
+    "vm.page-cluster": (0, 31, "log2 of pages read per swap-in (mm/swap.c)"),
+}
+# each *_bytes is the counterpart of its *_ratio: writing one makes the other read 0 (vm.rst)
+COUNTERPARTS = (("vm.dirty_ratio", "vm.dirty_bytes"),
+                ("vm.dirty_background_ratio", "vm.dirty_background_bytes"))
+MIN_FREE = "vm.min_free_kbytes"
+
+
 def path_of(name: str) -> str:
     return "/proc/sys/" + name.replace(".", "/")
 
 
+def _vm_bounds(name: str, value: int, ctx: PlanContext) -> None:
+    """A vm.* value outside its documented range, refused at plan time."""
+    key = f"sysctl.{name}"
+    if name == "vm.drop_caches":
+        raise ctx.error(key, "drop_caches is an action, not a setting: nothing holds it or "
+                        "restores it; leave it out of profiles")
+    if name == MIN_FREE:
+        total = ctx.topology.memory.total_bytes
+        high = total // 1024 // 20 if total else 262_144
+        if not 128 <= value <= high:
+            raise ctx.error(key, f"{value} is out of range; allowed: 128..{high} kB (5 % of "
+                            "this device's memory; the kernel's own default is clamped to "
+                            "128..262144 kB, and vm.rst warns that too high a value OOMs the "
+                            "machine at once, too low deadlocks it under pressure)")
+        return
+    bounds = VM.get(name)
+    if bounds is None:
+        return
+    low, top, meaning = bounds
+    if value < low or (top is not None and value > top):
+        raise ctx.error(key, f"{value} is out of range; allowed: {low}.."
+                        f"{top if top is not None else ''} ({meaning})")
+
+
 def plan(section: dict[str, Any], ctx: PlanContext) -> None:
+    for ratio, size in COUNTERPARTS:
+        if ratio in section and size in section:
+            raise ctx.error(f"sysctl.{size}", f"sysctl.{ratio} and sysctl.{size} are "
+                            "counterparts: writing one makes the kernel read the other as 0, so "
+                            "both never hold (vm.rst); set one of them")
     for name, value in section.items():
         key = f"sysctl.{name}"
         known = ALLOWED.get(name)
-        if known is None:  # vm.*: any integer, the file's own range applies
+        if known is None:  # vm.*: any integer within its documented range
+            _vm_bounds(name, value, ctx)
             ctx.want("sysctl", path_of(name), str(value), key)
             continue
         allowed = f"{known.low}..{known.high} ({known.meaning})"
