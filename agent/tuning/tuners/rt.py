@@ -126,11 +126,13 @@ def _plan_inference(ctx: PlanContext, section: dict[str, Any]) -> None:
 
 
 def _plan_irqs(ctx: PlanContext, section: dict[str, Any]) -> None:
-    """Each matching IRQ's smp_affinity_list; per-CPU IRQs are skipped (the kernel refuses to
-    move them), managed ones are found when applying (see agent.kernel.irqs)."""
+    """Each matching IRQ's smp_affinity_list; per-CPU IRQs and those of chained MSI chips are
+    skipped (the kernel refuses to move them), managed ones are found when applying (see
+    agent.kernel.irqs)."""
     targets: set[int] = set()
     rows = irqs.parse_rows(ctx.root.read_text("/proc/interrupts")) \
         if section.get("irq_affinity") else {}
+    gic = irqs.has_gic(rows)
     for pattern, selector in section.get("irq_affinity", {}).items():
         key = f"rt.irq_affinity.{pattern}"
         cpus = _irq_cpus(ctx, section, key, selector)
@@ -139,10 +141,11 @@ def _plan_irqs(ctx: PlanContext, section: dict[str, Any]) -> None:
         if not matched:
             ctx.warnings.append(f"{key}: no IRQ action matches; nothing to do")
         for irq in matched:
-            per_cpu = irqs.per_cpu_reason(rows[irq])
-            if per_cpu is not None:
+            refusal = irqs.chip_refusal(rows[irq], gic)
+            reason = irqs.per_cpu_reason(rows[irq]) or (refusal[1] if refusal else None)
+            if reason is not None:
                 ctx.warnings.append(f"{key}: IRQ {irq} ({', '.join(rows[irq].actions)}) "
-                                    f"skipped: {per_cpu}")
+                                    f"skipped: {reason}")
                 continue
             targets.update(cpus)
             ctx.want("rt", rt.irq_affinity_path(irq), ",".join(map(str, cpus)), key,
