@@ -184,6 +184,16 @@ def _plan_default_irq_affinity(ctx: PlanContext, section: dict[str, Any]) -> Non
              note="IRQs set up from now on; existing IRQs keep their affinity")
 
 
+def with_kernel_args(settings: dict[str, Any]) -> dict[str, Any]:
+    """A profile that sets the default IRQ mask and manages kernel arguments (``cmdline``)
+    plans ``irqaffinity=`` with the same CPUs too: the mask holds for IRQs set up after the
+    apply, the argument for those set up during boot (kernel-parameters.txt)."""
+    wanted = settings.get("rt", {}).get("default_irq_affinity")
+    if wanted is None or "cmdline" not in settings or "irqaffinity" in settings["cmdline"]:
+        return settings
+    return {**settings, "cmdline": {**settings["cmdline"], "irqaffinity": wanted}}
+
+
 def plan(section: dict[str, Any], ctx: PlanContext) -> None:
     warning = rt.rt_kernel_warning(ctx.topology.kernel.preempt_rt)
     if warning:
