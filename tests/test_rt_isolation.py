@@ -35,3 +35,122 @@ def test_a_profile_with_kernel_arguments_gets_irqaffinity_too(tmp_path: Path) ->
     assert by_path[irqs.DEFAULT_AFFINITY].desired == "0"
     # without a cmdline section the boot config is left alone
     assert not [c for c in engine.plan("realtime").changes if c.tuner == "cmdline"]
+
+
+# -- RT throttling: on unless the inference CPUs are isolated (docs/kernel-facts/rt-throttling.md)
+
+RUNTIME = "/proc/sys/kernel/sched_rt_runtime_us"
+WORKQUEUE = "sys/devices/virtual/workqueue/cpumask"
+ISOLATED = """\
+include: [realtime]
+rt:
+  housekeeping_cpus: cpus:0-3
+  inference: {policy: fifo, priority: 80, cpus: cpus:12-15}
+  unthrottled_reason: the inference CPUs are isolcpus/nohz_full and nothing else runs there
+"""
+
+
+def _isolated_x86(tmp_path: Path, kthreadd: str = "0-3", profile: str = ISOLATED) -> Path:
+    """The N100-class board (isolcpus=nohz_full=12-15, 6.11: before the fair server) with the
+    workqueue cpumask and kthreadd as the kernel shows them."""
+    tree = copy_board("x86-edge-npu", tmp_path / "board")
+    (tree / RUNTIME[1:]).write_text("950000\n")  # the kernel's default (the tree has -1)
+    (tree / WORKQUEUE).parent.mkdir(parents=True)
+    (tree / WORKQUEUE).write_text("ffff\n")
+    (tree / "proc/2").mkdir(parents=True)
+    (tree / "proc/2/status").write_text(f"Name:\tkthreadd\nCpus_allowed_list:\t{kthreadd}\n")
+    write_profile(tmp_path / "profiles", "isolated", profile)
+    return tree
+
+
+def _engine(tree: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+    return engine_for(tree, tmp_path / "state", [REPO_PROFILES, tmp_path / "profiles"])
+
+
+def test_throttling_stays_on_where_nothing_is_isolated(tmp_path: Path) -> None:
+    tree = copy_board("jetson-xavier-nx-jp5-rt", tmp_path)  # 5.10 PREEMPT_RT: no fair server
+    plan = engine_for(tree, tmp_path / "state", [REPO_PROFILES]).plan("realtime", force=True)
+    assert not [c for c in plan.changes if c.path == RUNTIME]
+    (warning,) = [w for w in plan.warnings if w.startswith("rt.sched_rt_runtime_us: -1")]
+    assert warning.startswith("rt.sched_rt_runtime_us: -1 skipped, RT throttling stays on "
+                              "(950000 of 1000000 us): the inference CPUs 1-5 are not "
+                              "isolated")
+    for missing in ("unbound workqueues run on unknown CPUs", "unbound kthreads (kthreadd",
+                    "the profile gives no rt.unthrottled_reason"):
+        assert missing in warning
+    assert "rt.sched_rt_runtime_us: stalld is not installed: nothing rescues a starved " \
+        "kworker on an inference CPU" in plan.warnings
+
+
+def test_isolated_cpus_with_a_reason_turn_throttling_off_and_back(tmp_path: Path) -> None:
+    tree = _isolated_x86(tmp_path)
+    engine = _engine(tree, tmp_path)
+    before = snapshot(tree)
+    plan = engine.plan("isolated")
+    by_path = {c.path: c for c in plan.changes}
+    assert by_path[RUNTIME].desired == "-1"
+    assert by_path[RUNTIME].note == "unthrottled: the inference CPUs are isolcpus/nohz_full " \
+        "and nothing else runs there"
+    assert by_path[f"/{WORKQUEUE}"].desired == "0-3"
+    engine.apply("isolated")
+    assert (tree / WORKQUEUE).read_text().strip() == "f"
+    assert (tree / RUNTIME[1:]).read_text() == "-1\n"
+    assert engine.verify() == []
+    engine.rollback()
+    assert snapshot(tree) == before
+
+
+def test_each_missing_condition_keeps_throttling_on(tmp_path: Path) -> None:
+    unreasoned = "\n".join(line for line in ISOLATED.splitlines()
+                           if "unthrottled_reason" not in line) + "\n"
+    tree = _isolated_x86(tmp_path, kthreadd="0-15", profile=unreasoned)
+    plan = _engine(tree, tmp_path).plan("isolated")
+    assert not [c for c in plan.changes if c.path == RUNTIME]
+    (warning,) = [w for w in plan.warnings if w.startswith("rt.sched_rt_runtime_us: -1")]
+    assert "are not isolated" not in warning and "workqueues" not in warning
+    assert "unbound kthreads (kthreadd, pid 2, and what it starts) run on 0-15" in warning
+    assert warning.endswith("the profile gives no rt.unthrottled_reason")
+
+
+def test_the_fair_server_kernel_skips_minus_one_and_names_a_stopped_server(
+        tmp_path: Path) -> None:
+    tree = copy_board("rk3588-mainline", tmp_path)  # 6.18: the fair server, no RT throttling
+    for cpu, runtime in ((4, 0), (5, 50000000)):
+        server = tree / f"sys/kernel/debug/sched/fair_server/cpu{cpu}"
+        server.mkdir(parents=True)
+        (server / "runtime").write_text(f"{runtime}\n")
+        (server / "period").write_text("1000000000\n")
+    plan = engine_for(tree, tmp_path / "state", [REPO_PROFILES]).plan("realtime", force=True)
+    assert not [c for c in plan.changes if c.path == RUNTIME]
+    assert any(w.startswith("rt.sched_rt_runtime_us: skipped: on 6.18.2 (6.12+) RT throttling "
+                            "is the fair server") for w in plan.warnings)
+    assert any(w.startswith("rt.sched_rt_runtime_us: the fair server of CPU 4 has runtime 0")
+               for w in plan.warnings)
+
+
+def test_stalld_is_named(tmp_path: Path) -> None:
+    tree = copy_board("jetson-xavier-nx-jp5-rt", tmp_path)
+    unit = tree / "usr/lib/systemd/system/stalld.service"
+    unit.parent.mkdir(parents=True, exist_ok=True)
+    unit.write_text("[Service]\nExecStart=/usr/bin/stalld\n")
+    plan = engine_for(tree, tmp_path / "state", [REPO_PROFILES]).plan("realtime", force=True)
+    assert "rt.sched_rt_runtime_us: stalld is installed (/usr/lib/systemd/system/stalld." \
+        "service): it boosts threads starved for its threshold, so a starved kworker still " \
+        "runs, late" in plan.warnings
+
+
+def test_inference_above_the_irq_threads_of_its_gpu_is_warned_about(tmp_path: Path) -> None:
+    tree = copy_board("jetson-xavier-nx-jp5-rt", tmp_path / "board")
+    for name, priority in (("high", 80), ("low", 40)):
+        write_profile(tmp_path / "profiles", name, f"rt: {{inference: {{policy: fifo, "
+                      f"priority: {priority}, cpus: cluster:big}}}}\n")
+    engine = _engine(tree, tmp_path)
+    (warning,) = [w for w in engine.plan("high").warnings if w.startswith("rt.inference.prio")]
+    assert warning.startswith("rt.inference.priority: 80 is not below the PREEMPT_RT IRQ "
+                              "threads (SCHED_FIFO 50) of the devices inference waits on, and "
+                              "irq/98-17000000.gv11b_stall, irq/99-17000000.gv11b_nonstall "
+                              "may run on the inference CPUs 1-5")
+    assert not [w for w in engine.plan("low").warnings if w.startswith("rt.inference.prio")]
+    # realtime moves the GPU's IRQs to the housekeeping CPU: their threads follow them
+    assert not [w for w in engine.plan("realtime").warnings
+                if w.startswith("rt.inference.prio")]

@@ -14,8 +14,8 @@ Safety rules, each from the kernel's documentation:
   "a run-away realtime task will not lock up the machine").
 - **Device IRQs go to the housekeeping CPUs** (``housekeeping`` as an ``irq_affinity``
   target), away from the RT inference CPUs (Documentation/core-api/irq/irq-affinity.rst).
-- **``sched_rt_runtime_us: -1`` only with housekeeping CPUs**: -1 turns RT throttling off
-  (sched-rt-group.rst, section 2.1), so only CPUs with no RT thread still run everything else.
+- **``sched_rt_runtime_us: -1`` only with isolation and a reason**: -1 turns RT throttling
+  off (sched-rt-group.rst, section 2.1); :mod:`agent.tuning.tuners.rt_throttle` says when.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from agent.kernel import irqs
 from agent.kernel import sched as rt
 from agent.kernel.parsers import format_cpulist
 from agent.tuning.plan import Change, PlanContext, read_normalised
+from agent.tuning.tuners import rt_throttle as throttle
 from agent.tuning.values import HOUSEKEEPING, default_housekeeping, resolve_cpus
 
-SCHED_RT_RUNTIME = "/proc/sys/kernel/sched_rt_runtime_us"
 REALTIME = ("fifo", "rr")
 
 
@@ -203,14 +203,12 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
         _plan_inference(ctx, section)
     for index, selector in enumerate(section.get("threads", [])):
         _plan_threads(ctx, f"rt.threads[{index}]", selector)
+    if "workqueue_cpus" in section:
+        throttle.plan_workqueue(ctx, section, _cpus(ctx, "rt.workqueue_cpus",
+                                                    section["workqueue_cpus"]))
     if "sched_rt_runtime_us" in section:
-        value = section["sched_rt_runtime_us"]
-        if value == -1 and not ctx.cpus["housekeeping"]:
-            ctx.lacking("rt.sched_rt_runtime_us", "-1 turns RT throttling off, which is safe "
-                        "only with a housekeeping CPU, and no online CPU is known here",
-                        "0..1000000 (sched_rt_period_us is 1000000)")
-        else:
-            ctx.want("rt", SCHED_RT_RUNTIME, str(value), "rt.sched_rt_runtime_us")
+        throttle.plan_runtime(ctx, section)
     _plan_irqs(ctx, section)
     if "default_irq_affinity" in section:
         _plan_default_irq_affinity(ctx, section)
+    throttle.warn_irq_threads(ctx, section)
