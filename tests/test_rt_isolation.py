@@ -8,7 +8,11 @@ from pathlib import Path
 from test_persistent_tuning import board
 from tuning_helpers import REPO_PROFILES, copy_board, engine_for, snapshot, write_profile
 
+from agent.discovery import discover
+from agent.discovery.udev import HOTPLUG_ACTIONS, HOTPLUG_SUBSYSTEMS
 from agent.kernel import irqs
+from agent.kernel.fsroot import Root
+from agent.service.tuning import Tuning
 
 
 def test_realtime_moves_the_default_irq_mask_to_housekeeping(tmp_path: Path) -> None:
@@ -154,3 +158,49 @@ def test_inference_above_the_irq_threads_of_its_gpu_is_warned_about(tmp_path: Pa
     # realtime moves the GPU's IRQs to the housekeeping CPU: their threads follow them
     assert not [w for w in engine.plan("realtime").warnings
                 if w.startswith("rt.inference.prio")]
+
+
+# -- offline CPUs in the inference set ------------------------------------------------------
+
+
+def _xavier_cpu5_offline(tmp_path: Path) -> Path:
+    """The Xavier NX in a 4-core nvpmodel mode: cpu5 offline, as the kernel shows it."""
+    tree = copy_board("jetson-xavier-nx-jp5-rt", tmp_path / "board")
+    cpu = tree / "sys/devices/system/cpu"
+    (cpu / "online").write_text("0-4\n")
+    (cpu / "offline").write_text("5\n")
+    (cpu / "cpu5/online").write_text("0\n")
+    return tree
+
+
+def test_offline_cpus_leave_the_inference_set(tmp_path: Path) -> None:
+    tree = _xavier_cpu5_offline(tmp_path)
+    engine = engine_for(tree, tmp_path / "state", [REPO_PROFILES])
+    plan = engine.plan("realtime", force=True)
+    assert plan.runtime["inference"]["cpus"] == [1, 2, 3, 4]
+    assert plan.cpus["inference"] == [1, 2, 3, 4]
+    assert "rt.inference.cpus: cluster:big includes the offline CPUs 5; the threads run on " \
+        "1-4 (planned again when CPUs come online)" in plan.warnings
+    assert not [c for c in plan.changes if "/cpu5/" in c.path]  # no PM QoS on an offline CPU
+    before = snapshot(tree)
+    engine.apply("realtime", force=True)
+    assert engine.verify() == []
+    engine.rollback()
+    assert snapshot(tree) == before
+
+
+def test_a_cpu_going_offline_replans_the_inference_set(tmp_path: Path) -> None:
+    """nvpmodel or hot-plug takes cpu5: its offline uevent (subsystem cpu) leads the
+    service to discover again and retarget, and the plan runs inference on 1-4."""
+    tree = copy_board("jetson-xavier-nx-jp5-rt", tmp_path / "board")
+    root = Root(tree)
+    tuning = Tuning(root, discover(root), tmp_path / "state", "realtime", False,
+                    lambda kind, **fields: None)
+    tuning.retarget(discover(root))
+    assert tuning.runtime["inference"]["cpus"] == [1, 2, 3, 4, 5]
+    (tree / "sys/devices/system/cpu/online").write_text("0-4\n")
+    (tree / "sys/devices/system/cpu/offline").write_text("5\n")
+    (tree / "sys/devices/system/cpu/cpu5/online").write_text("0\n")
+    tuning.retarget(discover(root))
+    assert tuning.runtime["inference"]["cpus"] == [1, 2, 3, 4]
+    assert "cpu" in HOTPLUG_SUBSYSTEMS and {"online", "offline"} <= HOTPLUG_ACTIONS

@@ -71,7 +71,7 @@ def _rt_cpus(ctx: PlanContext, key: str, selector: str, policy: str) -> list[int
     CPUs free (unless ``housekeeping`` is asked for by name: an IRQ thread beside its IRQ)."""
     cpus = _cpus(ctx, f"{key}.cpus", selector)
     if policy not in REALTIME or selector == HOUSEKEEPING:
-        return cpus
+        return _online(ctx, f"{key}.cpus", selector, cpus)
     housekeeping = ctx.cpus["housekeeping"]
     kept = [cpu for cpu in cpus if cpu not in housekeeping]
     if not set(kept) & set(ctx.topology.cpu.online):
@@ -83,7 +83,21 @@ def _rt_cpus(ctx: PlanContext, key: str, selector: str, policy: str) -> list[int
         ctx.warnings.append(f"{key}.cpus: {selector} resolves to {format_cpulist(cpus)}; the "
                             f"{policy} threads run on {format_cpulist(kept)}, leaving the "
                             f"housekeeping CPUs {format_cpulist(housekeeping)} to the kernel")
-    return kept
+    return _online(ctx, f"{key}.cpus", selector, kept)
+
+
+def _online(ctx: PlanContext, key: str, selector: str, cpus: list[int]) -> list[int]:
+    """The online CPUs of a thread's set (an nvpmodel mode or hot-plug took the others; the
+    service plans again when a CPU comes or goes, see agent.service.hotplug); all of them
+    when none is online, which the affinity call then refuses, naming them."""
+    online = [cpu for cpu in cpus if cpu in ctx.topology.cpu.online]
+    offline = sorted(set(cpus) - set(online))
+    if offline and online:
+        ctx.warnings.append(f"{key}: {selector} includes the offline CPUs "
+                            f"{format_cpulist(offline)}; the threads run on "
+                            f"{format_cpulist(online)} (planned again when CPUs come online)")
+        return online
+    return cpus
 
 
 def _plan_threads(ctx: PlanContext, key: str, selector: dict[str, Any]) -> None:
