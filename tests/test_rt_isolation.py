@@ -204,3 +204,12 @@ def test_a_cpu_going_offline_replans_the_inference_set(tmp_path: Path) -> None:
     tuning.retarget(discover(root))
     assert tuning.runtime["inference"]["cpus"] == [1, 2, 3, 4]
     assert "cpu" in HOTPLUG_SUBSYSTEMS and {"online", "offline"} <= HOTPLUG_ACTIONS
+
+
+def test_throttling_already_off_outside_edge_agent_is_said_so(tmp_path: Path) -> None:
+    tree = copy_board("x86-edge-npu", tmp_path)  # the tree has -1, inference is not isolated
+    plan = engine_for(tree, tmp_path / "state", [REPO_PROFILES]).plan("realtime", force=True)
+    assert not [c for c in plan.changes if c.path == RUNTIME]
+    assert any(w.startswith("rt.sched_rt_runtime_us: -1 not planned, and RT throttling is "
+                            "already off here (-1, set outside edge-agent) although: the "
+                            "inference CPUs 1-11 are not isolated") for w in plan.warnings)

@@ -146,7 +146,11 @@ def plan_runtime(ctx: PlanContext, section: dict[str, Any]) -> None:
         return
     missing = _missing(ctx, section, rt_cpus)
     current = ctx.topology.kernel.sched_rt_runtime_us
-    if missing:
+    if missing and current in UNTHROTTLED:
+        ctx.warnings.append(f"{key}: {value} not planned, and RT throttling is already off "
+                            f"here ({current}, set outside edge-agent) although: "
+                            + "; ".join(missing))
+    elif missing:
         ctx.warnings.append(f"{key}: {value} skipped, RT throttling stays on ("
                             f"{current if current is not None else 'the current'} of "
                             "1000000 us): " + "; ".join(missing))
