@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 from test_persistent_tuning import board
 from tuning_helpers import REPO_PROFILES, copy_board, engine_for, snapshot, write_profile
 
@@ -12,7 +14,12 @@ from agent.discovery import discover
 from agent.discovery.udev import HOTPLUG_ACTIONS, HOTPLUG_SUBSYSTEMS
 from agent.kernel import irqs
 from agent.kernel.fsroot import Root
+from agent.kernel.parsers import format_cpulist
 from agent.service.tuning import Tuning
+from agent.tuning.engine import Engine
+from agent.tuning.journal import Journal
+from agent.tuning.profiles import ProfileStore
+from agent.tuning.tuners import rt_throttle as throttle
 
 
 def test_realtime_moves_the_default_irq_mask_to_housekeeping(tmp_path: Path) -> None:
@@ -213,3 +220,38 @@ def test_throttling_already_off_outside_edge_agent_is_said_so(tmp_path: Path) ->
     assert any(w.startswith("rt.sched_rt_runtime_us: -1 not planned, and RT throttling is "
                             "already off here (-1, set outside edge-agent) although: the "
                             "inference CPUs 1-11 are not isolated") for w in plan.warnings)
+
+
+# -- unbound kernel threads -----------------------------------------------------------------
+
+STATS = {  # pid: (comm, flags): /proc/PID/stat's ninth field
+    2: ("kthreadd", 0x208040), 14: ("rcu_preempt", 0x208040),
+    15: ("kworker/0:0-events", 0x4208060),  # PF_NO_SETAFFINITY: bound
+    16: ("ksoftirqd/0", 0x4208040), 90: ("irq/45-c240000.i2c", 0x208040),
+    700: ("python3 (x) y", 0x400100)}  # a user process; a comm with ")" and spaces
+
+
+def test_movable_kthreads_are_kthreads_without_no_setaffinity(tmp_path: Path) -> None:
+    for pid, (comm, flags) in STATS.items():
+        (tmp_path / f"proc/{pid}").mkdir(parents=True)
+        (tmp_path / f"proc/{pid}/stat").write_text(
+            f"{pid} ({comm}) S 2 0 0 0 -1 {flags} 0 0 0 0 0 0 0 0 20 0 1 0 25\n")
+    assert throttle.movable_kthreads(Root(tmp_path)) == [(2, "kthreadd"), (14, "rcu_preempt")]
+
+
+def test_kthreads_move_to_housekeeping_on_the_real_root_only(tmp_path: Path) -> None:
+    write_profile(tmp_path / "profiles", "kthreads", "rt: {kthreads: housekeeping}\n")
+    board_tree = copy_board("rk3588-vendor", tmp_path / "board")
+    fixture = _engine(board_tree, tmp_path).plan("kthreads")
+    assert "rt.kthreads: kernel threads are moved on the real root only; skipped" in \
+        fixture.warnings and fixture.changes == []
+    root = Root("/")
+    if len(os.sched_getaffinity(2) if Path("/proc/2").is_dir() else ()) < 2:
+        pytest.skip("needs kthreadd visible and on more than one CPU")
+    real = Engine(root, discover(root), Journal(tmp_path / "real"), ProfileStore(
+        root, dirs=[tmp_path / "profiles", REPO_PROFILES])).plan("kthreads")
+    housekeeping = format_cpulist(real.cpus["housekeeping"])
+    assert real.cpus["kthreads"] == real.cpus["housekeeping"]
+    assert "kthreadd" in [c.note for c in real.changes]
+    assert all(c.key == "rt.kthreads" and c.compare == "sched"
+               and c.desired.endswith(f":{housekeeping}") for c in real.changes)

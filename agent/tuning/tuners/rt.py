@@ -220,6 +220,8 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
     if "workqueue_cpus" in section:
         throttle.plan_workqueue(ctx, section, _cpus(ctx, "rt.workqueue_cpus",
                                                     section["workqueue_cpus"]))
+    if "kthreads" in section:
+        throttle.plan_kthreads(ctx, _cpus(ctx, "rt.kthreads", section["kthreads"]))
     if "sched_rt_runtime_us" in section:
         throttle.plan_runtime(ctx, section)
     _plan_irqs(ctx, section)

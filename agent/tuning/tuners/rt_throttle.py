@@ -23,15 +23,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agent.kernel import irqs
+from agent.kernel import irqs, sched
+from agent.kernel.fsroot import Root
 from agent.kernel.parsers import format_cpulist, parse_cpulist
 from agent.kernel.reader import SysReader
-from agent.tuning.plan import PlanContext
+from agent.tuning.plan import Change, PlanContext, read_normalised
 
 SCHED_RT_RUNTIME = "/proc/sys/kernel/sched_rt_runtime_us"
 WORKQUEUE_CPUMASK = "/sys/devices/virtual/workqueue/cpumask"
 FAIR_SERVER = "/sys/kernel/debug/sched/fair_server"
 KTHREADD = "/proc/2/status"
+PF_KTHREAD, PF_NO_SETAFFINITY = 0x00200000, 0x04000000  # include/linux/sched.h
 ISOLATION = (("isolcpus", "/sys/devices/system/cpu/isolated"),
              ("nohz_full", "/sys/devices/system/cpu/nohz_full"),
              ("cpuset partition", "/sys/fs/cgroup/cpuset.cpus.isolated"))
@@ -101,6 +103,52 @@ def plan_workqueue(ctx: PlanContext, section: dict[str, Any], cpus: list[int]) -
     ctx.cpus["workqueue"] = online
 
 
+def movable_kthreads(root: Root) -> list[tuple[int, str]]:
+    """(pid, comm) of the kernel threads user space may move: PF_KTHREAD without
+    PF_NO_SETAFFINITY in /proc/PID/stat's flags (include/linux/sched.h).  Bound per-CPU
+    kthreads and the workqueues' kworkers carry PF_NO_SETAFFINITY (the workqueue cpumask
+    places the unbound ones); IRQ threads follow their IRQ's affinity (kernel/irq/manage.c
+    irq_thread_check_affinity), so they are left to rt.irq_affinity."""
+    found = []
+    for pid in _pids(root):
+        try:
+            stat = root.read_text(f"/proc/{pid}/stat")
+        except OSError:
+            continue  # it ended meanwhile
+        comm, _, rest = stat.partition("(")[2].rpartition(")")
+        fields = rest.split()
+        if len(fields) > 6 and fields[6].isdigit():
+            flags = int(fields[6])
+            if flags & PF_KTHREAD and not flags & PF_NO_SETAFFINITY \
+                    and not comm.startswith("irq/"):
+                found.append((int(pid), comm))
+    return sorted(found)
+
+
+def plan_kthreads(ctx: PlanContext, cpus: list[int]) -> None:
+    """``rt.kthreads``: kthreadd (whose affinity new kthreads inherit) and the unbound kernel
+    threads onto ``cpus``, each keeping its policy and priority; the real root only."""
+    key = "rt.kthreads"
+    if not ctx.root.is_host:
+        ctx.warnings.append(f"{key}: kernel threads are moved on the real root only; skipped")
+        return
+    for pid, comm in movable_kthreads(ctx.root):
+        path = sched.thread_path(pid, pid)
+        try:
+            current = read_normalised(ctx.root, path, "sched")
+        except (OSError, ValueError) as error:  # SCHED_DEADLINE, or gone in between
+            ctx.warnings.append(f"{key}: {comm} (pid {pid}) left alone: {error}")
+            continue
+        if current is None:
+            continue
+        had = sched.parse_sched(current)
+        wanted = sched.format_sched(sched.ThreadSched(had.policy, had.priority, cpus))
+        if current != wanted:
+            ctx.changes.append(Change(tuner="sched", path=path, current=current,
+                                      desired=wanted, key=key, compare="sched", note=comm))
+    ctx.cpus["kthreads"] = cpus
+
+
 def _missing(ctx: PlanContext, section: dict[str, Any], rt_cpus: list[int]) -> list[str]:
     """What keeps throttling on: each condition that does not hold, said as the fix."""
     missing = []
@@ -116,11 +164,11 @@ def _missing(ctx: PlanContext, section: dict[str, Any], rt_cpus: list[int]) -> l
         missing.append(f"unbound workqueues run on "
                        f"{format_cpulist(workqueue) if workqueue else 'unknown CPUs'} "
                        "(set rt.workqueue_cpus: housekeeping)")
-    kthreadd = _cpus_allowed(ctx, KTHREADD)
+    kthreadd = ctx.cpus.get("kthreads") or _cpus_allowed(ctx, KTHREADD)
     if kthreadd is None or not set(kthreadd) <= housekeeping:
         missing.append("unbound kthreads (kthreadd, pid 2, and what it starts) run on "
                        f"{format_cpulist(kthreadd) if kthreadd else 'unknown CPUs'}, not "
-                       "only the housekeeping CPUs")
+                       "only the housekeeping CPUs (set rt.kthreads: housekeeping)")
     if not section.get("unthrottled_reason"):
         missing.append("the profile gives no rt.unthrottled_reason")
     return missing
@@ -173,7 +221,7 @@ def _warn_fair_server_off(ctx: PlanContext, cpus: list[int]) -> None:
 def stalld(ctx: PlanContext) -> str:
     """Whether stalld (boosts threads starved on a CPU with SCHED_DEADLINE) is here."""
     unit = next((path for path in STALLD_UNITS if ctx.root.exists(path)), None)
-    running = any(_comm(ctx, pid) == "stalld" for pid in _pids(ctx))
+    running = any(_comm(ctx.root, pid) == "stalld" for pid in _pids(ctx.root))
     if running or unit:
         return (f"stalld is {'running' if running else 'installed'}"
                 f"{f' ({unit})' if unit else ''}: it boosts threads starved for its "
@@ -181,16 +229,16 @@ def stalld(ctx: PlanContext) -> str:
     return "stalld is not installed: nothing rescues a starved kworker on an inference CPU"
 
 
-def _pids(ctx: PlanContext) -> list[str]:
+def _pids(root: Root) -> list[str]:
     try:
-        return [name for name in ctx.root.listdir("/proc") if name.isdigit()]
+        return [name for name in root.listdir("/proc") if name.isdigit()]
     except OSError:
         return []
 
 
-def _comm(ctx: PlanContext, pid: str) -> str | None:
+def _comm(root: Root, pid: str) -> str | None:
     try:
-        return ctx.root.read_text(f"/proc/{pid}/comm").strip()
+        return root.read_text(f"/proc/{pid}/comm").strip()
     except OSError:
         return None
 
