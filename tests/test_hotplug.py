@@ -60,4 +60,4 @@ def test_hotplug_is_on_for_the_real_root_only_unless_set(tmp_path: Path) -> None
     forced = from_dict({"root": str(tmp_path), "hotplug": {"enabled": True,
                                                            "subsystems": ["block"]}})
     assert forced.hotplug.enabled is True and forced.hotplug.subsystems == ("block",)
-    assert from_dict({}).hotplug.subsystems == ("accel", "drm", "nvme", "usb")
+    assert from_dict({}).hotplug.subsystems == ("accel", "drm", "nvme", "usb", "cpu")

@@ -175,7 +175,7 @@ def test_per_cpu_irqs_are_skipped_with_a_note(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("board", "managed"), [
-    ("rk3588-vendor", [87]), ("jetson-orin-nano-jp6", [211]), ("x86-edge-npu", [131]),
+    ("rk3588-vendor", [87]), ("x86-edge-npu", [131]),
     ("x86-server-nvidia", [41, 90])])
 def test_managed_irqs_are_reported_as_managed(board: str, managed: list[int],
                                               tmp_path: Path) -> None:
@@ -231,4 +231,72 @@ def test_rollback_of_an_apply_cut_short_passes_over_managed_irqs(tmp_path: Path)
     state.status, state.runtime = "applying", {}
     engine.journal.save(state)
     assert engine.rollback()[0] == "irqs"
+    assert snapshot(tree) == before
+
+
+# -- MSI chips that cannot move a vector (docs/kernel-facts/rt-irqs.md) -----------------------
+
+CHAINED = """\
+           CPU0       CPU1
+ 11:     912344     812344     GICv3  30 Level     arch_timer
+210:        618          0     PCI-MSI 67633152 Edge      nvme0q0
+212:         18          0     DW-PCI-MSIX-0001:01:00.0    2 Edge      eth0
+213:         51          0     BRCM STB PCIe MSI 524288 Edge      hailo
+214:         51          0     ITS-PCI-MSI 524289 Edge      ath11k_pci
+"""
+
+
+def test_chained_msi_chips_are_recognised_by_name() -> None:
+    rows = irqs.parse_rows(CHAINED)
+    assert rows[213].chip == "BRCM STB PCIe MSI" and rows[213].actions == ["hailo"]
+    assert irqs.has_gic(rows)
+    refusals = {irq: irqs.chip_refusal(row, True) for irq, row in rows.items()}
+    assert {irq: r[0] for irq, r in refusals.items() if r} == {
+        210: errno.EINVAL, 212: errno.EIO, 213: errno.EINVAL}
+    assert "DesignWare" in refusals[210][1] and "brcmstb" in refusals[213][1]  # type: ignore
+    # x86's vector domain is "PCI-MSI" too, and moves
+    assert irqs.chip_refusal(rows[210], irqs.has_gic({210: rows[210]})) is None
+
+
+def _with_admin_queue(board: str, tmp_path: Path) -> Path:
+    """The board with its NVMe admin queue (not managed) on the DesignWare MSI chip."""
+    tree = copy_board(board, tmp_path)
+    interrupts = tree / "proc/interrupts"
+    lines = interrupts.read_text().splitlines(keepends=True)
+    row = next(line for line in lines if line.rstrip().endswith("nvme0q1"))
+    irq = int(row.split(":")[0]) - 1
+    lines.insert(lines.index(row), row.replace(f"{irq + 1}:", f"{irq}:").replace(
+        "nvme0q1", "nvme0q0"))
+    interrupts.write_text("".join(lines))
+    for name, value in (("smp_affinity_list", "0-7"), ("smp_affinity", "ff"),
+                        ("effective_affinity_list", "0")):
+        (tree / f"proc/irq/{irq}").mkdir(exist_ok=True)
+        (tree / f"proc/irq/{irq}/{name}").write_text(value + "\n")
+    return tree
+
+
+def test_fixture_root_refuses_a_designware_msi_with_einval(tmp_path: Path) -> None:
+    tree = _with_admin_queue("jetson-agx-orin-jp6", tmp_path)
+    with pytest.raises(OSError) as error:
+        Root(tree).write_text("/proc/irq/210/smp_affinity_list", "0")
+    assert error.value.errno == errno.EINVAL
+    with pytest.raises(OSError) as error:  # managed: EIO comes first, as in the kernel
+        Root(tree).write_text("/proc/irq/211/smp_affinity_list", "0")
+    assert error.value.errno == errno.EIO
+
+
+def test_realtime_skips_designware_msi_irqs_and_applies(tmp_path: Path) -> None:
+    tree = _with_admin_queue("jetson-agx-orin-jp6", tmp_path / "board")
+    engine = engine_for(tree, tmp_path / "state", [REPO_PROFILES])
+    before = snapshot(tree)
+    plan = engine.plan("realtime")
+    assert not [c for c in plan.changes if c.path.startswith("/proc/irq/21")]
+    for irq, name in ((210, "nvme0q0"), (211, "nvme0q1")):
+        assert f"rt.irq_affinity.*: IRQ {irq} ({name}) skipped: its MSI chip cannot move it " \
+            "(DesignWare PCIe MSI (pcie-designware-host.c: dw_pci_msi_set_affinity returns " \
+            "-EINVAL); every vector arrives through one parent interrupt): the kernel " \
+            "answers EINVAL" in plan.warnings
+    engine.apply("realtime")
+    assert engine.verify() == []
+    engine.rollback()
     assert snapshot(tree) == before

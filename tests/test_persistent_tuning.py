@@ -202,9 +202,15 @@ sysctl: {vm.swappiness: 7}
 """
 
 
-def _jetson(tmp_path: Path, irqbalance: str | None = IRQBALANCE_DEFAULT) -> Path:
+def _jetson(tmp_path: Path, irqbalance: str | None = IRQBALANCE_DEFAULT,
+            version: str | None = "1.8.0-1build1") -> Path:
+    """JetPack 6 (Ubuntu 22.04) with irqbalance ``version`` installed (None: not by dpkg)."""
     tree = board("jetson-extlinux", tmp_path)
     files = {UNIT: "[Service]\nEnvironmentFile=-/etc/default/irqbalance\n"}
+    if version is not None:
+        status = tree / "var/lib/dpkg/status"
+        files["var/lib/dpkg/status"] = status.read_text() + (
+            f"\nPackage: irqbalance\nStatus: install ok installed\nVersion: {version}\n")
     if irqbalance is not None:
         files["etc/default/irqbalance"] = irqbalance
     return _boot(tree, files)
@@ -479,4 +485,22 @@ def test_the_overlay_installer_and_the_engine_share_the_copy_in_either_order(
         installer.remove(root, "jetson-orin-cpu-alert")
         assert "nohz_full=4-5" in (tree / "boot/extlinux/extlinux.conf").read_text()
         cli.rollback()
+    assert snapshot(tree) == before
+
+
+@pytest.mark.parametrize(("version", "lines"), [
+    ("1.8.0-1build1", ["IRQBALANCE_BANNED_CPULIST=4-5"]),
+    ("1.6.0-3ubuntu1", ["IRQBALANCE_BANNED_CPUS=30"]),  # JetPack 5: only the hex mask
+    (None, ["IRQBALANCE_BANNED_CPULIST=4-5", "IRQBALANCE_BANNED_CPUS=30"])])  # unknown: both
+def test_irqbalance_gets_the_variable_its_version_reads(
+        version: str | None, lines: list[str], tmp_path: Path) -> None:
+    tree = _jetson(tmp_path, version=version)
+    write_profile(tmp_path / "profiles", "ban", "irqbalance: {banned_cpus: cpus:4-5}\n")
+    cli = engine(tree, tmp_path / "state", tmp_path / "profiles")
+    (change,) = cli.plan("ban").changes
+    assert change.desired == IRQBALANCE_DEFAULT + "".join(f"{line}\n" for line in lines)
+    before = snapshot(tree)
+    cli.apply("ban")
+    assert cli.verify() == []
+    cli.rollback()
     assert snapshot(tree) == before

@@ -193,6 +193,8 @@ LEAF_VALUES: dict[str, list[Any]] = {
     "restore_below_psi_some_avg10": [0, 10, 99.9], "hold_s": [0, 30, 86400, 86401],
     "policy": WORDS, "priority": [0, 50, 99, 100, -1],
     "sched_rt_runtime_us": [-1, 950000, 1000000, 1000001, -2],
+    "unthrottled_reason": ["isolated by nohz_full", "", 3], "workqueue_cpus": CPUS,
+    "kthreads": CPUS,
     "housekeeping_cpus": CPUS,
     "scheduler": WORDS, "nr_requests": [1, 4, 64, 1023, 2048, 4096, "max", 0, -1],
     "read_ahead_kb": [0, 128, -1],

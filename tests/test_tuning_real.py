@@ -41,8 +41,9 @@ def test_planning_on_the_real_root_writes_nothing(profile: str, tmp_path: Path) 
                                                                           dirs=[REPO_PROFILES]))
     plan = engine.plan(profile, force=True)
     for change in plan.changes:  # every planned path is an allowlisted knob that exists
-        root.check_writable(change.path)
         assert Path(change.path).exists()
+        if change.compare != "sched":  # a thread's scheduling is a syscall, not a file
+            root.check_writable(change.path)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -26,7 +26,7 @@ from agent.config.checks import (
 )
 from agent.config.declare import entries, section, setting
 from agent.control.schemas import COMMANDS
-from agent.discovery.udev import WATCHED_SUBSYSTEMS
+from agent.discovery.udev import HOTPLUG_SUBSYSTEMS
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.validation import choice, integer, number, optional, text
 
@@ -210,7 +210,7 @@ class HotplugConfig:
     enabled: bool = setting(choice("auto", True, False), "auto")  # auto: the loader decides
     subsystems: tuple[str, ...] = setting(("list", text(
         re.compile(r"^[a-z0-9_-]{1,32}$"), "a kernel subsystem name such as usb")),
-        list(WATCHED_SUBSYSTEMS))
+        list(HOTPLUG_SUBSYSTEMS))
 
 
 @dataclass(frozen=True)

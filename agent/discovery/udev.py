@@ -27,7 +27,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WATCHED_SUBSYSTEMS = ("accel", "drm", "nvme", "usb")
-HOTPLUG_ACTIONS = frozenset({"add", "remove", "change", "bind", "unbind"})
+# Hot-plug watches CPUs too: a CPU taken offline or brought back (CPU hot-plug, an nvpmodel
+# mode) sends an offline/online uevent (drivers/base/core.c device_offline/device_online),
+# and the service plans the profile again, whose RT threads use online CPUs only.
+HOTPLUG_SUBSYSTEMS = (*WATCHED_SUBSYSTEMS, "cpu")
+HOTPLUG_ACTIONS = frozenset({"add", "remove", "change", "bind", "unbind", "online", "offline"})
 
 
 class UdevUnavailable(Exception):
@@ -56,7 +60,8 @@ class UdevDevice:
 
 @dataclass(frozen=True)
 class HotplugEvent:
-    """A device event the watch delivers: ``action`` is add, remove, change, bind or unbind."""
+    """A device event the watch delivers: ``action`` is add, remove, change, bind, unbind,
+    online or offline."""
 
     action: str
     device: UdevDevice

@@ -51,6 +51,7 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/proc/irq/*/smp_affinity_list",
     "/proc/irq/default_smp_affinity",
     "/proc/sys/kernel/sched_rt_runtime_us",
+    "/sys/devices/virtual/workqueue/cpumask",  # unbound workqueues' CPUs (rt.workqueue_cpus)
     "/proc/sys/kernel/io_uring_disabled",
     "/proc/sys/kernel/io_uring_group",
     "/proc/sys/vm/*",

@@ -16,12 +16,20 @@ A write to ``/proc/irq/N/smp_affinity[_list]`` fails with EIO unless the IRQ can
   IRQ is managed (only debugfs, where the kernel has GENERIC_IRQ_DEBUGFS), so they are found
   when applying: the EIO of an IRQ that is not per-CPU.  ``isolcpus=managed_irq,...`` keeps
   them off isolated CPUs at boot.
+
+A write the chip itself refuses fails later, in the chip's ``irq_set_affinity``: MSI
+controllers that demultiplex every vector from one parent interrupt cannot send a vector to
+another CPU, and say so with EINVAL (DesignWare PCIe on the Jetsons, brcmstb on the Pis), or
+have no ``irq_set_affinity`` at all, which is EIO again (``MSI_FLAG_NO_AFFINITY``).  They are
+recognised by the chip column when planning (:func:`chip_refusal`) and skipped with a note;
+docs/kernel-facts/rt-irqs.md has the sources.
 """
 
 from __future__ import annotations
 
 import errno
 import fnmatch
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +46,17 @@ _CHIP_FIELDS = (re.compile(r"Level|Edge"), re.compile(r"-\S+"))
 _GIC = re.compile(r"GIC(v\d)?(-\d+)?")
 _PPI_HWIRQS = (range(16, 32), range(1056, 1120))
 _PER_CPU_CHIPS = ("RISC-V INTC", "xen-percpu-virq", "xen-percpu-ipi")
-_SPACED_CHIPS = ("RISC-V INTC",)
+_SPACED_CHIPS = ("RISC-V INTC", "BRCM STB PCIe MSI")
+# Chained MSI controllers, by the top chip's name (/proc/interrupts' chip column): the errno
+# of an affinity write and why.  "PCI-MSI" is DesignWare's only beside a GIC (on x86 it is
+# the vector domain's, which moves); "DW-" is its per-device-domain prefix (6.x msi-lib).
+_CHAINED_MSI = (
+    ("BRCM STB PCIe MSI", errno.EINVAL, "brcmstb PCIe MSI (pcie-brcmstb.c: "
+     "brcm_msi_set_affinity returns -EINVAL)"),
+    ("DW-PCI-MSI*", errno.EIO, "DesignWare PCIe MSI (MSI_FLAG_NO_AFFINITY: the chip has no "
+     "irq_set_affinity)"),
+    ("PCI-MSI", errno.EINVAL, "DesignWare PCIe MSI (pcie-designware-host.c: "
+     "dw_pci_msi_set_affinity returns -EINVAL)"))
 # Fixture roots: the managed vectors of the drivers the boards carry (see _fixture_managed).
 _MANAGED_ACTIONS = ("nvme*q[1-9]*", "virtio*-req.*")
 
@@ -101,6 +119,23 @@ def per_cpu_reason(row: IrqRow) -> str | None:
     return None
 
 
+def has_gic(rows: dict[int, IrqRow]) -> bool:
+    """Whether the IRQs hang off an arm GIC (where a bare "PCI-MSI" chip is a host bridge's
+    own MSI controller, not the CPU's)."""
+    return any(_GIC.fullmatch(row.chip) for row in rows.values())
+
+
+def chip_refusal(row: IrqRow, gic: bool) -> tuple[int, str] | None:
+    """(errno, why) when the IRQ's MSI chip refuses every affinity change, else None: all of
+    its vectors arrive through one parent interrupt, on that interrupt's CPU."""
+    for pattern, code, why in _CHAINED_MSI:
+        if fnmatch.fnmatchcase(row.chip, pattern) and (pattern != "PCI-MSI" or gic):
+            return code, (f"its MSI chip cannot move it ({why}; every vector arrives "
+                          "through one parent interrupt): the kernel answers "
+                          f"{errno.errorcode[code]}")
+    return None
+
+
 def affinity_irq(path: str) -> int | None:
     """The IRQ number of a per-IRQ affinity file, else None."""
     match = re.fullmatch(r"/proc/irq/(\d+)/smp_affinity(_list)?", path)
@@ -153,13 +188,18 @@ def _fixture_managed(row: IrqRow) -> bool:
 
 def fixture_affinity_write(base: Path, path: str, value: str) -> bytes | None:
     """What the kernel does with a write below /proc/irq on a fixture tree: EIO for a per-CPU
-    or managed IRQ, EINVAL for a default mask with no online CPU; the bytes the default mask
-    then reads; None for any other file (the plain attribute rules apply)."""
+    or managed IRQ, the chip's errno for a chained MSI one (EINVAL from DesignWare and
+    brcmstb), EINVAL for a default mask with no online CPU; the bytes the default mask then
+    reads; None for any other file (the plain attribute rules apply)."""
     irq = affinity_irq(path)
     if irq is not None:
-        row = parse_rows((base / "proc/interrupts").read_text()).get(irq)
+        rows = parse_rows((base / "proc/interrupts").read_text())
+        row = rows.get(irq)
         if row is not None and (per_cpu_reason(row) or _fixture_managed(row)):
-            raise OSError(errno.EIO, "Input/output error", path)
+            raise OSError(errno.EIO, "Input/output error", path)  # before the chip is asked
+        refusal = chip_refusal(row, has_gic(rows)) if row is not None else None
+        if refusal is not None:
+            raise OSError(refusal[0], os.strerror(refusal[0]), path)
         return None
     if path != DEFAULT_AFFINITY:
         return None

@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 VERIFY_INTERVAL_S = 60.0
 # What hot-plug can change; the rest of a topology (temperatures, frequencies) always moves.
-DEVICE_KEYS = ("gpus", "npus", "block", "pci", "udev")
+DEVICE_KEYS = ("cpu", "gpus", "npus", "block", "pci", "udev")
 MODEL_LOAD_ALLOWANCE_S = 300  # EXTEND_TIMEOUT_USEC while a (large) model loads
 
 

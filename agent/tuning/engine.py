@@ -151,9 +151,10 @@ class Engine:
                                f"device (family {board.family}, soc {board.soc}, model "
                                f"{board.model}); use --force to apply it anyway")
         ctx = PlanContext(self.root, self.topology, profile, baseline)
+        settings = rt_tuner.with_kernel_args(profile.settings)  # irqaffinity= beside the mask
         for section, planner in self.planners():
-            if section in profile.settings:
-                planner(profile.settings[section], ctx)
+            if section in settings:
+                planner(settings[section], ctx)
         irqbalance.warn_unbanned(profile.settings, ctx)
         if "dvfs" in profile.settings.get("overlay", {}):
             ctx.warnings.append(f"overlay.dvfs: {profile.settings['overlay']['dvfs']} is a "

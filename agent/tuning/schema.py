@@ -150,6 +150,8 @@ SCHEMA: dict[str, Any] = {
     "rt": {"inference": RT_THREAD, "threads": ("list", THREAD_SELECTOR),
            "housekeeping_cpus": _housekeeping,
            "sched_rt_runtime_us": integer(-1, 1_000_000),
+           "unthrottled_reason": text(what="a sentence: why RT throttling may be off"),
+           "workqueue_cpus": _cpus, "kthreads": _cpus,
            "default_irq_affinity": _cpus,
            "irq_affinity": ("map", text(IRQ_PATTERN, "an IRQ action-name pattern such as "
                                          "nvme*"), _cpus)},

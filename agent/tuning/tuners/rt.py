@@ -14,8 +14,8 @@ Safety rules, each from the kernel's documentation:
   "a run-away realtime task will not lock up the machine").
 - **Device IRQs go to the housekeeping CPUs** (``housekeeping`` as an ``irq_affinity``
   target), away from the RT inference CPUs (Documentation/core-api/irq/irq-affinity.rst).
-- **``sched_rt_runtime_us: -1`` only with housekeeping CPUs**: -1 turns RT throttling off
-  (sched-rt-group.rst, section 2.1), so only CPUs with no RT thread still run everything else.
+- **``sched_rt_runtime_us: -1`` only with isolation and a reason**: -1 turns RT throttling
+  off (sched-rt-group.rst, section 2.1); :mod:`agent.tuning.tuners.rt_throttle` says when.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from agent.kernel import irqs
 from agent.kernel import sched as rt
 from agent.kernel.parsers import format_cpulist
 from agent.tuning.plan import Change, PlanContext, read_normalised
+from agent.tuning.tuners import rt_throttle as throttle
 from agent.tuning.values import HOUSEKEEPING, default_housekeeping, resolve_cpus
 
-SCHED_RT_RUNTIME = "/proc/sys/kernel/sched_rt_runtime_us"
 REALTIME = ("fifo", "rr")
 
 
@@ -71,7 +71,7 @@ def _rt_cpus(ctx: PlanContext, key: str, selector: str, policy: str) -> list[int
     CPUs free (unless ``housekeeping`` is asked for by name: an IRQ thread beside its IRQ)."""
     cpus = _cpus(ctx, f"{key}.cpus", selector)
     if policy not in REALTIME or selector == HOUSEKEEPING:
-        return cpus
+        return _online(ctx, f"{key}.cpus", selector, cpus)
     housekeeping = ctx.cpus["housekeeping"]
     kept = [cpu for cpu in cpus if cpu not in housekeeping]
     if not set(kept) & set(ctx.topology.cpu.online):
@@ -83,7 +83,21 @@ def _rt_cpus(ctx: PlanContext, key: str, selector: str, policy: str) -> list[int
         ctx.warnings.append(f"{key}.cpus: {selector} resolves to {format_cpulist(cpus)}; the "
                             f"{policy} threads run on {format_cpulist(kept)}, leaving the "
                             f"housekeeping CPUs {format_cpulist(housekeeping)} to the kernel")
-    return kept
+    return _online(ctx, f"{key}.cpus", selector, kept)
+
+
+def _online(ctx: PlanContext, key: str, selector: str, cpus: list[int]) -> list[int]:
+    """The online CPUs of a thread's set (an nvpmodel mode or hot-plug took the others; the
+    service plans again when a CPU comes or goes, see agent.service.hotplug); all of them
+    when none is online, which the affinity call then refuses, naming them."""
+    online = [cpu for cpu in cpus if cpu in ctx.topology.cpu.online]
+    offline = sorted(set(cpus) - set(online))
+    if offline and online:
+        ctx.warnings.append(f"{key}: {selector} includes the offline CPUs "
+                            f"{format_cpulist(offline)}; the threads run on "
+                            f"{format_cpulist(online)} (planned again when CPUs come online)")
+        return online
+    return cpus
 
 
 def _plan_threads(ctx: PlanContext, key: str, selector: dict[str, Any]) -> None:
@@ -126,11 +140,13 @@ def _plan_inference(ctx: PlanContext, section: dict[str, Any]) -> None:
 
 
 def _plan_irqs(ctx: PlanContext, section: dict[str, Any]) -> None:
-    """Each matching IRQ's smp_affinity_list; per-CPU IRQs are skipped (the kernel refuses to
-    move them), managed ones are found when applying (see agent.kernel.irqs)."""
+    """Each matching IRQ's smp_affinity_list; per-CPU IRQs and those of chained MSI chips are
+    skipped (the kernel refuses to move them), managed ones are found when applying (see
+    agent.kernel.irqs)."""
     targets: set[int] = set()
     rows = irqs.parse_rows(ctx.root.read_text("/proc/interrupts")) \
         if section.get("irq_affinity") else {}
+    gic = irqs.has_gic(rows)
     for pattern, selector in section.get("irq_affinity", {}).items():
         key = f"rt.irq_affinity.{pattern}"
         cpus = _irq_cpus(ctx, section, key, selector)
@@ -139,10 +155,11 @@ def _plan_irqs(ctx: PlanContext, section: dict[str, Any]) -> None:
         if not matched:
             ctx.warnings.append(f"{key}: no IRQ action matches; nothing to do")
         for irq in matched:
-            per_cpu = irqs.per_cpu_reason(rows[irq])
-            if per_cpu is not None:
+            refusal = irqs.chip_refusal(rows[irq], gic)
+            reason = irqs.per_cpu_reason(rows[irq]) or (refusal[1] if refusal else None)
+            if reason is not None:
                 ctx.warnings.append(f"{key}: IRQ {irq} ({', '.join(rows[irq].actions)}) "
-                                    f"skipped: {per_cpu}")
+                                    f"skipped: {reason}")
                 continue
             targets.update(cpus)
             ctx.want("rt", rt.irq_affinity_path(irq), ",".join(map(str, cpus)), key,
@@ -181,6 +198,16 @@ def _plan_default_irq_affinity(ctx: PlanContext, section: dict[str, Any]) -> Non
              note="IRQs set up from now on; existing IRQs keep their affinity")
 
 
+def with_kernel_args(settings: dict[str, Any]) -> dict[str, Any]:
+    """A profile that sets the default IRQ mask and manages kernel arguments (``cmdline``)
+    plans ``irqaffinity=`` with the same CPUs too: the mask holds for IRQs set up after the
+    apply, the argument for those set up during boot (kernel-parameters.txt)."""
+    wanted = settings.get("rt", {}).get("default_irq_affinity")
+    if wanted is None or "cmdline" not in settings or "irqaffinity" in settings["cmdline"]:
+        return settings
+    return {**settings, "cmdline": {**settings["cmdline"], "irqaffinity": wanted}}
+
+
 def plan(section: dict[str, Any], ctx: PlanContext) -> None:
     warning = rt.rt_kernel_warning(ctx.topology.kernel.preempt_rt)
     if warning:
@@ -190,14 +217,14 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
         _plan_inference(ctx, section)
     for index, selector in enumerate(section.get("threads", [])):
         _plan_threads(ctx, f"rt.threads[{index}]", selector)
+    if "workqueue_cpus" in section:
+        throttle.plan_workqueue(ctx, section, _cpus(ctx, "rt.workqueue_cpus",
+                                                    section["workqueue_cpus"]))
+    if "kthreads" in section:
+        throttle.plan_kthreads(ctx, _cpus(ctx, "rt.kthreads", section["kthreads"]))
     if "sched_rt_runtime_us" in section:
-        value = section["sched_rt_runtime_us"]
-        if value == -1 and not ctx.cpus["housekeeping"]:
-            ctx.lacking("rt.sched_rt_runtime_us", "-1 turns RT throttling off, which is safe "
-                        "only with a housekeeping CPU, and no online CPU is known here",
-                        "0..1000000 (sched_rt_period_us is 1000000)")
-        else:
-            ctx.want("rt", SCHED_RT_RUNTIME, str(value), "rt.sched_rt_runtime_us")
+        throttle.plan_runtime(ctx, section)
     _plan_irqs(ctx, section)
     if "default_irq_affinity" in section:
         _plan_default_irq_affinity(ctx, section)
+    throttle.warn_irq_threads(ctx, section)
