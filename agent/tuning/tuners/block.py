@@ -10,6 +10,8 @@ checked here, at plan time, against the device and the planned scheduler:
   that is the hardware tag depth, with a scheduler MAX_SCHED_RQ (2048).  A clamp would leave a
   profile that says 4096 verifying against 1023 on one board and 2048 on another; ``max``
   asks for the limit itself.  Below 4 the kernel raises it to 4 (BLKDEV_MIN_RQ): planned as 4.
+  Where ``mq/*/nr_tags`` is unreadable the limit under ``none`` is the current nr_requests
+  (which reads the tag depth there), never unbounded (docs/kernel-facts/ineffective.md).
 - ``io_poll``/``io_poll_delay`` only where the device has poll queues and the kernel still
   honours the file (io_poll writes are ignored since 5.16, hybrid polling is gone since 6.4).
 """
@@ -94,17 +96,7 @@ def _plan_scheduler(ctx: PlanContext, key: str, device: BlockDevice, value: str,
 def _plan_nr_requests(ctx: PlanContext, key: str, device: BlockDevice, value: int | str,
                       scheduler: str | None, switched: bool) -> None:
     path = f"/sys/block/{device.name}/queue/nr_requests"
-    depth = device.tag_depth
-    if depth is None:
-        if value == "max":
-            raise ctx.error(key, f"{device.name} has no blk-mq tag depth (mq/*/nr_tags) to "
-                            "take the maximum of; give a number")
-        ctx.want("block", path, str(value), key)
-        return
-    limit = bq.nr_requests_limit(scheduler, depth)
-    why = (f"its hardware tag depth (mq/*/nr_tags) with scheduler {scheduler}"
-           if limit == depth else f"MAX_SCHED_RQ with scheduler {scheduler}; the hardware "
-           f"has {depth} tags")
+    limit, why = _nr_requests_limit(ctx, key, device, scheduler)
     number = limit if value == "max" else int(value)
     if number > limit:
         raise ctx.error(key, f"{number} is more than {device.name} accepts: allowed "
@@ -122,6 +114,28 @@ def _plan_nr_requests(ctx: PlanContext, key: str, device: BlockDevice, value: in
         _journal(ctx, path, str(number), key, f"written after the switch to {scheduler}")
     else:
         ctx.want("block", path, str(number), key)
+
+
+def _nr_requests_limit(ctx: PlanContext, key: str, device: BlockDevice,
+                       scheduler: str | None) -> tuple[int, str]:
+    """The most the kernel accepts, and why.  Under ``none`` that is the tag depth; where
+    ``mq/*/nr_tags`` cannot be read, the current nr_requests is that depth (it reads the
+    depth, or less, while ``none`` runs), so more is refused rather than written blind."""
+    depth = device.tag_depth
+    if depth is not None:
+        limit = bq.nr_requests_limit(scheduler, depth)
+        return limit, (f"its hardware tag depth (mq/*/nr_tags) with scheduler {scheduler}"
+                       if limit == depth else f"MAX_SCHED_RQ with scheduler {scheduler}; "
+                       f"the hardware has {depth} tags")
+    if scheduler not in (None, "none"):
+        return bq.MAX_SCHED_RQ, f"MAX_SCHED_RQ with scheduler {scheduler}"
+    if device.scheduler not in (None, "none") or device.nr_requests is None:
+        raise ctx.error(key, f"{device.name}'s tag depth is unknown (mq/*/nr_tags is "
+                        "unreadable) and with scheduler none nr_requests may not exceed it; "
+                        "leave nr_requests out, or keep a scheduler (allowed up to "
+                        f"{bq.MAX_SCHED_RQ})")
+    return device.nr_requests, ("its current nr_requests: with scheduler none that is the "
+                                "tag depth, which mq/*/nr_tags does not say here")
 
 
 def _polls(device: BlockDevice) -> bool:
