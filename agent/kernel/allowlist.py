@@ -36,6 +36,7 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/sys/block/*/queue/max_sectors_kb",
     "/sys/module/nvme/parameters/poll_queues",
     "/sys/module/nvme_core/parameters/default_ps_max_latency_us",
+    "/sys/class/nvme/*/power/pm_qos_latency_tolerance_us",  # a controller's live APST limit
     "/sys/fs/cgroup/**/cgroup.subtree_control",
     "/sys/fs/cgroup/**/cgroup.procs",
     "/sys/fs/cgroup/**/cgroup.threads",

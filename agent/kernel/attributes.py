@@ -40,6 +40,9 @@ def _refusal(path: str, value: str, read: Reader) -> OSError | None:
     if path == "/sys/module/pcie_aspm/parameters/policy" and "pcie_aspm=off" in (
             read("/proc/cmdline") or "").split():
         return OSError(errno.EPERM, f"{path}: ASPM is disabled (pcie_aspm=off)")
+    if path.endswith("/power/pm_qos_latency_tolerance_us") and word not in ("auto", "any") \
+            and not word.isdigit():  # pm_qos_latency_tolerance_us_store: kstrtos32, >= 0
+        return OSError(errno.EINVAL, f"{path}: {word!r} is not auto, any or a number >= 0")
     if path.endswith("/rknpu/delayms") and not word.isdigit():
         # rknpu_power_put_delay_set: kstrtoul failure answers EFAULT, not EINVAL
         return OSError(errno.EFAULT, f"{path}: {word!r} is not a number of milliseconds")

@@ -1,4 +1,4 @@
-"""Block queues per device-name pattern, and NVMe power-state latency.
+"""Block queues per device-name pattern (NVMe power-state latency: :mod:`.nvme`).
 
 Queue files: Documentation/block/queue-sysfs.rst and Documentation/ABI/stable/sysfs-block;
 what the kernel accepts per version is in :mod:`agent.kernel.block_queue`.  Every limit is
@@ -25,7 +25,6 @@ from agent.discovery.model import BlockDevice
 from agent.kernel import block_queue as bq
 from agent.tuning.plan import Change, PlanContext
 
-NVME_PS_LATENCY = "/sys/module/nvme_core/parameters/default_ps_max_latency_us"
 ORDER = ("scheduler", "nr_requests")  # then the rest, as the profile lists them
 RESET_NOTE = "switching to"
 POLL_QUEUES_HINT = "boot with nvme.poll_queues=N (the cmdline: section) to get poll queues"
@@ -205,10 +204,3 @@ def _plan_wbt(ctx: PlanContext, key: str, device: BlockDevice, value: int,
     desired = str(bq.WBT_DEFAULT_USEC[bool(device.rotational)]) if value == -1 else str(value)
     ctx.want("block", path, desired, key, write=str(value))
 
-
-def plan_nvme(section: dict[str, Any], ctx: PlanContext) -> None:
-    if "default_ps_max_latency_us" in section:
-        ctx.want("nvme", NVME_PS_LATENCY, str(section["default_ps_max_latency_us"]),
-                 "nvme.default_ps_max_latency_us",
-                 note="applies to NVMe devices probed afterwards: takes effect after a reboot "
-                      "(or set nvme_core.default_ps_max_latency_us= on the kernel command line)")
