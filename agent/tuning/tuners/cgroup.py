@@ -16,7 +16,7 @@ from agent.kernel.cgroup_model import CONTROLLER_FILES, PAGE
 from agent.kernel.parsers import format_cpulist, parse_cpulist
 from agent.tuning.placement import CgroupfsPlacement, Placement
 from agent.tuning.plan import Change, PlanContext, matches, read_normalised
-from agent.tuning.units import PROPERTIES, SLICE, UnitError, normalise
+from agent.tuning.units import PROPERTIES, SLICE, UNSET, UnitError, dropin_path, normalise
 from agent.tuning.values import resolve_cpus, resolve_size
 
 FILE_OF = {"memory_max": "memory.max", "memory_high": "memory.high", "cpu_max": "cpu.max",
@@ -138,8 +138,11 @@ def _plan_units(values: dict[str, str], ctx: PlanContext, placement: Placement) 
         current = ctx.baseline.get(path, shown.get(names[key]))
         if current is None:
             raise ctx.error(f"cgroup.{key}", f"systemd does not show {names[key]} for {SLICE}")
+        # no runtime drop-in yet: rollback removes the one set-property writes
+        restore = None if ctx.root.exists(dropin_path(SLICE, names[key])) else \
+            UNSET + current
         change = Change(tuner="cgroup", path=path, current=current, desired=desired,
-                        key=f"cgroup.{key}", compare="unit")
+                        key=f"cgroup.{key}", compare="unit", restore=restore)
         if not matches(change, current):
             ctx.changes.append(change)
 
