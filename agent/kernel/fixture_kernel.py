@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from agent.kernel import block_queue, cgroup_model, jetson_model
+from agent.kernel import block_queue, cgroup_model, freq_qos, jetson_model
 from agent.kernel.attributes import Reader, emulate_attribute_write
 
 
@@ -27,6 +27,9 @@ def write(base: Path, path: str, logical: str, target: Path, value: str,
         return
     if jetson_model.handles(logical):
         jetson_model.write(target, logical, value)
+        return
+    if freq_qos.handles(logical):
+        freq_qos.write(target, logical, value)
         return
     with open(target, "r+b") as handle:
         old = handle.read()
