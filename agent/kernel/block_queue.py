@@ -32,11 +32,11 @@ block/blk-sysfs.c, blk-mq.c, blk-mq-tag.c and blk-mq-sched.c of 5.10, 5.15, 6.1 
 from __future__ import annotations
 
 import errno
-import os
 import re
 from pathlib import Path
 
 from agent.kernel.attributes import emulate_attribute_write
+from agent.kernel.pages import tree_page_size
 
 BLKDEV_MIN_RQ = 4
 BLKDEV_DEFAULT_RQ = 128
@@ -63,10 +63,6 @@ def nr_requests_limit(scheduler: str | None, depth: int) -> int:
 def default_nr_requests(scheduler: str, depth: int) -> int:
     """What nr_requests reads right after switching to ``scheduler``."""
     return depth if scheduler == "none" else 2 * min(depth, BLKDEV_DEFAULT_RQ)
-
-
-def page_kb() -> int:
-    return os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 # -- the fixture model -----------------------------------------------------------------------
@@ -153,8 +149,9 @@ def write(base: Path, target: Path, value: str) -> str | None:
         return f"{number}\n"
     if name == "max_sectors_kb":
         hw = _read_int(queue / "max_hw_sectors_kb", 0)
-        if not 4 <= number <= hw:
-            raise OSError(errno.EINVAL, f"{target}: {number} is outside 4..{hw}")
+        low = tree_page_size(base) // 1024
+        if not low <= number <= hw:
+            raise OSError(errno.EINVAL, f"{target}: {number} is outside {low}..{hw}")
         return f"{number}\n"
     if name == "wbt_lat_usec":
         if number < -1:

@@ -23,6 +23,7 @@ from typing import Any
 
 from agent.discovery.model import BlockDevice
 from agent.kernel import block_queue as bq
+from agent.kernel.pages import page_size
 from agent.tuning.plan import Change, PlanContext
 
 ORDER = ("scheduler", "nr_requests")  # then the rest, as the profile lists them
@@ -182,7 +183,7 @@ def _plan_max_sectors(ctx: PlanContext, key: str, device: BlockDevice, value: in
     """Between the page size and max_hw_sectors_kb (the controller's limit), as
     queue_max_sectors_store checks; bigger requests need no more than that."""
     hw = device.max_hw_sectors_kb
-    low = bq.page_kb() if ctx.root.is_host else 4  # the fixture boards run 4 KiB pages
+    low = page_size(ctx.root.is_host, ctx.root.base) // 1024
     if hw is not None and not low <= value <= hw:
         raise ctx.error(key, f"{value} is outside what {device.name} accepts: allowed "
                         f"{low}..{hw} (the page size .. max_hw_sectors_kb)")
