@@ -65,6 +65,9 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     # the vendor rknpu driver's power hold and idle power-off delay (debugfs)
     "/sys/kernel/debug/rknpu/power",
     "/sys/kernel/debug/rknpu/delayms",
+    # rocket (mainline) NPU cores' runtime PM: kept resumed, and the autosuspend delay
+    "/sys/devices/platform/**/*.npu/power/control",
+    "/sys/devices/platform/**/*.npu/power/autosuspend_delay_ms",
 )
 
 # A symlink may redirect an allowlisted name, but never out of these kernel trees.
