@@ -287,3 +287,51 @@ def test_kernel_version_and_limits() -> None:
     assert bq.nr_requests_limit("bfq", 64) == 2048
     assert bq.default_nr_requests("mq-deadline", 64) == 128
     assert bq.default_nr_requests("none", 64) == 64
+
+
+def _hide_tag_depth(tree: Path, disk: str, depth: int) -> None:
+    """``mq/*/nr_tags`` unreadable to the agent; the fixture kernel still knows the depth,
+    from debugfs ``hctx0/tags`` (blk_mq_debugfs_tags_show), as the real one does."""
+    for tags in (tree / f"sys/block/{disk}/mq").glob("*/nr_tags"):
+        tags.unlink()
+    debugfs = tree / f"sys/kernel/debug/block/{disk}/hctx0"
+    debugfs.mkdir(parents=True, exist_ok=True)
+    (debugfs / "tags").write_text(f"nr_tags={depth}\nnr_reserved_tags=0\nactive_queues=0\n")
+
+
+def test_unreadable_tag_depth_under_none_is_bounded_by_the_current_nr_requests(
+        tmp_path: Path) -> None:
+    """mmcblk0 under none reads 64 (its tag depth) and mq/*/nr_tags is unreadable: 1024 is
+    refused at plan time, as the kernel refuses it (EINVAL), instead of planned blind;
+    a lower value and max (64) still round-trip."""
+    tree = copy_board("rk3588-vendor", tmp_path)
+    Root(tree).write_text("/sys/block/mmcblk0/queue/scheduler", "none")
+    _hide_tag_depth(tree, "mmcblk0", 64)
+    assert _read(tree, "mmcblk0", "nr_requests") == "64\n"
+    with pytest.raises(OSError) as caught:
+        Root(tree).write_text("/sys/block/mmcblk0/queue/nr_requests", "1024")
+    assert caught.value.errno == errno.EINVAL
+    profiles = tmp_path / "profiles"
+    write_profile(profiles, "blk", "block: {'mmcblk*': {nr_requests: 1024}}\n")
+    write_profile(profiles, "low", "block: {'mmcblk*': {nr_requests: 32}}\n")
+    engine = engine_for(tree, tmp_path / "state", [profiles])
+    with pytest.raises(ProfileError) as refused:
+        engine.plan("blk")
+    assert refused.value.key == "block.mmcblk*.nr_requests"
+    assert "allowed 4..64 (its current nr_requests" in refused.value.message
+    [change] = _round_trip(tree, engine, "low")
+    assert (change.current, change.desired) == ("64", "32")
+
+
+def test_unreadable_tag_depth_and_a_switch_to_none_is_refused(tmp_path: Path) -> None:
+    tree = copy_board("rk3588-vendor", tmp_path)  # mmcblk0 under mq-deadline
+    _hide_tag_depth(tree, "mmcblk0", 64)
+    engine = engine_for(tree, tmp_path / "state", [tmp_path / "profiles"])
+    write_profile(tmp_path / "profiles", "blk",
+                  "block: {mmcblk0: {scheduler: none, nr_requests: 100}}\n")
+    with pytest.raises(ProfileError) as refused:
+        engine.plan("blk")
+    assert "tag depth is unknown" in refused.value.message
+    write_profile(tmp_path / "profiles", "sched",
+                  "block: {mmcblk0: {scheduler: kyber, nr_requests: 1024}}\n")
+    assert [c.desired for c in _round_trip(tree, engine, "sched")] == ["kyber", "1024"]

@@ -203,6 +203,26 @@ def test_systemd_limits_are_runtime_slice_properties_restored_exactly(tmp_path: 
         "CPUQuota": ""}
     assert units.set_calls()[-1] == ["systemctl", "set-property", "--runtime", "--", SLICE,
                                      "MemoryMax=8589934592"]
+    # the drop-in that was there stays (with its value); those the profile added are gone
+    assert sorted(p.name for p in (engine.root.base / "run/systemd/system.control"
+                                   / f"{SLICE}.d").iterdir()) == ["50-MemoryMax.conf"]
+
+
+def test_rollback_leaves_no_runtime_drop_in_behind(tmp_path: Path) -> None:
+    """systemctl set-property --runtime writes /run/systemd/system.control/<unit>.d/50-*.conf;
+    writing the original back would leave each one holding it, so rollback removes those
+    the profile created (and reloads systemd once per file)."""
+    engine, units = systemd_engine(tmp_path)
+    before = snapshot(engine.root.base)
+    engine.apply("limits")
+    assert len(list((engine.root.base / "run/systemd/system.control" / f"{SLICE}.d")
+                    .iterdir())) == 4
+    assert engine.verify() == []
+    engine.rollback()
+    assert snapshot(engine.root.base) == before
+    assert units.calls.count(["systemctl", "daemon-reload"]) == 4
+    assert units.show(SLICE, ["MemoryMax", "AllowedCPUs"]) == {"MemoryMax": "infinity",
+                                                              "AllowedCPUs": ""}
 
 
 def test_systemd_drift_is_seen_by_verify(tmp_path: Path) -> None:

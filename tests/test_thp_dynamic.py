@@ -19,8 +19,9 @@ from agent.tuning.engine import Engine
 from agent.tuning.journal import Journal
 from agent.tuning.profiles import ProfileStore
 from agent.tuning.thp_dynamic import (
+    DEFRAG,
     ENABLED,
-    NORMAL_KEY,
+    NORMAL_KEYS,
     ThpDynamicController,
     ThpDynamicError,
     parse_memory_events,
@@ -38,6 +39,7 @@ PROFILE = """\
 name: thp-test
 thp:
   enabled: madvise
+  defrag: always
   dynamic: {disable_above_psi_some_avg10: 20, restore_below_psi_some_avg10: 10, hold_s: 30}
 """
 
@@ -91,20 +93,73 @@ def harness(tmp_path: Path) -> Harness:
 
 # -- switching and hysteresis --------------------------------------------------------------
 
+DEFRAG_FILE = DEFRAG.lstrip("/")
+DEFRAG_NORMAL = "always defer defer+madvise [madvise] never\n"
+DEFRAG_NEVER = "always defer defer+madvise madvise [never]\n"
 
-def test_high_psi_switches_to_never_once(harness: Harness) -> None:
+
+def defrag_text(tree: Path) -> str:
+    return (tree / DEFRAG_FILE).read_text()
+
+
+def test_high_psi_stops_direct_compaction_first_then_thp(harness: Harness) -> None:
+    """defrag (direct compaction, where the stalls come from) goes first; enabled only
+    when pressure is still high a hold time later."""
     controller = harness.controller()
-    assert controller.inactive_reason is None and controller.normal == "always"
+    assert controller.inactive_reason is None
+    assert controller.normals == {DEFRAG: "madvise", ENABLED: "always"}
     set_psi(harness.tree, 0)
     assert controller.step(0.0) is None
     set_psi(harness.tree, 34.2)
     event = controller.step(5.0)
-    assert event == {"type": "thp_switched", "from": "always", "to": "never",
-                     "reason": "psi some avg10 34.2 > 20", "mono_ms": 5000}
+    assert event == {"type": "thp_switched", "file": "defrag", "from": "madvise",
+                     "to": "never", "reason": "psi some avg10 34.2 > 20", "mono_ms": 5000}
     assert harness.events == [event]
+    assert (defrag_text(harness.tree), thp_text(harness.tree)) == (
+        DEFRAG_NEVER, "[always] madvise never\n")
+    assert controller.step(10.0) is None  # still high, inside the hold: no second event
+    event = controller.step(35.0)
+    assert event is not None and (event["file"], event["from"], event["to"]) == (
+        "enabled", "always", "never")
+    assert event["reason"] == "psi some avg10 34.2 > 20, 30 s after defrag went to never"
     assert thp_text(harness.tree) == "always madvise [never]\n"
-    assert controller.step(10.0) is None  # still high: no second event
-    assert len(harness.events) == 1
+    assert controller.step(100.0) is None  # nothing left to pull
+    assert len(harness.events) == 2
+
+
+def test_levers_are_released_in_reverse(harness: Harness) -> None:
+    controller = harness.controller()
+    set_psi(harness.tree, 50)
+    controller.step(0.0)
+    controller.step(30.0)
+    set_psi(harness.tree, 1)
+    assert controller.step(59.0) is None  # the hold runs from the last switch
+    assert [controller.step(t)["file"] for t in (60.0, 90.0)] == ["enabled", "defrag"]
+    assert (defrag_text(harness.tree), thp_text(harness.tree)) == (
+        DEFRAG_NORMAL, "[always] madvise never\n")
+    assert [(e["file"], e["to"]) for e in harness.events] == [
+        ("defrag", "never"), ("enabled", "never"), ("enabled", "always"),
+        ("defrag", "madvise")]
+
+
+def test_defrag_that_never_stalls_is_left_alone(harness: Harness) -> None:
+    (harness.tree / DEFRAG_FILE).write_text("always [defer] defer+madvise madvise never\n")
+    controller = harness.controller()
+    assert controller.levers == [ENABLED]
+    set_psi(harness.tree, 50)
+    event = controller.step(0.0)
+    assert event is not None and event["file"] == "enabled"
+
+
+def test_an_admin_thp_mode_leaves_only_defrag(harness: Harness) -> None:
+    cmdline = harness.tree / "proc/cmdline"
+    cmdline.write_text(cmdline.read_text().strip() + " transparent_hugepage=always\n")
+    controller = harness.controller()
+    assert controller.inactive_reason is None and controller.levers == [DEFRAG]
+    set_psi(harness.tree, 50)
+    assert controller.step(0.0)["file"] == "defrag"
+    assert controller.step(100.0) is None  # enabled is the administrator's
+    assert thp_text(harness.tree) == "[always] madvise never\n"
 
 
 def test_restore_waits_for_low_pressure_and_hold(harness: Harness) -> None:
@@ -114,12 +169,12 @@ def test_restore_waits_for_low_pressure_and_hold(harness: Harness) -> None:
     set_psi(harness.tree, 3.5)
     assert controller.step(110.0) is None  # low, but only 10 s of the 30 s hold
     assert controller.step(129.9) is None
-    assert thp_text(harness.tree) == "always madvise [never]\n"
+    assert defrag_text(harness.tree) == DEFRAG_NEVER
     event = controller.step(130.0)
-    assert event is not None and (event["from"], event["to"]) == ("never", "always")
+    assert event is not None and (event["from"], event["to"]) == ("never", "madvise")
     assert event["reason"] == "psi some avg10 3.5 < 10, 30 s since the last switch (hold 30 s)"
-    assert thp_text(harness.tree) == "[always] madvise never\n"
-    assert [e["to"] for e in harness.events] == ["never", "always"]
+    assert defrag_text(harness.tree) == DEFRAG_NORMAL
+    assert [e["to"] for e in harness.events] == ["never", "madvise"]
 
 
 def test_pressure_inside_the_band_never_flaps(harness: Harness) -> None:
@@ -131,10 +186,10 @@ def test_pressure_inside_the_band_never_flaps(harness: Harness) -> None:
     set_psi(harness.tree, 20.01)
     assert controller.step(10.0) is not None
     # Between restore_below and disable_above, for far longer than the hold: stays never.
-    for now, avg10 in zip(range(11, 500, 7), [10.0, 19.0, 25.0, 12.5, 10.0] * 20, strict=False):
+    for now, avg10 in zip(range(11, 500, 7), [10.0, 19.0, 20.0, 12.5, 10.0] * 20, strict=False):
         set_psi(harness.tree, avg10)
         assert controller.step(float(now)) is None
-    assert thp_text(harness.tree) == "always madvise [never]\n"
+    assert defrag_text(harness.tree) == DEFRAG_NEVER
     assert len(harness.events) == 1
 
 
@@ -160,9 +215,9 @@ def test_rising_memory_high_counter_switches_with_psi_low(harness: Harness) -> N
     assert event is not None and event["to"] == "never"
     assert event["reason"] == f"{CGROUP}/memory.events high rose 3 -> 7"
     set_high_events(harness.tree, 9)
-    assert controller.step(40.0) is None  # past the hold, but still rising: stays never
+    assert controller.step(20.0) is None  # still rising, inside the hold: stays as it is
     assert controller.step(41.0) is not None  # steady and PSI low: back to normal
-    assert thp_text(harness.tree) == "[always] madvise never\n"
+    assert defrag_text(harness.tree) == DEFRAG_NORMAL
 
 
 def test_memory_events_alone_when_psi_is_absent(harness: Harness) -> None:
@@ -174,26 +229,35 @@ def test_memory_events_alone_when_psi_is_absent(harness: Harness) -> None:
     set_high_events(harness.tree, 1)
     assert controller.step(0.0) is not None
     event = controller.step(30.0)
-    assert event is not None and event["to"] == "always"
+    assert event is not None and event["to"] == "madvise"
     assert event["reason"].startswith("memory.events high did not rise, 30 s")
 
 
 # -- journal and rollback ------------------------------------------------------------------
 
 
-def test_rollback_after_a_switch_restores_the_fixture_bytes(harness: Harness) -> None:
-    original = (FIXTURES / "rk3588-mainline" / THP_FILE).read_bytes()
+def _originals() -> tuple[bytes, bytes]:
+    board = FIXTURES / "rk3588-mainline"
+    return (board / THP_FILE).read_bytes(), (board / DEFRAG_FILE).read_bytes()
+
+
+def _now(tree: Path) -> tuple[bytes, bytes]:
+    return (tree / THP_FILE).read_bytes(), (tree / DEFRAG_FILE).read_bytes()
+
+
+def test_rollback_after_both_switches_restores_the_fixture_bytes(harness: Harness) -> None:
     controller = harness.controller()
     set_psi(harness.tree, 90)
     controller.step(0.0)
     state = harness.journal.load()
     assert state is not None and state.profile == "thp-dynamic"
     [entry] = state.changes
-    assert (entry.path, entry.current, entry.desired) == (ENABLED, "always", "never")
-    assert harness.engine().verify() == []  # the journal follows the switch: no drift
+    assert (entry.path, entry.current, entry.desired) == (DEFRAG, "madvise", "never")
+    controller.step(30.0)
+    assert harness.engine().verify() == []  # the journal follows the switches: no drift
     profile, _ = harness.engine().rollback()
     assert profile == "thp-dynamic"
-    assert (harness.tree / THP_FILE).read_bytes() == original
+    assert _now(harness.tree) == _originals()
     assert not harness.journal.exists()
 
 
@@ -222,60 +286,61 @@ def test_original_is_on_disk_before_each_write(tmp_path: Path) -> None:
     controller.step(0.0)
     set_psi(tree, 0)
     controller.step(60.0)
-    assert root.seen == [("never", "always", "never"), ("always", "always", "always")]
+    assert root.seen == [("never", "madvise", "never"), ("madvise", "madvise", "madvise")]
 
 
 def test_rollback_restores_the_pre_profile_original(harness: Harness, tmp_path: Path) -> None:
-    original = (FIXTURES / "rk3588-mainline" / THP_FILE).read_bytes()
     profiles = tmp_path / "profiles"
     profiles.mkdir()
     (profiles / "thp-test.yaml").write_text(PROFILE)
     harness.engine(profiles).apply("thp-test")
-    assert thp_text(harness.tree) == "always [madvise] never\n"
+    assert (thp_text(harness.tree), defrag_text(harness.tree)) == (
+        "always [madvise] never\n", "[always] defer defer+madvise madvise never\n")
     applied = harness.journal.load()
     assert applied is not None
     harness.settings = applied.runtime["thp_dynamic"]
     controller = harness.controller()
-    assert controller.normal == "madvise"  # what the profile set, not the pre-profile value
+    # what the profile set, not the pre-profile values
+    assert controller.normals == {DEFRAG: "always", ENABLED: "madvise"}
     set_psi(harness.tree, 40)
     controller.step(0.0)
     state = harness.journal.load()
     assert state is not None and state.profile == "thp-test"
-    [entry] = state.changes
-    assert (entry.current, entry.desired) == ("always", "never")  # the profile's original kept
+    assert [(c.path, c.current, c.desired) for c in state.changes] == [
+        (ENABLED, "always", "madvise"), (DEFRAG, "madvise", "never")]  # originals kept
     set_psi(harness.tree, 1)
     assert controller.step(30.0) is not None
-    assert thp_text(harness.tree) == "always [madvise] never\n"
+    assert defrag_text(harness.tree) == "[always] defer defer+madvise madvise never\n"
     set_psi(harness.tree, 40)
     controller.step(31.0)
     assert harness.engine(profiles).rollback()[0] == "thp-test"
-    assert (harness.tree / THP_FILE).read_bytes() == original
+    assert _now(harness.tree) == _originals()
 
 
 def test_restarted_controller_returns_to_the_journaled_normal(harness: Harness) -> None:
     set_psi(harness.tree, 40)
     harness.controller().step(0.0)
     state = harness.journal.load()
-    assert state is not None and state.runtime[NORMAL_KEY] == "always"
-    restarted = harness.controller()  # THP reads never now; the journal knows the normal
-    assert restarted.normal == "always"
+    assert state is not None and state.runtime[NORMAL_KEYS[DEFRAG]] == "madvise"
+    restarted = harness.controller()  # defrag reads never now; the journal knows the normal
+    assert restarted.normals[DEFRAG] == "madvise"
     set_psi(harness.tree, 0)
     assert restarted.step(1000.0) is None  # the hold starts at its first sample
     event = restarted.step(1030.0)
-    assert event is not None and (event["from"], event["to"]) == ("never", "always")
+    assert event is not None and (event["from"], event["to"]) == ("never", "madvise")
 
 
 def test_journal_from_another_boot_is_not_built_on(harness: Harness) -> None:
     set_psi(harness.tree, 40)
     harness.controller().step(0.0)
     (harness.tree / "proc/sys/kernel/random/boot_id").write_text("another-boot\n")
-    (harness.tree / THP_FILE).write_text("always [madvise] never\n")  # sysfs after reboot
+    (harness.tree / DEFRAG_FILE).write_text("[always] defer defer+madvise madvise never\n")
     controller = harness.controller()
-    assert controller.normal == "madvise"  # not the stale journal's "always"
+    assert controller.normals[DEFRAG] == "always"  # not the stale journal's "madvise"
     controller.step(0.0)
     state = harness.journal.load()
     assert state is not None and state.boot_id == "another-boot"
-    assert [(c.current, c.desired) for c in state.changes] == [("madvise", "never")]
+    assert [(c.current, c.desired) for c in state.changes] == [("always", "never")]
 
 
 # -- when it must not switch ---------------------------------------------------------------
@@ -283,7 +348,7 @@ def test_journal_from_another_boot_is_not_built_on(harness: Harness) -> None:
 
 def test_admin_cmdline_choice_blocks_switching(tmp_path: Path) -> None:
     harness = Harness(tmp_path, board="rk3588-vendor")
-    before = thp_text(harness.tree)
+    before = _now(harness.tree)
     set_psi(harness.tree, 95)  # the vendor tree has no PSI: give it high pressure
     controller = harness.controller()
     assert controller.inactive_reason is not None
@@ -291,7 +356,7 @@ def test_admin_cmdline_choice_blocks_switching(tmp_path: Path) -> None:
     assert controller.step(0.0) is None and controller.step(100.0) is None
     stop = threading.Event()
     controller.run(stop, interval_s=0.001)  # returns at once, writes nothing
-    assert thp_text(harness.tree) == before
+    assert _now(harness.tree) == before
     assert harness.events == []
     assert not harness.journal.exists()
 
@@ -319,11 +384,11 @@ def test_run_switches_and_stops_on_request(harness: Harness) -> None:
     set_psi(harness.tree, 60)
     ThpDynamicController(harness.root, harness.journal, SETTINGS, on_event).run(stop, 0.001)
     assert [e["type"] for e in events] == ["thp_switched"]
-    assert thp_text(harness.tree) == "always madvise [never]\n"
+    assert defrag_text(harness.tree) == DEFRAG_NEVER
 
 
 def test_run_stops_with_an_event_when_the_write_is_refused(harness: Harness) -> None:
-    (harness.tree / THP_FILE).write_text("[always] madvise\n")  # offers no "never": EINVAL
+    (harness.tree / DEFRAG_FILE).write_text("always defer [madvise]\n")  # no "never": EINVAL
     set_psi(harness.tree, 60)
     stop = threading.Event()
     harness.controller().run(stop, 0.001)
@@ -331,7 +396,7 @@ def test_run_stops_with_an_event_when_the_write_is_refused(harness: Harness) -> 
     assert event["type"] == "thp_dynamic_stopped" and "'never'" in event["reason"]
     assert not stop.is_set()
     assert harness.engine().rollback()[0] == "thp-dynamic"  # the journaled original is fine
-    assert thp_text(harness.tree) == "[always] madvise\n"
+    assert defrag_text(harness.tree) == "always defer [madvise]\n"
 
 
 # -- settings and parsers ------------------------------------------------------------------

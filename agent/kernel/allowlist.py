@@ -36,6 +36,7 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/sys/block/*/queue/max_sectors_kb",
     "/sys/module/nvme/parameters/poll_queues",
     "/sys/module/nvme_core/parameters/default_ps_max_latency_us",
+    "/sys/class/nvme/*/power/pm_qos_latency_tolerance_us",  # a controller's live APST limit
     "/sys/fs/cgroup/**/cgroup.subtree_control",
     "/sys/fs/cgroup/**/cgroup.procs",
     "/sys/fs/cgroup/**/cgroup.threads",
@@ -65,6 +66,9 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     # the vendor rknpu driver's power hold and idle power-off delay (debugfs)
     "/sys/kernel/debug/rknpu/power",
     "/sys/kernel/debug/rknpu/delayms",
+    # rocket (mainline) NPU cores' runtime PM: kept resumed, and the autosuspend delay
+    "/sys/devices/platform/**/*.npu/power/control",
+    "/sys/devices/platform/**/*.npu/power/autosuspend_delay_ms",
 )
 
 # A symlink may redirect an allowlisted name, but never out of these kernel trees.

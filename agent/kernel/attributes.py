@@ -40,6 +40,14 @@ def _refusal(path: str, value: str, read: Reader) -> OSError | None:
     if path == "/sys/module/pcie_aspm/parameters/policy" and "pcie_aspm=off" in (
             read("/proc/cmdline") or "").split():
         return OSError(errno.EPERM, f"{path}: ASPM is disabled (pcie_aspm=off)")
+    if path.endswith("/power/pm_qos_latency_tolerance_us") and word not in ("auto", "any") \
+            and not word.isdigit():  # pm_qos_latency_tolerance_us_store: kstrtos32, >= 0
+        return OSError(errno.EINVAL, f"{path}: {word!r} is not auto, any or a number >= 0")
+    # drivers/base/power/sysfs.c: control takes "on" or "auto"; autosuspend_delay_ms kstrtol
+    if path.endswith("/power/control") and word not in ("on", "auto"):
+        return OSError(errno.EINVAL, f"{path}: {word!r} is not on or auto")
+    if path.endswith("/power/autosuspend_delay_ms") and not word.lstrip("-").isdigit():
+        return OSError(errno.EINVAL, f"{path}: {word!r} is not a number of milliseconds")
     if path.endswith("/rknpu/delayms") and not word.isdigit():
         # rknpu_power_put_delay_set: kstrtoul failure answers EFAULT, not EINVAL
         return OSError(errno.EFAULT, f"{path}: {word!r} is not a number of milliseconds")
@@ -79,8 +87,11 @@ def emulate_attribute_write(current: bytes, value: str, path: str,
             elif token[0] == "-" and name in enabled:
                 enabled.remove(name)
         return (" ".join(enabled) + "\n").encode()
-    if path.endswith("/rknpu/power") and value.strip() not in ("on", "off"):
-        return current
+    if path.endswith("/rknpu/power"):
+        if value.strip() not in ("on", "off"):
+            return current
+        if base is not None:
+            _rknpu_runtime_pm(base, value.strip())
     if _SELECTION.search(text) is None:
         return (value.strip() + "\n").encode()
     word = value.strip()
@@ -89,6 +100,13 @@ def emulate_attribute_write(current: bytes, value: str, path: str,
         raise OSError(errno.EINVAL, f"{path}: {word!r} is not one of {options}")
     unbracketed = _SELECTION.sub(lambda m: m.group(1), text)
     return re.sub(rf"(?<!\S){re.escape(word)}(?!\S)", f"[{word}]", unbracketed, count=1).encode()
+
+
+def _rknpu_runtime_pm(base: Path, word: str) -> None:
+    """rknpu_power_get/put: a hold resumes the NPU device (pm_runtime_get_sync); once the
+    holds are gone it suspends (after the power-off delay, at once here)."""
+    for status in base.glob("sys/bus/platform/drivers/RKNPU/*/power/runtime_status"):
+        status.write_text("active\n" if word == "on" else "suspended\n")
 
 
 def _resume_latency(value: str, path: str) -> bytes:

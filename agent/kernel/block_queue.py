@@ -32,11 +32,11 @@ block/blk-sysfs.c, blk-mq.c, blk-mq-tag.c and blk-mq-sched.c of 5.10, 5.15, 6.1 
 from __future__ import annotations
 
 import errno
-import os
 import re
 from pathlib import Path
 
 from agent.kernel.attributes import emulate_attribute_write
+from agent.kernel.pages import tree_page_size
 
 BLKDEV_MIN_RQ = 4
 BLKDEV_DEFAULT_RQ = 128
@@ -65,10 +65,6 @@ def default_nr_requests(scheduler: str, depth: int) -> int:
     return depth if scheduler == "none" else 2 * min(depth, BLKDEV_DEFAULT_RQ)
 
 
-def page_kb() -> int:
-    return os.sysconf("SC_PAGE_SIZE") // 1024
-
-
 # -- the fixture model -----------------------------------------------------------------------
 
 MODELLED = ("scheduler", "nr_requests", "io_poll", "io_poll_delay", "max_sectors_kb",
@@ -95,12 +91,18 @@ def _read_int(path: Path, default: int) -> int:
         return default
 
 
-def tag_depth(disk: Path) -> tuple[int | None, int]:
-    """(hardware tag depth, reserved tags) from the first ``mq/N`` directory."""
+def tag_depth(base: Path, disk: Path) -> tuple[int | None, int]:
+    """(hardware tag depth, reserved tags) from the first ``mq/N`` directory, else from
+    debugfs ``block/<disk>/hctx0/tags`` (blk_mq_debugfs_tags_show: ``nr_tags=64``), where a
+    fixture keeps the depth its kernel knows when the sysfs file is unreadable."""
     queues = sorted((disk / "mq").glob("*/nr_tags"))
-    if not queues:
+    if queues:
+        return _read_int(queues[0], 0), _read_int(queues[0].parent / "nr_reserved_tags", 0)
+    tags = _text(base / "sys/kernel/debug/block" / disk.name / "hctx0/tags") or ""
+    fields = dict(line.split("=", 1) for line in tags.splitlines() if "=" in line)
+    if "nr_tags" not in fields:
         return None, 0
-    return _read_int(queues[0], 0), _read_int(queues[0].parent / "nr_reserved_tags", 0)
+    return int(fields["nr_tags"]), int(fields.get("nr_reserved_tags", "0"))
 
 
 def poll_queue_count(base: Path, name: str) -> int:
@@ -126,13 +128,13 @@ def write(base: Path, target: Path, value: str) -> str | None:
         before = _current_scheduler(queue)
         text = emulate_attribute_write(target.read_bytes(), value, str(target)).decode()
         wanted = value.strip()
-        depth, _reserved = tag_depth(disk)
+        depth, _reserved = tag_depth(base, disk)
         if wanted != before and depth is not None and (queue / "nr_requests").exists():
             (queue / "nr_requests").write_text(f"{default_nr_requests(wanted, depth)}\n")
         return text
     number = _integer(value, target)
     if name == "nr_requests":
-        return f"{_nr_requests(queue, disk, number, target)}\n"
+        return f"{_nr_requests(base, queue, disk, number, target)}\n"
     if name == "io_poll":
         if number < 0:
             raise OSError(errno.EINVAL, f"{target}: {number} is not an unsigned number")
@@ -147,8 +149,9 @@ def write(base: Path, target: Path, value: str) -> str | None:
         return f"{number}\n"
     if name == "max_sectors_kb":
         hw = _read_int(queue / "max_hw_sectors_kb", 0)
-        if not 4 <= number <= hw:
-            raise OSError(errno.EINVAL, f"{target}: {number} is outside 4..{hw}")
+        low = tree_page_size(base) // 1024
+        if not low <= number <= hw:
+            raise OSError(errno.EINVAL, f"{target}: {number} is outside {low}..{hw}")
         return f"{number}\n"
     if name == "wbt_lat_usec":
         if number < -1:
@@ -163,12 +166,12 @@ def write(base: Path, target: Path, value: str) -> str | None:
     return f"{int(number != 0)}\n"  # add_random, rotational
 
 
-def _nr_requests(queue: Path, disk: Path, number: int, target: Path) -> int:
+def _nr_requests(base: Path, queue: Path, disk: Path, number: int, target: Path) -> int:
     current = _read_int(target, 0)
     if number == current:
         return current
     number = max(number, BLKDEV_MIN_RQ)
-    depth, reserved = tag_depth(disk)
+    depth, reserved = tag_depth(base, disk)
     if depth is None:
         return number
     limit = nr_requests_limit(_current_scheduler(queue), depth)

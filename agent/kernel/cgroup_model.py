@@ -25,7 +25,6 @@ from pathlib import Path
 
 from agent.kernel.parsers import format_cpulist, parse_cpulist
 
-PAGE = 4096
 # The files mkdir creates for each controller enabled in the parent, with the kernel's
 # defaults (cpuset's effective lists are copied from the parent).
 CONTROLLER_FILES: dict[str, dict[str, str]] = {
@@ -98,8 +97,9 @@ def remove(directory: Path) -> None:
     directory.rmdir()
 
 
-def write(file: Path, value: str) -> None:
-    """One write(2) to a cgroup interface file, with the kernel's checks."""
+def write(file: Path, value: str, page: int) -> None:
+    """One write(2) to a cgroup interface file, with the kernel's checks; memory limits are
+    kept in ``page``-byte pages."""
     directory, name = file.parent, file.name
     if not file.exists():
         raise _fail(errno.ENOENT, file, "no such interface file (is its controller enabled "
@@ -109,7 +109,7 @@ def write(file: Path, value: str) -> None:
     elif name in ("cgroup.procs", "cgroup.threads"):
         _move(directory, value.strip())
     else:
-        _put(file, _checked_value(file, name, value.strip()))
+        _put(file, _checked_value(file, name, value.strip(), page))
 
 
 def _subtree_control(directory: Path, value: str) -> None:
@@ -162,13 +162,13 @@ _LIMIT = re.compile(r"^(max|\d+)$")
 _CPU_MAX = re.compile(r"^(max|\d+)(?: (\d+))?$")
 
 
-def _checked_value(file: Path, name: str, value: str) -> str:
+def _checked_value(file: Path, name: str, value: str, page: int) -> str:
     """What the file reads after the write; EINVAL where the kernel refuses the value."""
     if name in ("memory.max", "memory.high", "memory.low", "memory.min", "pids.max"):
         if not _LIMIT.match(value):
             raise _fail(errno.EINVAL, file, f"{value!r} is not bytes or max")
         return value if value == "max" or name == "pids.max" else \
-            str(int(value) // PAGE * PAGE)
+            str(int(value) // page * page)
     if name == "cpu.max":
         match = _CPU_MAX.match(value)
         if match is None or (match.group(2) is not None and

@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from agent.kernel import block_queue, cgroup_model, jetson_model, pcie_aspm
+from agent.kernel import block_queue, cgroup_model, freq_qos, jetson_model, pages, pcie_aspm
 from agent.kernel.attributes import Reader, emulate_attribute_write
 
 
@@ -18,7 +18,7 @@ def write(base: Path, path: str, logical: str, target: Path, value: str,
     kernel's errno where it refuses.  ``path`` is the name written to (``/sys/block/...``),
     ``logical`` the file it resolves to inside the root."""
     if logical.startswith("/sys/fs/cgroup/") and cgroup_model.is_cgroup_dir(target.parent):
-        cgroup_model.write(target, value)
+        cgroup_model.write(target, value, pages.tree_page_size(base))
         return
     if block_queue.handles(path):
         text = block_queue.write(base, target, value)
@@ -31,6 +31,9 @@ def write(base: Path, path: str, logical: str, target: Path, value: str,
     refusal = pcie_aspm.fixture_refusal(base, path)
     if refusal is not None:
         raise refusal
+    if freq_qos.handles(logical):
+        freq_qos.write(target, logical, value)
+        return
     with open(target, "r+b") as handle:
         old = handle.read()
         data = emulate_attribute_write(old, value, path, read, base)

@@ -54,6 +54,7 @@ from agent.tuning.tuners import (
     jetson,
     jetson_clocks,
     memlock,
+    nvme,
     pcie,
     rknpu,
     sysctl,
@@ -69,7 +70,7 @@ Planner = Callable[[dict[str, Any], PlanContext], None]
 TUNERS: tuple[tuple[str, Planner], ...] = (
     ("nvpmodel", jetson.plan), ("thp", thp.plan), ("sysctl", sysctl.plan),
     ("io_uring", io_uring.plan), ("rt", rt_tuner.plan),
-    ("block", block.plan), ("nvme", block.plan_nvme), ("cpuidle", cpuidle.plan),
+    ("block", block.plan), ("nvme", nvme.plan), ("cpuidle", cpuidle.plan),
     ("dvfs", dvfs.plan), ("jetson_clocks", jetson_clocks.plan), ("pcie", pcie.plan),
     ("rknpu", rknpu.plan), ("cmdline", cmdline.plan), ("irqbalance", irqbalance.plan),
     ("io_uring", memlock.plan))

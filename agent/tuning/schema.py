@@ -162,7 +162,8 @@ SCHEMA: dict[str, Any] = {
                # Documentation/ABI/stable/sysfs-block: -1 resets to the default, 0 disables
                "wbt_lat_usec": integer(-1), "nomerges": choice(0, 1, 2),
                "add_random": choice(0, 1), "max_sectors_kb": integer(4)}),
-    "nvme": {"default_ps_max_latency_us": integer(0)},
+    # kstrtos32; S32_MAX itself reads back as "any" (drivers/base/power/sysfs.c)
+    "nvme": {"default_ps_max_latency_us": integer(0, 2**31 - 2)},
     "dvfs": {"cpu": ("map", _cpus, {"governor": GOVERNOR, "min_khz": _frequency,
                                     "max_khz": _frequency, "epp": choice(*EPP)}),
              "gpu": DEVFREQ, "npu": DEVFREQ, "dmc": DEVFREQ,

@@ -1,12 +1,20 @@
-"""Dynamic THP: ``enabled`` goes to ``never`` under memory pressure and back once it passes.
+"""Dynamic THP: under memory pressure direct compaction stops first, then THP itself.
 
-Huge-page faults and khugepaged compaction stall allocations hardest when memory is tight, so
-while pressure is high the controller turns THP off.  It turns it back on only after pressure
-has fallen well below the trigger (hysteresis) and a hold time has passed, so it never flaps.
-Every switch is journaled before the write, so ``Engine.rollback`` restores the true
-original value, and is reported through ``on_event``.  Signals: PSI ``some avg10`` of
-/proc/pressure/memory (https://docs.kernel.org/accounting/psi.html) and a cgroup's
-``memory.events`` ``high`` counter (https://docs.kernel.org/admin-guide/cgroup-v2.html).
+The allocation stalls THP causes under pressure come from ``defrag``: a huge-page fault that
+finds no free 2 MiB block reclaims and compacts memory synchronously (``always``, and
+``madvise``/``defer+madvise`` for madvised regions;
+https://docs.kernel.org/admin-guide/mm/transhuge.html).  So the first lever is ``defrag`` to
+``never`` (huge pages only where they are free; no direct or background compaction for them),
+and only when pressure stays high for a hold time after that is ``enabled`` switched to
+``never`` too (no huge-page faults, khugepaged stops).  Levers are released in the reverse
+order, each only after pressure has fallen well below the trigger (hysteresis) and a hold time
+has passed, so it never flaps.  A lever whose normal value already avoids stalls (``defrag``
+at ``defer`` or ``never``) is left alone, as is ``enabled`` where the administrator set
+``transparent_hugepage=`` on the command line.  Every switch is journaled before the write,
+so ``Engine.rollback`` restores the true original value, and is reported through
+``on_event``.  Signals: PSI ``some avg10`` of /proc/pressure/memory
+(https://docs.kernel.org/accounting/psi.html) and a cgroup's ``memory.events`` ``high``
+counter (https://docs.kernel.org/admin-guide/cgroup-v2.html).
 """
 
 from __future__ import annotations
@@ -24,16 +32,20 @@ from agent.tuning.plan import Change, read_normalised
 from agent.tuning.tuners.thp import THP
 
 ENABLED = f"{THP}/enabled"
+DEFRAG = f"{THP}/defrag"
 PSI_MEMORY = "/proc/pressure/memory"
 NEVER = "never"
+LEVERS = (DEFRAG, ENABLED)  # pulled in this order under pressure, released in reverse
+NO_STALL_DEFRAG = ("defer", NEVER)  # defrag values that never compact synchronously
 
 DISABLE_KEY = "disable_above_psi_some_avg10"
 RESTORE_KEY = "restore_below_psi_some_avg10"
 HOLD_KEY = "hold_s"
 DEFAULT_HOLD_S = 30.0
-# Journal runtime key: the value to return to, so a restarted controller that finds THP at
-# ``never`` (and the journal entry's desired value already ``never``) still knows it.
+# Journal runtime keys: the value each lever returns to, so a restarted controller that finds
+# it at ``never`` (and the journal entry's desired value already ``never``) still knows it.
 NORMAL_KEY = "thp_dynamic_normal"
+NORMAL_KEYS = {ENABLED: NORMAL_KEY, DEFRAG: "thp_dynamic_normal_defrag"}
 # Profile name of a journal the controller starts itself, when no profile was applied.
 JOURNAL_PROFILE = "thp-dynamic"
 
@@ -125,7 +137,8 @@ def admin_thp_choice(root: Root) -> str | None:
 
 
 class ThpDynamicController:
-    """Samples pressure and switches THP ``enabled`` between its normal value and ``never``.
+    """Samples pressure and pulls the THP levers (``defrag``, then ``enabled``) to ``never``
+    and back to their normal values.
 
     ``settings`` is a profile's ``thp.dynamic`` section (the journal's
     ``runtime["thp_dynamic"]`` after apply).  ``cgroup_dir`` is a logical cgroup path whose
@@ -143,9 +156,16 @@ class ThpDynamicController:
         self._last_high = read_memory_high_events(root, self.cgroup_dir) \
             if self.cgroup_dir else None
         self._last_switch: float | None = None
-        current = read_normalised(root, ENABLED, "selection")
-        self.normal = self._normal(current)
-        self.inactive_reason = self._inactive_reason(current)
+        current = {path: read_normalised(root, path, "selection") for path in LEVERS}
+        self.normals = {path: self._normal(path, value) for path, value in current.items()}
+        self.admin = admin_thp_choice(root)
+        self.levers = [path for path in LEVERS if self._pulls(path, current[path])]
+        self.inactive_reason = self._inactive_reason(current[ENABLED])
+
+    @property
+    def normal(self) -> str:
+        """The normal value of ``enabled``."""
+        return self.normals[ENABLED]
 
     def _live_state(self) -> JournalState | None:
         """The journal of this boot; one from another boot is stale and not built on."""
@@ -154,26 +174,36 @@ class ThpDynamicController:
             return None
         return state
 
-    def _normal(self, current: str | None) -> str:
+    def _normal(self, path: str, current: str | None) -> str:
         """What the profile set (journaled), else what the file holds at start."""
         state = self._live_state()
         if state is not None:
-            if NORMAL_KEY in state.runtime:
-                return str(state.runtime[NORMAL_KEY])
+            if NORMAL_KEYS[path] in state.runtime:
+                return str(state.runtime[NORMAL_KEYS[path]])
             for change in state.changes:
-                if change.path == ENABLED:
+                if change.path == path:
                     return change.desired
         return current or NEVER
 
-    def _inactive_reason(self, current: str | None) -> str | None:
-        admin = admin_thp_choice(self.root)
-        if admin is not None:
-            return (f"transparent_hugepage={admin} is set on the kernel command line by the "
-                    "administrator; not switching THP")
-        if current is None:
+    def _pulls(self, path: str, current: str | None) -> bool:
+        """Whether this lever is switched at all here."""
+        if current is None or self.normals[path] == NEVER:
+            return False
+        if path == DEFRAG:
+            return self.normals[path] not in NO_STALL_DEFRAG
+        return self.admin is None
+
+    def _inactive_reason(self, enabled: str | None) -> str | None:
+        if enabled is None:
             return f"{ENABLED} is absent: THP is not built into this kernel"
+        admin = (f"transparent_hugepage={self.admin} is set on the kernel command line by the "
+                 "administrator") if self.admin is not None else None
         if self.normal == NEVER:
-            return "THP is normally never here; there is nothing to switch off"
+            return f"{admin}; not switching THP" if admin else \
+                "THP is normally never here; there is nothing to switch off"
+        if not self.levers:
+            return (f"{admin}, and " if admin else "") + \
+                f"defrag is normally {self.normals[DEFRAG]}, which never stalls: nothing to switch"
         return None
 
     # -- sampling and deciding -----------------------------------------------------------
@@ -199,7 +229,8 @@ class ThpDynamicController:
         return None
 
     def _restore_reason(self, sample: Sample, now: float, since: float) -> str | None:
-        """Why THP may return to normal now (pressure low and held long enough), or None."""
+        """Why a lever may return to normal now (pressure low and held long enough), or
+        None."""
         limits = self.thresholds
         if sample.high_rise is not None or now - since < limits.hold_s:
             return None
@@ -212,7 +243,8 @@ class ThpDynamicController:
         return f"{calm}, {now - since:.0f} s since the last switch (hold {limits.hold_s:g} s)"
 
     def step(self, now: float) -> dict[str, Any] | None:
-        """Sample once and switch if due; ``now`` is monotonic seconds.  Returns the event."""
+        """Sample once and switch one lever if due; ``now`` is monotonic seconds.  Returns
+        the event."""
         if self.inactive_reason is not None:
             return None
         if self._last_switch is None:
@@ -221,25 +253,36 @@ class ThpDynamicController:
             self._last_switch = now
         since = self._last_switch
         sample = self._sample()
-        current = read_normalised(self.root, ENABLED, "selection")
-        if not sample.signals or current is None:
+        values = {path: read_normalised(self.root, path, "selection") for path in self.levers}
+        if not sample.signals or None in values.values():
             return None
-        if current != NEVER:
-            reason = self._pressure_reason(sample)
-            return None if reason is None else self._switch(now, current, NEVER, reason)
-        reason = self._restore_reason(sample, now, since)
-        return None if reason is None else self._switch(now, current, self.normal, reason)
+        pulled = [path for path in self.levers if values[path] == NEVER]
+        reason = self._pressure_reason(sample)
+        if reason is not None:
+            waiting = [path for path in self.levers if path not in pulled]
+            if not waiting or (pulled and now - since < self.thresholds.hold_s):
+                return None  # the next lever only once the last one has had its hold time
+            if pulled:
+                reason += f", {now - since:.0f} s after defrag went to {NEVER}"
+            lever = waiting[0]
+            return self._switch(now, lever, str(values[lever]), NEVER, reason)
+        restore = self._restore_reason(sample, now, since) if pulled else None
+        if restore is None:
+            return None
+        lever = pulled[-1]
+        return self._switch(now, lever, NEVER, self.normals[lever], restore)
 
-    def _switch(self, now: float, current: str, target: str, reason: str) -> dict[str, Any]:
-        self._journal(current, target)
-        self.root.write_text(ENABLED, target)
+    def _switch(self, now: float, path: str, current: str, target: str,
+                reason: str) -> dict[str, Any]:
+        self._journal(path, current, target)
+        self.root.write_text(path, target)
         self._last_switch = now
-        event = {"type": "thp_switched", "from": current, "to": target, "reason": reason,
-                 "mono_ms": int(now * 1000)}
+        event = {"type": "thp_switched", "file": path.rsplit("/", 1)[1], "from": current,
+                 "to": target, "reason": reason, "mono_ms": int(now * 1000)}
         self.on_event(event)
         return event
 
-    def _journal(self, current: str, target: str) -> None:
+    def _journal(self, path: str, current: str, target: str) -> None:
         """Make the original durable before the write; keep an applied profile's original.
 
         The entry's ``desired`` follows the switch so ``profile verify`` sees no drift.
@@ -247,14 +290,14 @@ class ThpDynamicController:
         state = self._live_state() or JournalState(
             profile=JOURNAL_PROFILE, boot_id=current_boot_id(self.root),
             root=str(self.root.base), changes=[], status="applied")
-        entry = next((c for c in state.changes if c.path == ENABLED), None)
+        entry = next((c for c in state.changes if c.path == path), None)
         if entry is None:
-            entry = Change(tuner="thp", path=ENABLED, current=current, desired=target,
+            entry = Change(tuner="thp", path=path, current=current, desired=target,
                            key="thp.dynamic", compare="selection",
                            note="journaled by the dynamic THP controller")
             state.changes.append(entry)
         entry.desired = target
-        state.runtime[NORMAL_KEY] = self.normal
+        state.runtime[NORMAL_KEYS[path]] = self.normals[path]
         self.journal.save(state)
 
     def run(self, stop: threading.Event, interval_s: float = 5.0) -> None:

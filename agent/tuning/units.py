@@ -13,7 +13,9 @@ takes, so a journaled original is restored exactly.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import re
 import shutil
 import subprocess
@@ -22,6 +24,10 @@ from dataclasses import dataclass
 
 from agent.kernel.parsers import format_cpulist, parse_cpulist
 
+CONTROL = "/run/systemd/system.control"  # where set-property --runtime writes its drop-ins
+# A journaled restore value: set the original, then remove the runtime drop-in that
+# set-property left, since none was there before the profile (docs/kernel-facts/ineffective.md)
+UNSET = "\0unset:"
 SLICE = "edge_agent.slice"  # an underscore: a dash would nest it in edge.slice
 SCOPE_PREFIX = "edge-agent-serve-"
 TIMEOUT_S = 15.0
@@ -44,7 +50,7 @@ PROPERTIES: dict[str, Property] = {
     "mems": Property("AllowedMemoryNodes", "AllowedMemoryNodes", "cpuset"),
 }
 BY_NAME = {p.name: p for p in PROPERTIES.values()}
-UNSET = ("", "[not set]", "18446744073709551615")  # systemd 252 / 249 spell "unset" so
+NOT_SET = ("", "[not set]", "18446744073709551615")  # systemd 252 / 249 spell "unset" so
 _SPAN = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s|min|h)")
 _SPAN_US = {"us": 1, "ms": 1000, "s": 1_000_000, "min": 60_000_000, "h": 3_600_000_000}
 
@@ -63,9 +69,14 @@ def check_owned(unit: str) -> None:
                         f"{SCOPE_PREFIX}*.scope); refused")
 
 
+def dropin_path(unit: str, name: str) -> str:
+    """The drop-in ``systemctl set-property --runtime UNIT NAME=...`` writes (logical path)."""
+    return f"{CONTROL}/{unit}.d/50-{name}.conf"
+
+
 def quota_percent(shown: str) -> str:
     """``CPUQuotaPerSecUSec=800ms`` (or ``1.500s``, ``infinity``) -> ``80%`` (``""``: none)."""
-    if shown in ("infinity", *UNSET):
+    if shown in ("infinity", *NOT_SET):
         return ""
     parts = _SPAN.findall(shown)
     if not parts or "".join(a + u for a, u in parts) != shown.replace(" ", ""):
@@ -81,11 +92,11 @@ def normalise(name: str, shown: str) -> str:
     if name == "CPUQuota":
         return quota_percent(shown)
     if name in ("MemoryMax", "MemoryHigh"):
-        return "infinity" if shown in ("infinity", "max", *UNSET) else str(int(shown))
+        return "infinity" if shown in ("infinity", "max", *NOT_SET) else str(int(shown))
     if name in ("AllowedCPUs", "AllowedMemoryNodes"):
         return format_cpulist(parse_cpulist(shown.replace(" ", ",")))
     if name == "CPUWeight":
-        return "" if shown in UNSET else shown
+        return "" if shown in NOT_SET else shown
     return shown
 
 
@@ -126,9 +137,26 @@ class Units:
         return values
 
     def set_runtime(self, unit: str, name: str, value: str) -> None:
-        """One runtime property (gone at reboot); only on the agent's own units."""
+        """One runtime property (gone at reboot); only on the agent's own units.  A value
+        marked ``UNSET`` is set and then its drop-in removed: the unit is left as it was
+        before any runtime property, not holding the original as one."""
         check_owned(unit)
-        self.run(["systemctl", "set-property", "--runtime", "--", unit, f"{name}={value}"])
+        self.run(["systemctl", "set-property", "--runtime", "--", unit,
+                  f"{name}={value.removeprefix(UNSET)}"])
+        if value.startswith(UNSET):
+            self.remove_dropin(unit, name)
+
+    def remove_dropin(self, unit: str, name: str) -> None:
+        """Remove the property's runtime drop-in (and its directory once empty), then
+        daemon-reload so systemd does not report the unit changed on disk."""
+        path = dropin_path(unit, name)
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            return
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(path))
+        self.run(["systemctl", "daemon-reload"])
 
     def scope_command(self, scope: str, argv: list[str]) -> list[str]:
         """``argv`` as a transient scope in the slice: systemd-run registers the scope and

@@ -16,9 +16,8 @@ from pathlib import Path
 
 from agent.kernel.fsroot import Root
 from agent.kernel.parsers import format_cpulist, parse_cpulist
-from agent.tuning.units import BY_NAME, SLICE, UnitError, Units, check_owned
+from agent.tuning.units import BY_NAME, SLICE, UnitError, Units, check_owned, dropin_path
 
-CONTROL = "/run/systemd/system.control"
 DEFAULTS = {"MemoryMax": "infinity", "MemoryHigh": "infinity", "CPUQuotaPerSecUSec":
             "infinity", "CPUWeight": "[not set]", "AllowedCPUs": "", "AllowedMemoryNodes": "",
             "MemoryCurrent": "[not set]"}
@@ -76,7 +75,15 @@ class DropInUnits(Units):
         self.calls: list[list[str]] = []
 
     def _dropin(self, unit: str, name: str) -> Path:
-        return Path(self.root.host_path(f"{CONTROL}/{unit}.d/50-{name}.conf"))
+        return Path(self.root.host_path(dropin_path(unit, name)))
+
+    def remove_dropin(self, unit: str, name: str) -> None:
+        dropin = self._dropin(unit, name)
+        if dropin.exists():
+            dropin.unlink()
+            if not any(dropin.parent.iterdir()):
+                dropin.parent.rmdir()
+            self.run(["systemctl", "daemon-reload"])
 
     def _shown(self, unit: str, shown: str) -> str:
         name = next((p.name for p in BY_NAME.values() if p.shown == shown), shown)
@@ -106,6 +113,8 @@ class DropInUnits(Units):
             dropin.write_text("# This is a drop-in unit file extension, created via "
                               "\"systemctl set-property\"\n# or an equivalent operation. Do "
                               f"not edit.\n[{section}]\n{name}={value}\n")
+            return ""
+        if argv == ["systemctl", "daemon-reload"]:
             return ""
         raise UnitError(errno.EINVAL, f"{' '.join(argv)}: not modelled for a fixture root")
 

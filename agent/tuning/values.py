@@ -112,8 +112,9 @@ def is_size(value: object) -> bool:
                                        or bool(_PERCENT.match(value)))
 
 
-def resolve_size(value: int | str, of_bytes: int | None) -> str:
-    """A cgroup limit as the kernel file takes it: bytes, or ``max``."""
+def resolve_size(value: int | str, of_bytes: int | None, page: int = 4096) -> str:
+    """A cgroup limit as the kernel file takes it: bytes, or ``max``; a percentage is rounded
+    down to whole ``page``-byte pages (agent.kernel.pages)."""
     if isinstance(value, int):
         return str(value)
     if value == "max":
@@ -124,7 +125,7 @@ def resolve_size(value: int | str, of_bytes: int | None) -> str:
             raise ValueError(f"{value[:40]} is more than 100 %")
         if of_bytes is None:
             raise ValueError(f"{value}: the total to take a percentage of is unknown")
-        return str(int(of_bytes * float(percent.group(1)) / 100) // 4096 * 4096)
+        return str(int(of_bytes * float(percent.group(1)) / 100) // page * page)
     size = _SIZE.match(value)
     if size is None:
         raise ValueError(f"{value[:40]!r} is not a size (bytes, K/M/G suffix, N% or max)")

@@ -1,4 +1,4 @@
-"""Block queues per device-name pattern, and NVMe power-state latency.
+"""Block queues per device-name pattern (NVMe power-state latency: :mod:`.nvme`).
 
 Queue files: Documentation/block/queue-sysfs.rst and Documentation/ABI/stable/sysfs-block;
 what the kernel accepts per version is in :mod:`agent.kernel.block_queue`.  Every limit is
@@ -10,6 +10,8 @@ checked here, at plan time, against the device and the planned scheduler:
   that is the hardware tag depth, with a scheduler MAX_SCHED_RQ (2048).  A clamp would leave a
   profile that says 4096 verifying against 1023 on one board and 2048 on another; ``max``
   asks for the limit itself.  Below 4 the kernel raises it to 4 (BLKDEV_MIN_RQ): planned as 4.
+  Where ``mq/*/nr_tags`` is unreadable the limit under ``none`` is the current nr_requests
+  (which reads the tag depth there), never unbounded (docs/kernel-facts/ineffective.md).
 - ``io_poll``/``io_poll_delay`` only where the device has poll queues and the kernel still
   honours the file (io_poll writes are ignored since 5.16, hybrid polling is gone since 6.4).
 """
@@ -21,9 +23,9 @@ from typing import Any
 
 from agent.discovery.model import BlockDevice
 from agent.kernel import block_queue as bq
+from agent.kernel.pages import page_size
 from agent.tuning.plan import Change, PlanContext
 
-NVME_PS_LATENCY = "/sys/module/nvme_core/parameters/default_ps_max_latency_us"
 ORDER = ("scheduler", "nr_requests")  # then the rest, as the profile lists them
 RESET_NOTE = "switching to"
 POLL_QUEUES_HINT = "boot with nvme.poll_queues=N (the cmdline: section) to get poll queues"
@@ -94,17 +96,7 @@ def _plan_scheduler(ctx: PlanContext, key: str, device: BlockDevice, value: str,
 def _plan_nr_requests(ctx: PlanContext, key: str, device: BlockDevice, value: int | str,
                       scheduler: str | None, switched: bool) -> None:
     path = f"/sys/block/{device.name}/queue/nr_requests"
-    depth = device.tag_depth
-    if depth is None:
-        if value == "max":
-            raise ctx.error(key, f"{device.name} has no blk-mq tag depth (mq/*/nr_tags) to "
-                            "take the maximum of; give a number")
-        ctx.want("block", path, str(value), key)
-        return
-    limit = bq.nr_requests_limit(scheduler, depth)
-    why = (f"its hardware tag depth (mq/*/nr_tags) with scheduler {scheduler}"
-           if limit == depth else f"MAX_SCHED_RQ with scheduler {scheduler}; the hardware "
-           f"has {depth} tags")
+    limit, why = _nr_requests_limit(ctx, key, device, scheduler)
     number = limit if value == "max" else int(value)
     if number > limit:
         raise ctx.error(key, f"{number} is more than {device.name} accepts: allowed "
@@ -122,6 +114,28 @@ def _plan_nr_requests(ctx: PlanContext, key: str, device: BlockDevice, value: in
         _journal(ctx, path, str(number), key, f"written after the switch to {scheduler}")
     else:
         ctx.want("block", path, str(number), key)
+
+
+def _nr_requests_limit(ctx: PlanContext, key: str, device: BlockDevice,
+                       scheduler: str | None) -> tuple[int, str]:
+    """The most the kernel accepts, and why.  Under ``none`` that is the tag depth; where
+    ``mq/*/nr_tags`` cannot be read, the current nr_requests is that depth (it reads the
+    depth, or less, while ``none`` runs), so more is refused rather than written blind."""
+    depth = device.tag_depth
+    if depth is not None:
+        limit = bq.nr_requests_limit(scheduler, depth)
+        return limit, (f"its hardware tag depth (mq/*/nr_tags) with scheduler {scheduler}"
+                       if limit == depth else f"MAX_SCHED_RQ with scheduler {scheduler}; "
+                       f"the hardware has {depth} tags")
+    if scheduler not in (None, "none"):
+        return bq.MAX_SCHED_RQ, f"MAX_SCHED_RQ with scheduler {scheduler}"
+    if device.scheduler not in (None, "none") or device.nr_requests is None:
+        raise ctx.error(key, f"{device.name}'s tag depth is unknown (mq/*/nr_tags is "
+                        "unreadable) and with scheduler none nr_requests may not exceed it; "
+                        "leave nr_requests out, or keep a scheduler (allowed up to "
+                        f"{bq.MAX_SCHED_RQ})")
+    return device.nr_requests, ("its current nr_requests: with scheduler none that is the "
+                                "tag depth, which mq/*/nr_tags does not say here")
 
 
 def _polls(device: BlockDevice) -> bool:
@@ -169,7 +183,7 @@ def _plan_max_sectors(ctx: PlanContext, key: str, device: BlockDevice, value: in
     """Between the page size and max_hw_sectors_kb (the controller's limit), as
     queue_max_sectors_store checks; bigger requests need no more than that."""
     hw = device.max_hw_sectors_kb
-    low = bq.page_kb() if ctx.root.is_host else 4  # the fixture boards run 4 KiB pages
+    low = page_size(ctx.root.is_host, ctx.root.base) // 1024
     if hw is not None and not low <= value <= hw:
         raise ctx.error(key, f"{value} is outside what {device.name} accepts: allowed "
                         f"{low}..{hw} (the page size .. max_hw_sectors_kb)")
@@ -191,10 +205,3 @@ def _plan_wbt(ctx: PlanContext, key: str, device: BlockDevice, value: int,
     desired = str(bq.WBT_DEFAULT_USEC[bool(device.rotational)]) if value == -1 else str(value)
     ctx.want("block", path, desired, key, write=str(value))
 
-
-def plan_nvme(section: dict[str, Any], ctx: PlanContext) -> None:
-    if "default_ps_max_latency_us" in section:
-        ctx.want("nvme", NVME_PS_LATENCY, str(section["default_ps_max_latency_us"]),
-                 "nvme.default_ps_max_latency_us",
-                 note="applies to NVMe devices probed afterwards: takes effect after a reboot "
-                      "(or set nvme_core.default_ps_max_latency_us= on the kernel command line)")

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.kernel.cgroup_model import CONTROLLER_FILES, PAGE
+from agent.kernel.cgroup_model import CONTROLLER_FILES
+from agent.kernel.pages import page_size
 from agent.kernel.parsers import format_cpulist, parse_cpulist
 from agent.tuning.placement import CgroupfsPlacement, Placement
 from agent.tuning.plan import Change, PlanContext, matches, read_normalised
-from agent.tuning.units import PROPERTIES, SLICE, UnitError, normalise
+from agent.tuning.units import PROPERTIES, SLICE, UNSET, UnitError, dropin_path, normalise
 from agent.tuning.values import resolve_cpus, resolve_size
 
 FILE_OF = {"memory_max": "memory.max", "memory_high": "memory.high", "cpu_max": "cpu.max",
@@ -38,17 +39,18 @@ def split_unit_path(path: str) -> tuple[str, str]:
 def _limit_values(section: dict[str, Any], ctx: PlanContext) -> dict[str, str]:
     """Profile key -> the kernel file's form (bytes or ``max``, CPU lists, ``cpu.max``)."""
     total = ctx.topology.memory.total_bytes
+    page = page_size(ctx.root.is_host, ctx.root.base)
     values: dict[str, str] = {}
     key = "memory_max"
     try:
         if "memory_max" in section:
-            values["memory_max"] = resolve_size(section["memory_max"], total)
+            values["memory_max"] = resolve_size(section["memory_max"], total, page)
         key = "memory_high"
         if "memory_high" in section:
             # a percentage of memory.high is of memory.max when one is set
             base = values.get("memory_max")
             values["memory_high"] = resolve_size(
-                section["memory_high"], int(base) if base and base != "max" else total)
+                section["memory_high"], int(base) if base and base != "max" else total, page)
         for key in ("cpu_max", "cpu_weight", "mems"):
             if key in section:
                 values[key] = str(section[key])
@@ -138,8 +140,11 @@ def _plan_units(values: dict[str, str], ctx: PlanContext, placement: Placement) 
         current = ctx.baseline.get(path, shown.get(names[key]))
         if current is None:
             raise ctx.error(f"cgroup.{key}", f"systemd does not show {names[key]} for {SLICE}")
+        # no runtime drop-in yet: rollback removes the one set-property writes
+        restore = None if ctx.root.exists(dropin_path(SLICE, names[key])) else \
+            UNSET + current
         change = Change(tuner="cgroup", path=path, current=current, desired=desired,
-                        key=f"cgroup.{key}", compare="unit")
+                        key=f"cgroup.{key}", compare="unit", restore=restore)
         if not matches(change, current):
             ctx.changes.append(change)
 
@@ -171,7 +176,7 @@ def _plan_files(values: dict[str, str], ctx: PlanContext,
             # holds the kernel's defaults for a new cgroup
             current = ctx.current(path, f"cgroup.{key}", compare) if ctx.root.exists(path) \
                 else read_default(defaults[FILE_OF[key]], compare)
-        desired = _file_value(key, value, current)
+        desired = _file_value(key, value, current, page_size(ctx.root.is_host, ctx.root.base))
         change = Change(tuner="cgroup", path=path, current=current, desired=desired,
                         key=f"cgroup.{key}", compare=compare)
         if not matches(change, current):
@@ -182,10 +187,10 @@ def read_default(text: str, compare: str) -> str:
     return text if compare == "value" else ",".join(text.split())
 
 
-def _file_value(key: str, value: str, current: str) -> str:
-    """What the file reads back: pages for memory, ``quota period`` for cpu.max."""
+def _file_value(key: str, value: str, current: str, page: int) -> str:
+    """What the file reads back: whole pages for memory, ``quota period`` for cpu.max."""
     if key in ("memory_max", "memory_high") and value != "max":
-        return str(int(value) // PAGE * PAGE)
+        return str(int(value) // page * page)
     if key == "cpu_max" and " " not in value:
         return f"{value} {current.split()[1] if ' ' in current else 100000}"
     if key in ("cpus", "mems"):

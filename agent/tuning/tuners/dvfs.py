@@ -48,7 +48,22 @@ def _limits(ctx: PlanContext, key: str, directory: str, names: tuple[str, str],
     order = list(names) if low is None or low <= current_max else list(reversed(names))
     for name in order:
         if name in resolved:
-            ctx.want(tuner, f"{directory}/{name}", str(resolved[name]), key)
+            ctx.want(tuner, f"{directory}/{name}", str(resolved[name]), key,
+                     restore=_floor_restore(ctx, key, directory, names, name, offered))
+
+
+def _floor_restore(ctx: PlanContext, key: str, directory: str, names: tuple[str, str],
+                   name: str, offered: tuple[list[int] | None, int | None, int | None]
+                   ) -> str | None:
+    """A min at the hardware's lowest frequency is no floor at all: rollback writes 0,
+    which puts the user's frequency QoS request back to its default, instead of filing the
+    old floor as a request (docs/kernel-facts/ineffective.md, "Frequency floors")."""
+    available, hardware_min, _max = offered
+    lowest = min(available) if available else hardware_min if name == "scaling_min_freq" \
+        else None
+    if name != names[0] or lowest is None:
+        return None
+    return "0" if int(ctx.current(f"{directory}/{name}", key)) <= lowest else None
 
 
 def pick_governor(ctx: PlanContext, key: str, directory: str, wanted: str,
