@@ -7,7 +7,7 @@ import contextlib
 import io
 import json
 import os
-import signal
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -44,10 +44,10 @@ def write_config(tmp_path: Path, port: int, root: Path | None = None, **extra: A
 
 
 def start_agent(config: Path, *args: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, **env},
-                            preexec_fn=sigint_at_default)
+    return subprocess.Popen(sigint_at_default(sys.executable, "-m", "agent", "run", "--config",
+                                              str(config), *args),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, **env})
 
 
 def serving_addresses(state_dir: Path) -> dict[str, Any]:
@@ -72,10 +72,20 @@ def status(config: Path) -> tuple[int, dict[str, Any]]:
     return code, json.loads(out.getvalue()) if out.getvalue().strip() else {}
 
 
-def sigint_at_default() -> None:
-    """``preexec_fn`` for a child that is to get Ctrl-C: a test run started as a background
-    job ignores SIGINT, and a child inherits that."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def sigint_at_default(*argv: str) -> list[str]:
+    """``argv`` for a child that is to get Ctrl-C: a test run started as a background job
+    ignores SIGINT, and a child inherits that.  env(1) resets it in the child after exec,
+    where a ``preexec_fn`` would run Python between fork and exec: unsafe in a process
+    with threads (pytest has dozens), and once it left a child hung before it started."""
+    return ["env", "--default-signal=INT", *argv]
+
+
+def with_nofile(soft: int, *argv: str, hard: int | None = None) -> list[str]:
+    """``argv`` run with a soft descriptor limit of ``soft`` (and ``hard``, or this one's),
+    set by prlimit(1) before it execs: the systemd unit's default, without a
+    ``preexec_fn``."""
+    hard = hard or resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return ["prlimit", f"--nofile={soft}:{hard}", "--", *argv]
 
 
 def modules_loaded_by(statement: str, *prefixes: str) -> list[str]:
