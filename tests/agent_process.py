@@ -23,13 +23,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def agent_config(tmp_path: Path, port: int, root: Path | None = None,
                  **extra: Any) -> dict[str, Any]:
     """Node orin-1 of fleet lab on a fixture AGX Orin, a fast sampler and fast reconnects;
-    its data plane on free loopback ports and with a token file of the test's."""
+    its data plane on free loopback ports and with a token file of the test's.  No broker
+    of its own (``mqtt.local_broker: false``): a test without a broker means none."""
     token = tmp_path / "serve-token"
     if not token.exists():
         token.write_text("test-token\n")
     return {"node_id": "orin-1", "fleet": "lab", "state_dir": str(tmp_path / "state"),
             "root": str(root or FIXTURES / "jetson-agx-orin-jp6"),
-            "mqtt": {"host": "127.0.0.1", "port": port,
+            "mqtt": {"host": "127.0.0.1", "port": port, "local_broker": False,
                      "reconnect": {"min_s": 0.1, "max_s": 0.5}},
             "telemetry": {"interval_s": 0.2},
             "serve": {"http": "127.0.0.1:0", "grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0",
