@@ -4,6 +4,7 @@ at the end; never for a remote host, when switched off, or where systemd owns th
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import socket
@@ -113,3 +114,21 @@ def test_nothing_is_started_under_systemd_or_when_its_unit_is_enabled(
         assert needed("auto", "127.0.0.1", port, {}, systemd) is None
     answers.write_text("none")  # systemd, but no mosquitto unit that will start
     assert needed("auto", "127.0.0.1", port, {}, systemd) == str(tools / "mosquitto")
+
+
+def test_a_killed_agent_leaves_no_broker_behind(tmp_path: Path) -> None:
+    """SIGKILL: no cleanup runs; the broker's parent-death signal ends it."""
+    config = config_file(tmp_path, free_port())
+    agent = start_agent(config)
+    try:
+        assert wait_until(lambda: [p for p in psutil.Process(agent.pid).children()
+                                   if p.name() == "mosquitto"], 60)
+        (broker,) = [p for p in psutil.Process(agent.pid).children() if p.name() == "mosquitto"]
+    finally:
+        agent.kill()
+        agent.communicate(timeout=60)
+    try:
+        assert wait_until(lambda: not broker.is_running(), 30)
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            broker.kill()  # this test's orphan, were there one

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -71,6 +72,14 @@ def needed(mode: str | bool, host: str, port: int, environ: dict[str, str] | Non
     return mosquitto
 
 
+def _dies_with_us() -> list[str]:
+    """A prefix that ends the broker with this process even when it is killed (SIGKILL, no
+    cleanup): setpriv(1) sets the parent-death signal and execs, where a ``preexec_fn``
+    would run Python between fork and exec, unsafe with threads."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv else []
+
+
 def _bind_address(host: str) -> str:
     return "::1" if host in ("::1", "[::1]") else "127.0.0.1"
 
@@ -87,14 +96,18 @@ def local_broker(mode: str | bool, host: str, port: int) -> Iterator[int | None]
     address = _bind_address(host)
     with tempfile.TemporaryDirectory(prefix="edge-agent-mosquitto-") as private:
         config = Path(private) / "mosquitto.conf"
+        # as the user this runs as: Mosquitto started as root would switch to its own user,
+        # and a change of user clears the parent-death signal below
         config.write_text(f"listener {port} {address}\nallow_anonymous true\n"
-                          "persistence false\nlog_dest stderr\n")
+                          "persistence false\nlog_dest stderr\n"
+                          f"user {pwd.getpwuid(os.geteuid()).pw_name}\n")
         log = Path(private) / "mosquitto.log"
         with log.open("wb") as output:
             # a session of its own: Ctrl-C in the terminal reaches the agent, which still
             # delivers its last records before it stops the broker
-            process = subprocess.Popen([mosquitto, "-c", str(config)], stdin=subprocess.DEVNULL,
-                                       stdout=output, stderr=output, start_new_session=True)
+            process = subprocess.Popen([*_dies_with_us(), mosquitto, "-c", str(config)],
+                                       stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                                       start_new_session=True)
         try:
             _wait_accepting(process, address, port, log)
             logger.info("no MQTT broker on %s:%d; started mosquitto (pid %d) for this run, "
