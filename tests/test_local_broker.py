@@ -5,6 +5,7 @@ at the end; never for a remote host, when switched off, or where systemd owns th
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import socket
@@ -119,10 +120,11 @@ def test_nothing_is_started_under_systemd_or_when_its_unit_is_enabled(
 def test_a_killed_agent_leaves_no_broker_behind(tmp_path: Path) -> None:
     """SIGKILL: no cleanup runs; the broker's parent-death signal ends it."""
     config = config_file(tmp_path, free_port())
-    agent = start_agent(config)
-    try:
-        assert wait_until(lambda: [p for p in psutil.Process(agent.pid).children()
-                                   if p.name() == "mosquitto"], 60)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    agent = start_agent(config, TMPDIR=str(scratch))
+    try:  # records acknowledged: the broker it started accepts
+        assert wait_until(lambda: status(config)[1].get("link", {}).get("acked", 0) > 0, 60)
         (broker,) = [p for p in psutil.Process(agent.pid).children() if p.name() == "mosquitto"]
     finally:
         agent.kill()
@@ -132,3 +134,22 @@ def test_a_killed_agent_leaves_no_broker_behind(tmp_path: Path) -> None:
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):
             broker.kill()  # this test's orphan, were there one
+    # its private directory went when it accepted
+    assert list(scratch.glob("edge-agent-mosquitto-*")) == []
+
+
+def test_a_broker_that_does_not_start_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "mosquitto").write_text("#!/bin/sh\necho 'Error: no such thing' >&2\nexit 3\n")
+    (tools / "mosquitto").chmod(0o755)
+    port = free_port()
+    result = subprocess.run([sys.executable, "-m", "agent", "run", "--config",
+                             str(config_file(tmp_path, port)), "--seconds", "2"],
+                            capture_output=True, text=True, timeout=120, check=False,
+                            env={**os.environ, "PATH": f"{tools}:{os.environ['PATH']}"})
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"edge-agent run: mosquitto started for this run (no broker on 127.0.0.1:{port}) "
+        "exited 3: Error: no such thing; set mqtt.local_broker: false to run without it")
+    assert "Traceback" not in result.stderr

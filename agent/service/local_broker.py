@@ -4,8 +4,8 @@ start one: a container or CI runner has no init system, so the quickstart's firs
 
 Only for ``mqtt.local_broker: auto``, a loopback ``mqtt.host`` where nothing accepts on the
 port, a ``mosquitto`` on PATH, not under systemd (a device's broker is the OS's job) and no
-enabled or active mosquitto unit.  The broker keeps nothing on disk: its config lives in a
-private temporary directory, removed with it when the run ends.
+enabled or active mosquitto unit.  The broker keeps nothing on disk: its config is written
+to a private temporary directory, removed as soon as it accepts.
 """
 
 from __future__ import annotations
@@ -94,6 +94,20 @@ def local_broker(mode: str | bool, host: str, port: int) -> Iterator[int | None]
         yield None
         return
     address = _bind_address(host)
+    process = _started(mosquitto, address, port)
+    try:
+        logger.info("no MQTT broker on %s:%d; started mosquitto (pid %d) for this run, "
+                    "stopped when it ends (mqtt.local_broker: false to never do this)",
+                    address, port, process.pid)
+        yield process.pid
+    finally:
+        _stop(process)
+
+
+def _started(mosquitto: str, address: str, port: int) -> subprocess.Popen[bytes]:
+    """Mosquitto, accepting on ``address:port``.  Its private directory is gone once it
+    accepts (it has read its config, and its log is an open descriptor), so not even a
+    killed agent leaves a file behind."""
     with tempfile.TemporaryDirectory(prefix="edge-agent-mosquitto-") as private:
         config = Path(private) / "mosquitto.conf"
         # as the user this runs as: Mosquitto started as root would switch to its own user,
@@ -110,17 +124,19 @@ def local_broker(mode: str | bool, host: str, port: int) -> Iterator[int | None]
                                        start_new_session=True)
         try:
             _wait_accepting(process, address, port, log)
-            logger.info("no MQTT broker on %s:%d; started mosquitto (pid %d) for this run, "
-                        "stopped when it ends (mqtt.local_broker: false to never do this)",
-                        address, port, process.pid)
-            yield process.pid
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        except BaseException:
+            _stop(process)
+            raise
+    return process
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _wait_accepting(process: subprocess.Popen[bytes], address: str, port: int,
