@@ -171,7 +171,9 @@ def test_a_file_of_a_mode_the_agent_cannot_read(tmp_path: Path) -> None:
     Path(config["serve"]["token_file"]).chmod(0)
     code, lines, path = check(tmp_path, config)
     assert (code, lines) == (2, [f"{path}: serve.token_file: {config['serve']['token_file']}: "
-                                 "cannot read it: Permission denied"])
+                                 f"cannot read it: Permission denied (as uid {os.geteuid()}: "
+                                 "the installed service runs as root; check its config with "
+                                 "sudo)"])
 
 
 def test_the_data_plane_reads_a_fifo_token_file_as_no_token(tmp_path: Path) -> None:

@@ -33,6 +33,10 @@ def unreadable(path: str) -> str | None:
     """Why the agent cannot read ``path`` as a file (None: it can); never blocks."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except PermissionError as error:
+        return f"{path}: cannot read it: {error.strerror}" + (
+            "" if os.geteuid() == 0 else f" (as uid {os.geteuid()}: the installed service "
+            "runs as root; check its config with sudo)")
     except OSError as error:
         return f"{path}: cannot read it: {error.strerror or error}"
     try:
