@@ -7,7 +7,7 @@ import contextlib
 import io
 import json
 import os
-import signal
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +23,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def agent_config(tmp_path: Path, port: int, root: Path | None = None,
                  **extra: Any) -> dict[str, Any]:
     """Node orin-1 of fleet lab on a fixture AGX Orin, a fast sampler and fast reconnects;
-    its data plane on free loopback ports and with a token file of the test's."""
+    its data plane on free loopback ports and with a token file of the test's.  No broker
+    of its own (``mqtt.local_broker: false``): a test without a broker means none."""
     token = tmp_path / "serve-token"
     if not token.exists():
         token.write_text("test-token\n")
     return {"node_id": "orin-1", "fleet": "lab", "state_dir": str(tmp_path / "state"),
             "root": str(root or FIXTURES / "jetson-agx-orin-jp6"),
-            "mqtt": {"host": "127.0.0.1", "port": port,
+            "mqtt": {"host": "127.0.0.1", "port": port, "local_broker": False,
                      "reconnect": {"min_s": 0.1, "max_s": 0.5}},
             "telemetry": {"interval_s": 0.2},
             "serve": {"http": "127.0.0.1:0", "grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0",
@@ -44,10 +45,10 @@ def write_config(tmp_path: Path, port: int, root: Path | None = None, **extra: A
 
 
 def start_agent(config: Path, *args: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(config),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, **env},
-                            preexec_fn=sigint_at_default)
+    return subprocess.Popen(sigint_at_default(sys.executable, "-m", "agent", "run", "--config",
+                                              str(config), *args),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, **env})
 
 
 def serving_addresses(state_dir: Path) -> dict[str, Any]:
@@ -72,10 +73,20 @@ def status(config: Path) -> tuple[int, dict[str, Any]]:
     return code, json.loads(out.getvalue()) if out.getvalue().strip() else {}
 
 
-def sigint_at_default() -> None:
-    """``preexec_fn`` for a child that is to get Ctrl-C: a test run started as a background
-    job ignores SIGINT, and a child inherits that."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def sigint_at_default(*argv: str) -> list[str]:
+    """``argv`` for a child that is to get Ctrl-C: a test run started as a background job
+    ignores SIGINT, and a child inherits that.  env(1) resets it in the child after exec,
+    where a ``preexec_fn`` would run Python between fork and exec: unsafe in a process
+    with threads (pytest has dozens), and once it left a child hung before it started."""
+    return ["env", "--default-signal=INT", *argv]
+
+
+def with_nofile(soft: int, *argv: str, hard: int | None = None) -> list[str]:
+    """``argv`` run with a soft descriptor limit of ``soft`` (and ``hard``, or this one's),
+    set by prlimit(1) before it execs: the systemd unit's default, without a
+    ``preexec_fn``."""
+    hard = hard or resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return ["prlimit", f"--nofile={soft}:{hard}", "--", *argv]
 
 
 def modules_loaded_by(statement: str, *prefixes: str) -> list[str]:

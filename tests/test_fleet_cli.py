@@ -311,9 +311,9 @@ def test_ctrl_c_and_sigterm_end_watch_and_send_cleanly(
         broker: Broker, key_file: Path, online_node: str) -> None:
     where = ["--broker", f"{broker.host}:{broker.port}", "--fleet", FLEET]
     for signum, code in ((signal.SIGINT, 130), (signal.SIGTERM, 0)):
-        watch = subprocess.Popen([sys.executable, "-m", "agent", "fleet", "watch", *where],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 cwd=REPO, preexec_fn=sigint_at_default)
+        watch = subprocess.Popen(
+            sigint_at_default(sys.executable, "-m", "agent", "fleet", "watch", *where),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
         assert watch.stdout is not None
         assert watch.stdout.readline().startswith("NODE")  # it is watching
         watch.send_signal(signum)
@@ -324,10 +324,10 @@ def test_ctrl_c_and_sigterm_end_watch_and_send_cleanly(
     listener = Subscriber(broker, [f"edge/v1/{FLEET}/ghost/cmd/ping"], client_id="listener")
     try:
         assert listener.subscribed.wait(10)
-        send = subprocess.Popen([sys.executable, "-m", "agent", "fleet", "send", "ghost", "ping",
-                                 "--key", str(key_file), "--timeout", "60", *where],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=REPO, preexec_fn=sigint_at_default)
+        send = subprocess.Popen(
+            sigint_at_default(sys.executable, "-m", "agent", "fleet", "send", "ghost", "ping",
+                              "--key", str(key_file), "--timeout", "60", *where),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
         assert wait_until(lambda: listener.on("ping"), 30)  # sent: now waiting for replies
         send.send_signal(signal.SIGINT)
         _, errors = send.communicate(timeout=30)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ from typing import Any
 import hostile_serve as hostile
 import pytest
 import yaml
-from agent_process import agent_config, serving_addresses, sigint_at_default
+from agent_process import agent_config, serving_addresses, sigint_at_default, with_nofile
 from mqtt_helpers import Broker, wait_until
 
 INFLIGHT_MB = 160  # serve.max_inflight_mb of the agent under attack: two 60 MB bodies at once
@@ -41,11 +40,9 @@ UNIT_NOFILE = 1024  # systemd's default soft RLIMIT_NOFILE for a service
 TOKEN = "test-token"  # agent_process.agent_config's
 
 
-def unit_limits() -> None:
-    """``preexec_fn``: what the unit gives the agent (and its data plane) by default."""
-    sigint_at_default()
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (UNIT_NOFILE, hard))
+def unit_limits(*argv: str) -> list[str]:
+    """``argv`` with what the unit gives the agent (and its data plane) by default."""
+    return with_nofile(UNIT_NOFILE, *sigint_at_default(*argv))
 
 
 @dataclass
@@ -88,9 +85,9 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     config["serve"]["max_inflight_mb"] = INFLIGHT_MB
     path = base / "agent.yaml"
     path.write_text(yaml.safe_dump(config))
-    process = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(path)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               preexec_fn=unit_limits)
+    process = subprocess.Popen(unit_limits(sys.executable, "-m", "agent", "run", "--config",
+                                           str(path)),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     running = Agent(process, base / "state")
     reader = threading.Thread(target=running.read_output, daemon=True)
     reader.start()
@@ -295,9 +292,10 @@ def test_serve_under_the_units_limits(tmp_path: Path) -> None:
     ready = tmp_path / "state" / "serve" / "ready.json"
     ready.parent.mkdir(parents=True)
     root = str(Path(__file__).resolve().parents[1])
-    process = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--config", str(path),
-                                "--ready-file", str(ready)], cwd="/", stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, preexec_fn=unit_limits,
+    process = subprocess.Popen(unit_limits(sys.executable, "-m", "agent", "serve", "--config",
+                                           str(path), "--ready-file", str(ready)),
+                               cwd="/", stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True,
                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                    filter(None, (root, os.environ.get("PYTHONPATH"))))})
     try:

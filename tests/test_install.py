@@ -28,6 +28,9 @@ from onnx_models import conv_net
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = ("pyproject.toml", "README.md", "agent", "profiles", "dts-overlays")
 INSTALLER = (*PACKAGE, "install.sh", "constraints", "systemd", "scripts")
+# building the wheel and a fresh venv runs several pip calls of up to 300 s each
+pytestmark = pytest.mark.timeout(1200)
+
 NOT_DEPENDENCIES = ("__editable__", "edge_agent", "agent", "__pycache__")
 
 

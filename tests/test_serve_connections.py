@@ -27,7 +27,7 @@ from agent.service.dataplane import Supervisor
 from agent.serving.access import Access
 from agent.serving.errors import ServeError
 from agent.serving.http_client import HttpClient
-from tests.agent_process import agent_config, start_agent, status
+from tests.agent_process import agent_config, start_agent, status, with_nofile
 from tests.cli_helpers import edge_agent
 from tests.http_helpers import HttpServer, token_file
 from tests.mqtt_helpers import Broker, Subscriber, free_port, wait_until
@@ -73,12 +73,9 @@ def connections(address: str, count: int, send: bytes = b"") -> Iterator[list[so
 def test_serve_raises_its_soft_descriptor_limit_to_the_hard_one(tmp_path: Path) -> None:
     hard = min(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
 
-    def low_soft_limit() -> None:  # as systemd's default unit: soft 1024, or lower
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-
-    log = tmp_path / "serve.log"
+    log = tmp_path / "serve.log"  # a soft limit as systemd's default unit's, 1024, or lower
     with log.open("w") as stderr, serve_process(
-            tmp_path, popen={"preexec_fn": low_soft_limit, "stderr": stderr}) as plane:
+            tmp_path, popen={"stderr": stderr}, wrapper=with_nofile(256, hard=hard)) as plane:
         assert soft_nofile(plane["process"].pid) == hard
     assert f"descriptors: soft limit {hard} (was 256), hard limit {hard}" in log.read_text()
 

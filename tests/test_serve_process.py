@@ -55,18 +55,18 @@ def server_ready(address: str, tls: bool = False) -> bool:
 @contextlib.contextmanager
 def serve_process(tmp_path: Path, ready: Path | None = None, args: Sequence[str] = (),
                   loaded: bool = True, popen: Mapping[str, Any] | None = None,
-                  **serve: Any) -> Iterator[dict[str, Any]]:
+                  wrapper: Sequence[str] = (), **serve: Any) -> Iterator[dict[str, Any]]:
     """``edge-agent serve`` on free ports (more command-line ``args``, the ready file at
-    ``ready``, more Popen arguments in ``popen``); yields the ready file's addresses, the
-    process, the repository and the config file once it listens and (``loaded``) its
-    models loaded."""
+    ``ready``, more Popen arguments in ``popen``, run through the command ``wrapper``);
+    yields the ready file's addresses, the process, the repository and the config file
+    once it listens and (``loaded``) its models loaded."""
     config = agent_config(tmp_path, 1883)
     config["serve"].update(serve)
     path = tmp_path / "serve.yaml"
     path.write_text(yaml.safe_dump(config))
     ready = ready or tmp_path / "ready.json"
-    process = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--config", str(path),
-                                "--ready-file", str(ready), *args], **(popen or {}))
+    process = subprocess.Popen([*wrapper, sys.executable, "-m", "agent", "serve", "--config",
+                                str(path), "--ready-file", str(ready), *args], **(popen or {}))
     try:
         assert wait_until(lambda: ready.exists() or process.poll() is not None, 120)
         assert process.poll() is None, "serve exited before it was ready"

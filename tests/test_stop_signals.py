@@ -24,10 +24,9 @@ WORKTREE = Path(__file__).resolve().parent.parent
 def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """``python -m agent ARGS`` from this checkout, with SIGINT at its default even when
     the tests run as a background job (which ignores it, and children inherit that)."""
-    return subprocess.Popen([sys.executable, "-m", "agent", *args], cwd=WORKTREE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **(env or {})},
-                            preexec_fn=sigint_at_default)
+    return subprocess.Popen(sigint_at_default(sys.executable, "-m", "agent", *args),
+                            cwd=WORKTREE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **(env or {})})
 
 
 def stopped(process: subprocess.Popen[bytes], signum: int) -> tuple[int, str, str]:

@@ -176,6 +176,7 @@ def installed_files(root: Path) -> dict[str, bytes]:
             and "pyvenv.cfg" not in p.name}
 
 
+@pytest.mark.timeout(1200)  # two installs and an uninstall, each under a 600 s timeout of its own
 def test_install_twice_uninstall_and_purge(tmp_path: Path) -> None:
     dest = tmp_path / "dest"
     # PIP_NO_DEPS: the installer's files are what this test is about, not its dependencies;

@@ -50,6 +50,7 @@ EXIT_STATUS: dict[str, int] = {
     "agent.overlays.dtc.DtcMissing": 1,
     "agent.inference.errors.SessionError": 1,
     "agent.service.node.ServiceError": 1,
+    "agent.service.local_broker.BrokerStartError": 1,
     "agent.control.operator.FleetError": 1,
     "builtins.OSError": 1,  # RootError (a write outside the allowed paths) among them
     "builtins.KeyboardInterrupt": 130,  # Ctrl-C in a command without its own stop path

@@ -1,8 +1,9 @@
 """``edge-agent config check``: would ``edge-agent run`` start with this file, and as asked?
 
 The schema (unknown keys, bad values), the consistency of the values, the root and the
-tuning profile are checked as ``run`` checks them; every problem is a line naming the file
-and the key, and any problem is exit 2.
+tuning profile are checked as ``run`` checks them, and every file the config names is opened
+as the agent opens it (agent.config.files); every problem is a line naming the file and the
+key, and any problem is exit 2.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from agent.cli.common import print_json
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     config = commands.add_parser("config", help="check an agent.yaml as run would read it")
     actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
-    check = actions.add_parser("check", help="schema, values, root and tuning profile; "
+    check = actions.add_parser("check", help="schema, values, root, tuning profile and the "
+                               "files it names; "
                                "exit 0 if fine, 2 with each problem")
     check.add_argument("--config", metavar="FILE",
                        help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
@@ -27,6 +29,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def problems(path: str | None) -> tuple[str, list[str]]:
     """(the file as messages name it, each problem in the order run would meet them)."""
     from agent.config import ConfigError, check_root, load_config, profile_problem
+    from agent.config.files import file_problems
 
     try:
         config = load_config(path)
@@ -37,7 +40,8 @@ def problems(path: str | None) -> tuple[str, list[str]]:
     except ConfigError as error:
         return config.source, [str(error)]  # the profiles are read through the root
     unknown_profile = profile_problem(config)
-    return config.source, [] if unknown_profile is None else [str(unknown_profile)]
+    found = [] if unknown_profile is None else [str(unknown_profile)]
+    return config.source, found + [str(problem) for problem in file_problems(config)]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -94,6 +94,7 @@ LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 def run(args: argparse.Namespace) -> int:
     from agent.config import profile_problem
     from agent.service.lifecycle import Runner
+    from agent.service.local_broker import local_broker
     from agent.service.node import Service
     from agent.service.systemd import Notifier
 
@@ -105,11 +106,12 @@ def run(args: argparse.Namespace) -> int:
     unknown_profile = profile_problem(config)
     if unknown_profile is not None:  # the fleet must still reach the node to fix it
         logger.error("%s: the agent starts degraded", unknown_profile)
-    service = Service(config, notifier=notifier)  # ServiceError: exit 1 (agent.cli.common)
-    logger.info("node %s, fleet %s, broker %s:%d, state %s (config: %s)", config.node_id,
-                config.fleet, config.mqtt.host, config.mqtt.port, service.state_dir,
-                config.source)
-    with StopSignals() as signals:
+    with StopSignals() as signals, local_broker(config.mqtt.local_broker, config.mqtt.host,
+                                                config.mqtt.port):
+        service = Service(config, notifier=notifier)  # ServiceError: exit 1 (cli.common)
+        logger.info("node %s, fleet %s, broker %s:%d, state %s (config: %s)", config.node_id,
+                    config.fleet, config.mqtt.host, config.mqtt.port, service.state_dir,
+                    config.source)
         runner = Runner(service, lambda: _reload_config(args), notifier, terminal, signals)
         runner.run(args.seconds)
     final = runner.service.final_status

@@ -68,6 +68,9 @@ class MqttConfig:
     keepalive_s: int = setting(integer(5, 3600), 30)
     max_payload_kb: int = setting(integer(1, 256 * 1024), 64)
     reconnect: ReconnectConfig = section(ReconnectConfig)
+    # auto: `run` starts a Mosquitto of its own for the run when host is loopback, nothing
+    # listens and no init system will start one (agent.service.local_broker); false: never
+    local_broker: str | bool = setting(choice("auto", False), "auto")
 
     @property
     def reconnect_min_s(self) -> float:

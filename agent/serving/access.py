@@ -9,8 +9,11 @@ admits nobody to what needs it.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import ipaddress
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +39,17 @@ def bearer(header: str | None) -> str | None:
         return None
     scheme, _, token = header.strip().partition(" ")
     return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def read_token(path: Path) -> bytes:
+    """The token in ``path``, stripped (a token over MAX_TOKEN_BYTES is nobody's); OSError
+    when it cannot be read or is not a regular file.  O_NONBLOCK: a FIFO in its place must
+    not hang the data plane (nor ``config check``, which reads it the same way)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return handle.read(MAX_TOKEN_BYTES + 1).strip()
 
 
 @dataclass(frozen=True)
@@ -69,8 +83,7 @@ class Access:
             known = self._read.get(path)
             if known is not None and known[0] == signature:
                 return known[1]
-            with path.open("rb") as handle:
-                token = handle.read(MAX_TOKEN_BYTES + 1).strip()
+            token = read_token(path)
         except OSError:
             self._read.pop(path, None)
             return b""

@@ -108,10 +108,15 @@ def split_address(address: str) -> tuple[str, int]:
 def _tls(settings: ServerSettings) -> ssl.SSLContext | None:
     if not (settings.tls_cert and settings.tls_key):
         return None
+    return server_tls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+
+
+def server_tls(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
+    """The HTTP front end's TLS (``serve.tls``); ``config check`` loads it the same way."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(settings.tls_cert, settings.tls_key)
-    if settings.tls_client_ca:
-        context.load_verify_locations(settings.tls_client_ca)
+    context.load_cert_chain(cert, key)
+    if client_ca:
+        context.load_verify_locations(client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.hil, pytest.mark.skipif(
+pytestmark = [pytest.mark.hil, pytest.mark.timeout(900), pytest.mark.skipif(
     os.environ.get("EDGE_AGENT_HIL") != "1",
     reason="hardware-in-the-loop: set EDGE_AGENT_HIL=1 on a board set aside for it")]
 
