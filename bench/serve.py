@@ -243,6 +243,7 @@ def start_server(scratch: Path, preexec_fn: Callable[[], None] | None = None,
     config.write_text(yaml.safe_dump({"state_dir": str(scratch / "state"), "root": "/",
                                       "serve": serve}))
     (scratch / "token").write_text("bench\n")
+    (scratch / "token").chmod(0o600)
     ready = scratch / "ready.json"
     env = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout)}
     process = subprocess.Popen([sys.executable, "-m", "agent", "serve", "--config",

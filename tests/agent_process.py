@@ -28,6 +28,7 @@ def agent_config(tmp_path: Path, port: int, root: Path | None = None,
     token = tmp_path / "serve-token"
     if not token.exists():
         token.write_text("test-token\n")
+        token.chmod(0o600)  # the data plane refuses a token other users may read
     return {"node_id": "orin-1", "fleet": "lab", "state_dir": str(tmp_path / "state"),
             "root": str(root or FIXTURES / "jetson-agx-orin-jp6"),
             "mqtt": {"host": "127.0.0.1", "port": port, "local_broker": False,

@@ -82,6 +82,7 @@ class HttpServer:
 def token_file(directory: Path, token: str = "s3cret-token") -> Path:
     path = directory / "token"
     path.write_text(token + "\n")
+    path.chmod(0o600)  # the data plane refuses a token other users may read
     return path
 
 

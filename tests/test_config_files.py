@@ -33,6 +33,7 @@ def good(tmp_path: Path) -> dict[str, Any]:
     tls = make_test_ca(tmp_path / "ca")
     token = tmp_path / "token"
     token.write_text("s3cret\n")
+    token.chmod(0o600)
     password = tmp_path / "password"
     password.write_text("pw\n")
     models = tmp_path / "models"
@@ -174,6 +175,26 @@ def test_a_file_of_a_mode_the_agent_cannot_read(tmp_path: Path) -> None:
                                  f"cannot read it: Permission denied (as uid {os.geteuid()}: "
                                  "the installed service runs as root; check its config with "
                                  "sudo)"])
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o620, 0o602], ids=oct)
+def test_a_token_file_other_users_may_read_or_change_is_refused(tmp_path: Path,
+                                                                mode: int) -> None:
+    """A token every local user can read (or a group can rewrite) proves nothing: config
+    check names the mode and the fix, and the data plane takes no token from it."""
+    from agent.serving.access import Access
+
+    config = good(tmp_path)
+    token = Path(config["serve"]["token_file"])
+    token.chmod(mode)
+    code, lines, path = check(tmp_path, config)
+    assert (code, lines) == (2, [f"{path}: serve.token_file: {token}: mode {mode:04o} lets "
+                                 "other users read or change it, so it proves nothing; chmod "
+                                 "0640 (root and the group of its clients) or 0600"])
+    assert Access([token], everything=False).holds("s3cret") is False
+    token.chmod(0o640)
+    assert check(tmp_path, config)[:2] == (0, [f"{path}: ok"])
+    assert Access([token], everything=False).holds("s3cret") is True
 
 
 def test_the_data_plane_reads_a_fifo_token_file_as_no_token(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     serve = Path(agent_config(tmp_path, 1883)["state_dir"]) / "serve"
     serve.mkdir(parents=True)
     (serve / "control-token").write_text("control-token\n")
+    (serve / "control-token").chmod(0o600)
     with serve_process(tmp_path, serve / "ready.json",
                        ["--token-file", str(serve / "control-token")]) as plane:
         yield plane["config"], plane

@@ -39,6 +39,7 @@ FUZZ = settings(deadline=None, max_examples=150, derandomize=True, database=None
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
     directory: Path = tmp_path_factory.mktemp("fuzz")
     (directory / "token").write_text(TOKEN)
+    (directory / "token").chmod(0o600)
     running = HttpServer(DemoModels(), Access((directory / "token",), everything=False),
                          max_request_bytes=1 << 20)
     yield running

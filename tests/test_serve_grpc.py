@@ -47,6 +47,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
     """Start servers (``everything``: the token for every call); all stopped at the end."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)
     started: list[tuple[Any, Any, concurrent.futures.ThreadPoolExecutor]] = []
 
     def start(everything: bool = False, models: RecordingModels | None = None) -> Served:

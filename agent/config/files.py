@@ -72,8 +72,8 @@ def _token(path: str) -> str | None:
         return None  # install.sh makes it on a device; until then load/unload is closed
     try:
         token = read_token(Path(path))
-    except OSError:
-        return unreadable(path) or f"{path}: cannot read it"
+    except OSError as error:
+        return unreadable(path) or f"{path}: {error.strerror or error}"
     if not token:
         return f"{path}: is empty: no token, so nobody may load or unload models"
     if len(token) > MAX_TOKEN_BYTES:

@@ -41,14 +41,25 @@ def bearer(header: str | None) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+# a token any local user may read, or a group may rewrite, is nobody's secret: refused, as ssh
+# refuses a private key open to others
+OPEN_TO_OTHERS = stat.S_IROTH | stat.S_IWOTH | stat.S_IWGRP
+
+
 def read_token(path: Path) -> bytes:
     """The token in ``path``, stripped (a token over MAX_TOKEN_BYTES is nobody's); OSError
-    when it cannot be read or is not a regular file.  O_NONBLOCK: a FIFO in its place must
-    not hang the data plane (nor ``config check``, which reads it the same way)."""
+    when it cannot be read, is not a regular file or is open to other users.  O_NONBLOCK: a
+    FIFO in its place must not hang the data plane (nor ``config check``, which reads it the
+    same way)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
             raise OSError(errno.EINVAL, "not a regular file")
+        if mode & OPEN_TO_OTHERS:
+            raise OSError(errno.EPERM, f"mode {stat.S_IMODE(mode):04o} lets other users read "
+                          "or change it, so it proves nothing; chmod 0640 (root and the group "
+                          "of its clients) or 0600")
         return handle.read(MAX_TOKEN_BYTES + 1).strip()
 
 
