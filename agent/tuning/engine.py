@@ -165,6 +165,7 @@ class Engine:
         ctx.warnings += coowners.warnings(self.root, ctx.changes)  # Armbian's boot services
         seen: set[str] = set()
         for change in ctx.changes:
+            ctx.check_writable(change.path, change.key, change.compare)
             if change.path in seen:
                 raise ProfileError(profile.file, change.key, f"{change.path} is set twice")
             seen.add(change.path)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from agent.kernel.fsroot import Root
 from agent.tuning.bootargs import CmdlineKind
+from agent.tuning.fan import FanKind
 from agent.tuning.nvpmodel_mode import NvpmodelMode
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class FileKind:
 
 
 KINDS: dict[str, Kind] = {"file": FileKind(), "cmdline": CmdlineKind(),
-                          "nvpmodel": NvpmodelMode()}
+                          "nvpmodel": NvpmodelMode(), "fan": FanKind()}
 
 
 def follow_ups(root: Root, paths: Iterable[str]) -> list[str]:
