@@ -143,6 +143,7 @@ JETSON_BASE = """/dts-v1/;
 """
 
 TABLE = """\
+allow_undervolt_mv: 25
 opps:
   - {hz: 408000000, microvolt: 675000, opp-suspend: true}
   - {hz: 1800000000, microvolt: [837500, 825000, 1000000]}
@@ -283,13 +284,18 @@ def test_fdtoverlay_applies_a_generated_overlay(flavour: str, base: str, table: 
 
 
 def test_generated_source_is_what_gets_compiled(tmp_path: Path) -> None:
-    (tmp_path / "t.yaml").write_text("soc: rk3588\nflavour: mainline\ntarget: gpu\nopps:\n"
+    (tmp_path / "t.yaml").write_text("soc: rk3588\nflavour: mainline\ntarget: gpu\n"
+                                     "allow_undervolt_mv: 12.5\nopps:\n"
                                      "  - {hz: 800000000, microvolt: 737500}\n")
     built = build.from_table(load_table(tmp_path / "t.yaml"), "t")
     assert built.source is not None
     assert "&gpu_opp_table {" in built.source
     assert "\t\topp-microvolt = <737500 737500 737500>;" in built.source
     assert "clock-latency-ns" not in built.source  # CPU tables only
+    # the allowance travels with the overlay: its .dtbo installs later without a flag
+    assert "\tedge-agent,allow-undervolt-microvolt = <12500>;" in built.source
+    (tmp_path / "t.dtbo").write_bytes(built.dtbo)
+    assert build.from_file(tmp_path / "t.dtbo").limits.margin_uv == 12500
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -446,17 +452,19 @@ def point(hz: int, uv: int, ceiling: int, extra: str = "") -> str:
             f"opp-microvolt = <{uv} {uv} {ceiling}>; {extra}}};")
 
 
+ASK = ("an undervolt needs its amount allowed: allow_undervolt_mv: in the table, "
+       "edge-agent,allow-undervolt-microvolt in the overlay's root node, or --allow-undervolt MV")
 HOSTILE = {
     "A76 2.4 GHz at 600 mV": (
         overlay_source("cluster1_opp_table", point(2400 * MHZ, 600000, 1000000)),
         "&cluster1_opp_table/opp-2400000000.microvolt: 600000 µV at 2400000000 Hz (2400 MHz) "
         "is not allowed: 400000 µV below the mainline cpu-big0 stock 1000000 µV at 2400 MHz, "
-        "more than the 50000 µV margin (--allow-undervolt MV raises it)"),
+        "and no undervolt is allowed; " + ASK),
     "GPU 1 GHz at 550 mV": (
         overlay_source("gpu_opp_table", point(1000 * MHZ, 550000, 850000)),
         "&gpu_opp_table/opp-1000000000.microvolt: 550000 µV at 1000000000 Hz (1000 MHz) is "
-        "not allowed: 300000 µV below the mainline gpu stock 850000 µV at 1000 MHz, more than "
-        "the 50000 µV margin (--allow-undervolt MV raises it)"),
+        "not allowed: 300000 µV below the mainline gpu stock 850000 µV at 1000 MHz, and no "
+        "undervolt is allowed; " + ASK),
     "A55 above its maximum": (
         overlay_source("cluster0_opp_table", point(2016 * MHZ, 950000, 950000)),
         "&cluster0_opp_table/opp-2016000000.hz: 2016000000 is not allowed: expected a "
@@ -470,7 +478,7 @@ HOSTILE = {
                        "<700000 700000 1000000>; };"),
         "&cluster1_opp_table/opp-1800000000.bins.L3: 700000 µV at 1800000000 Hz (1800 MHz) is "
         "not allowed: 112500 µV below the vendor cpu-big0 stock 812500 µV of bin L3 at 1800 "
-        "MHz, more than the 50000 µV margin (--allow-undervolt MV raises it)"),
+        "MHz, and no undervolt is allowed; " + ASK),
 }
 
 
@@ -491,7 +499,7 @@ def test_allow_undervolt_raises_the_margin_and_the_result_says_so(
     (tmp_path / "uv.dts").write_text(HOSTILE["A76 2.4 GHz at 600 mV"][0])
     assert main(["overlay", "validate", str(tmp_path / "uv.dts"), "--allow-undervolt", "350"]
                 ) == 2  # 400 mV below stock: still more than the 350 mV allowed
-    assert "more than the 350000 µV margin" in capsys.readouterr().err
+    assert "more than the 350000 µV allowed by --allow-undervolt" in capsys.readouterr().err
     assert main(["overlay", "validate", str(tmp_path / "uv.dts"), "--allow-undervolt", "400",
                  "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -499,12 +507,42 @@ def test_allow_undervolt_raises_the_margin_and_the_result_says_so(
                                 "allow_overclock": False}
     assert report["warnings"] == [
         "&cluster1_opp_table/opp-2400000000.microvolt: 600000 µV at 2400 MHz is 400000 µV "
-        "below the mainline cpu-big0 stock 1000000 µV at 2400 MHz: beyond the default 50000 "
-        "µV, allowed by --allow-undervolt"]
+        "below the mainline cpu-big0 stock 1000000 µV at 2400 MHz: an undervolt, allowed by "
+        "--allow-undervolt"]
     assert main(["overlay", "validate", str(tmp_path / "uv.dts"), "--allow-undervolt", "400"]
                 ) == 0
     assert ("checked against the stock table: up to 400 mV below stock (--allow-undervolt)"
             in capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(("target", "flavour", "hz", "asked", "stock"), [
+    ("cpu-big0", "mainline", 2400 * MHZ, 950000, 1000000),  # the A76 at 2.4 GHz, 50 mV under
+    ("npu", "vendor", 1000 * MHZ, 800000, 850000)])         # the NPU at 1 GHz, 50 mV under
+def test_any_undervolt_needs_its_amount_allowed(target: str, flavour: str, hz: int, asked: int,
+                                                stock: int, tmp_path: Path) -> None:
+    """Once built silently (a 50 mV default margin): now refused naming the point, the stock
+    and the asked voltage, and built only with ``allow_undervolt_mv:`` saying the amount."""
+    opps = f"opps:\n  - {{hz: {hz}, microvolt: {asked}}}\n"
+    (tmp_path / "t.yaml").write_text(opps)
+    with pytest.raises(OverlayError) as caught:
+        load_table(tmp_path / "t.yaml", "rk3588", flavour, target)
+    assert (caught.value.key, caught.value.message) == ("opps[0].microvolt", (
+        f"{asked} µV at {hz} Hz ({hz // MHZ} MHz) is not allowed: {stock - asked} µV below the "
+        f"{flavour} {target} stock {stock} µV at {hz // MHZ} MHz, and no undervolt is allowed; "
+        + ASK))
+    (tmp_path / "t.yaml").write_text("allow_undervolt_mv: 25\n" + opps)  # not enough
+    with pytest.raises(OverlayError, match=r"more than the 25000 µV allowed by "
+                       r"allow_undervolt_mv: 25 in "):
+        load_table(tmp_path / "t.yaml", "rk3588", flavour, target)
+    (tmp_path / "t.yaml").write_text("allow_undervolt_mv: 50\n" + opps)
+    table = load_table(tmp_path / "t.yaml", "rk3588", flavour, target)
+    assert table.limits == Limits(50000, False, True, f"allow_undervolt_mv: 50 in "
+                                                      f"{tmp_path / 't.yaml'}")
+    assert table.warnings[0] == (
+        f"opps[0].microvolt: {asked} µV at {hz // MHZ} MHz is {stock - asked} µV below the "
+        f"{flavour} {target} stock {stock} µV at {hz // MHZ} MHz: an undervolt, allowed by "
+        f"allow_undervolt_mv: 50 in {tmp_path / 't.yaml'}")
+    assert all("an undervolt, allowed by" in w for w in table.warnings)  # vendor: each bin
 
 
 def test_an_overclock_needs_its_own_flag(tmp_path: Path) -> None:
@@ -530,16 +568,18 @@ def test_a_frequency_between_stock_points_is_measured_from_the_next_higher_one(
         tmp_path: Path) -> None:
     # 1700 MHz lies between the A76's 1608 (762.5 mV) and 1800 (850 mV): interpolation would
     # allow 756.25 mV; the next-higher point allows 800 mV and no less
-    (tmp_path / "ok.yaml").write_text("opps:\n  - {hz: 1700000000, microvolt: 800000}\n")
+    (tmp_path / "ok.yaml").write_text("allow_undervolt_mv: 50\n"
+                                      "opps:\n  - {hz: 1700000000, microvolt: 800000}\n")
     assert load_table(tmp_path / "ok.yaml", "rk3588", "mainline", "cpu-big1").opps[0].hz \
         == 1700 * MHZ
-    (tmp_path / "low.yaml").write_text("opps:\n  - {hz: 1700000000, microvolt: 787500}\n")
+    (tmp_path / "low.yaml").write_text("allow_undervolt_mv: 50\n"
+                                       "opps:\n  - {hz: 1700000000, microvolt: 787500}\n")
     with pytest.raises(OverlayError) as caught:
         load_table(tmp_path / "low.yaml", "rk3588", "mainline", "cpu-big1")
     assert caught.value.message == (
         "787500 µV at 1700000000 Hz (1700 MHz) is not allowed: 62500 µV below the mainline "
-        "cpu-big1 stock 850000 µV at 1800 MHz, more than the 50000 µV margin "
-        "(--allow-undervolt MV raises it)")
+        "cpu-big1 stock 850000 µV at 1800 MHz, more than the 50000 µV allowed by "
+        f"allow_undervolt_mv: 50 in {tmp_path / 'low.yaml'}; " + ASK)
 
 
 def test_the_min_cell_is_what_is_held_to_the_margin(tmp_path: Path) -> None:
@@ -554,9 +594,14 @@ def test_the_min_cell_is_what_is_held_to_the_margin(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("source", [p for p in SHIPPED if "rk3588" in p.name], ids=str)
 def test_shipped_overlays_are_12_5_mv_below_stock_at_most(source: Path) -> None:
-    assert build.from_entry(source.stem, Limits(margin_uv=12500, explicit=True)).warnings == []
-    with pytest.raises(OverlayError, match="more than the 12000 µV margin"):
-        build.from_entry(source.stem, Limits(margin_uv=12000, explicit=True))
+    """Each says its 12.5 mV undervolt itself; a tighter flag wins over it."""
+    built = build.from_entry(source.stem)
+    assert built.limits.margin_uv == 12500 and built.limits.source.startswith(
+        "edge-agent,allow-undervolt-microvolt = <12500> in ")
+    assert built.warnings and all("an undervolt, allowed by" in w for w in built.warnings)
+    with pytest.raises(OverlayError, match="more than the 12000 µV allowed by "
+                       "--allow-undervolt"):
+        build.from_entry(source.stem, Limits.from_flags(12, False))
 
 
 def test_vendor_bins_keep_their_own_stock_spread(tmp_path: Path) -> None:
@@ -577,6 +622,7 @@ def test_vendor_bins_keep_their_own_stock_spread(tmp_path: Path) -> None:
 def test_a_bin_given_in_the_table_is_kept_and_the_others_follow_the_stock_spread(
         tmp_path: Path) -> None:
     (tmp_path / "t.yaml").write_text(
+        "allow_undervolt_mv: 25\n"
         "opps:\n  - {hz: 2016000000, microvolt: 912500, bins: {L6: [862500, 850000, "
         "1000000]}}\n")
     built = build.from_table(load_table(tmp_path / "t.yaml", "rk3588", "vendor", "cpu-big1"),
@@ -599,8 +645,10 @@ def test_a_bin_given_in_the_table_is_kept_and_the_others_follow_the_stock_spread
      "opps[0].bins.L1: is not allowed: mainline kernels have no per-bin voltages"),
     ("{hz: 1800000000, microvolt: 850000, bins: {L1: 700000}}", "vendor",
      "opps[0].bins.L1: 700000 µV at 1800000000 Hz (1800 MHz) is not allowed: 137500 µV below "
-     "the vendor cpu-big0 stock 837500 µV of bin L1 at 1800 MHz, more than the 50000 µV "
-     "margin (--allow-undervolt MV raises it)"),
+     "the vendor cpu-big0 stock 837500 µV of bin L1 at 1800 MHz, and no undervolt is "
+     "allowed; an undervolt needs its amount allowed: allow_undervolt_mv: in the table, "
+     "edge-agent,allow-undervolt-microvolt in the overlay's root node, or --allow-undervolt "
+     "MV"),
 ])
 def test_bad_per_bin_voltages_name_the_bin(entry: str, flavour: str, message: str,
                                            tmp_path: Path) -> None:
@@ -969,11 +1017,14 @@ def test_cli_install_and_remove_json_name_every_file_they_changed(
     backup = f"{config}.edge-agent-{name}.bak"
     common = {"name": name, "layout": "armbian", "config": config, "dtbo": dtbo,
               "backup": backup, "warnings": []}
+    undervolts = build.from_entry(name).warnings  # the shipped 12.5 mV, said, not silent
+    assert len(undervolts) == 5
 
     assert main(["overlay", "install", name, "--root", str(root), "--json"]) == 0
     out, err = capsys.readouterr()
     assert err == ""
-    assert json.loads(out) == {**common, "reboot_needed": True, "result": installer.REBOOT,
+    assert json.loads(out) == {**common, "warnings": undervolts, "reboot_needed": True,
+                               "result": installer.REBOOT,
                                "changed": [{"path": dtbo, "action": "created"},
                                            {"path": config, "action": "updated"},
                                            {"path": backup, "action": "created"}]}
@@ -1000,7 +1051,8 @@ def test_cli_build_json_reports_the_file_it_wrote(
     assert out.read_bytes() == build.from_entry("rk3588-mainline-gpu-capped").dtbo
     assert [(t["soc"], t["target"], t["label"]) for t in report["tables"]] == [
         ("rk3588", "gpu", "gpu_opp_table")]
-    assert report["warnings"] == [] and "source" not in report
+    assert report["warnings"] == build.from_entry("rk3588-mainline-gpu-capped").warnings
+    assert "source" not in report
 
     assert main(["overlay", "build", "rk3588-mainline-gpu-capped", "--dts", "--json"]) == 0
     source = json.loads(capsys.readouterr().out)
