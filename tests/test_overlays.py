@@ -826,7 +826,7 @@ def test_install_is_idempotent_and_remove_restores_byte_for_byte(
     root = make(tmp_path)
     before = snapshot(root)
 
-    assert main(["overlay", "install", name, "--root", str(root)]) == 0
+    assert main(["overlay", "install", name, "--root", str(root), "--no-fallback"]) == 0
     out = capsys.readouterr().out
     assert "reboot to apply it: edge-agent never reboots the board" in out
     assert (root / config).read_text() == after
@@ -835,7 +835,7 @@ def test_install_is_idempotent_and_remove_restores_byte_for_byte(
     installed = snapshot(root)
     assert set(installed) - set(before) == {dtbo, f"{config}.edge-agent-{name}.bak"}
 
-    assert main(["overlay", "install", name, "--root", str(root)]) == 0
+    assert main(["overlay", "install", name, "--root", str(root), "--no-fallback"]) == 0
     assert f"{name} is already installed: nothing changed" in capsys.readouterr().out
     assert snapshot(root) == installed
 
@@ -856,8 +856,8 @@ def test_two_overlays_removed_out_of_order_restore_the_original(
     before = snapshot(tmp_path)
     first = build.from_entry(name)
     second = build.Built("extra", first.source, first.dtbo, first.overlay, [])
-    installer.install(root, first)
-    installer.install(root, second)
+    installer.install(root, first, fallback=False)
+    installer.install(root, second, fallback=False)
     text = (tmp_path / config).read_text()
     assert text.count("extra") == 1 and text.count(name) == 1
     installer.remove(root, name)
@@ -869,7 +869,7 @@ def test_two_overlays_removed_out_of_order_restore_the_original(
 def test_armbian_appends_to_an_existing_user_overlays_line(tmp_path: Path) -> None:
     env = ARMBIAN_ENV + "user_overlays=fan-control\n"
     root = Root(board(tmp_path, {"boot/armbianEnv.txt": env}, RK3588, MAINLINE_SYMBOLS))
-    installer.install(root, build.from_entry("rk3588-mainline-gpu-capped"))
+    installer.install(root, build.from_entry("rk3588-mainline-gpu-capped"), fallback=False)
     assert (tmp_path / "boot/armbianEnv.txt").read_text().endswith(
         "user_overlays=fan-control rk3588-mainline-gpu-capped\n")
     layout, items = installer.listed(root)
@@ -906,7 +906,8 @@ def test_unknown_boot_layout_is_refused_with_a_clear_message(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = board(tmp_path, {"boot/boot.scr": "script"}, RK3588, MAINLINE_SYMBOLS)
     before = snapshot(root)
-    assert main(["overlay", "install", "rk3588-mainline-gpu-capped", "--root", str(root)]) == 1
+    assert main(["overlay", "install", "rk3588-mainline-gpu-capped", "--root", str(root),
+                 "--no-fallback"]) == 1
     assert capsys.readouterr().err.strip() == (
         f"edge-agent overlay install: unrecognised boot layout below {root}: expected "
         "/boot/armbianEnv.txt (Armbian) or /boot/extlinux/extlinux.conf (U-Boot extlinux, or "
@@ -919,7 +920,8 @@ def test_both_layouts_at_once_are_refused(tmp_path: Path) -> None:
                             "boot/extlinux/extlinux.conf": RADXA_EXTLINUX}, RK3588,
                  MAINLINE_SYMBOLS)
     with pytest.raises(InstallRefused, match="which one the boot loader reads is unknown"):
-        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"),
+                          fallback=False)
 
 
 @pytest.mark.parametrize(("compatible", "symbols", "message"), [
@@ -939,7 +941,8 @@ def test_the_running_device_tree_must_take_the_overlay(
     root = board(tmp_path, {"boot/armbianEnv.txt": ARMBIAN_ENV}, compatible, symbols)
     before = snapshot(root)
     with pytest.raises(InstallRefused) as caught:
-        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"),
+                          fallback=False)
     assert str(caught.value).startswith(message)
     assert snapshot(root) == before
 
@@ -949,7 +952,8 @@ def test_a_boot_config_linked_out_of_boot_is_refused(tmp_path: Path) -> None:
     (root / "boot").mkdir()
     (root / "boot/armbianEnv.txt").symlink_to("/etc/armbianEnv.txt")
     with pytest.raises(OSError, match=r"resolves to /etc/armbianEnv\.txt, outside /boot"):
-        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"),
+                          fallback=False)
     assert (root / "etc/armbianEnv.txt").read_text() == ARMBIAN_ENV
     assert not (root / "boot/overlay-user").exists()
 
@@ -959,7 +963,8 @@ def test_a_foreign_dtbo_of_the_same_name_is_not_overwritten(tmp_path: Path) -> N
     (root / "boot/overlay-user").mkdir()
     (root / "boot/overlay-user/rk3588-mainline-gpu-capped.dtbo").write_text("someone else's")
     with pytest.raises(InstallRefused, match="was not installed by edge-agent"):
-        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"),
+                          fallback=False)
     assert (root / "boot/armbianEnv.txt").read_text() == ARMBIAN_ENV
 
 
@@ -974,7 +979,8 @@ def test_remove_refuses_what_edge_agent_did_not_install(
 def test_remove_after_u_boot_update_rewrote_the_config(tmp_path: Path) -> None:
     """Radxa regenerates extlinux.conf from the overlay directory: the copy is gone."""
     root = radxa(tmp_path)
-    installer.install(Root(root), build.from_entry("rk3588-vendor-npu-capped"))
+    installer.install(Root(root), build.from_entry("rk3588-vendor-npu-capped"),
+                      fallback=False)
     regenerated = RADXA_EXTLINUX.replace(
         "rk3588-uart7-m2.dtbo\n", "rk3588-uart7-m2.dtbo /boot/dtbo/rk3588-vendor-npu-capped.dtbo\n")
     (root / "boot/extlinux/extlinux.conf").write_text(regenerated)
@@ -989,7 +995,8 @@ def test_install_the_overlay_a_profile_names(
     (root / "etc/edge-agent/profiles").mkdir(parents=True)
     (root / "etc/edge-agent/profiles/site-gpu.yaml").write_text(
         "match: {soc: rk3588}\noverlay: {dvfs: rk3588-mainline-gpu-capped}\n")
-    assert main(["overlay", "install", "--profile", "site-gpu", "--root", str(root)]) == 0
+    assert main(["overlay", "install", "--profile", "site-gpu", "--root", str(root),
+                 "--no-fallback"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == (
         "rk3588-mainline-gpu-capped: /boot/overlay-user/rk3588-mainline-gpu-capped.dtbo, "
         "registered in /boot/armbianEnv.txt (armbian)")
@@ -1001,7 +1008,7 @@ def test_remove_restores_the_backup_where_undoing_the_edit_would_differ(tmp_path
     """An empty user_overlays= line: taking the name out again would drop the whole line."""
     env = ARMBIAN_ENV + "user_overlays=\n"
     root = Root(board(tmp_path, {"boot/armbianEnv.txt": env}, RK3588, MAINLINE_SYMBOLS))
-    installer.install(root, build.from_entry("rk3588-mainline-gpu-capped"))
+    installer.install(root, build.from_entry("rk3588-mainline-gpu-capped"), fallback=False)
     assert (tmp_path / "boot/armbianEnv.txt").read_text() == (
         ARMBIAN_ENV + "user_overlays=rk3588-mainline-gpu-capped\n")
     installer.remove(root, "rk3588-mainline-gpu-capped")
@@ -1019,8 +1026,13 @@ def test_cli_install_and_remove_json_name_every_file_they_changed(
               "backup": backup, "warnings": []}
     undervolts = build.from_entry(name).warnings  # the shipped 12.5 mV, said, not silent
     assert len(undervolts) == 5
+    undervolts.append(f"{name} undervolts (" + ", ".join(
+        f"&cluster1_opp_table {mhz} MHz" for mhz in (1416, 1608, 1800, 2016, 2208))
+        + ") and is installed without a try-once boot (--no-fallback): a board that does not "
+        "boot needs the previous entry chosen at the console")
 
-    assert main(["overlay", "install", name, "--root", str(root), "--json"]) == 0
+    assert main(["overlay", "install", name, "--root", str(root), "--no-fallback",
+                 "--json"]) == 0
     out, err = capsys.readouterr()
     assert err == ""
     assert json.loads(out) == {**common, "warnings": undervolts, "reboot_needed": True,
@@ -1028,7 +1040,8 @@ def test_cli_install_and_remove_json_name_every_file_they_changed(
                                "changed": [{"path": dtbo, "action": "created"},
                                            {"path": config, "action": "updated"},
                                            {"path": backup, "action": "created"}]}
-    assert main(["overlay", "install", name, "--root", str(root), "--json"]) == 0
+    assert main(["overlay", "install", name, "--root", str(root), "--no-fallback",
+                 "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert (again["changed"], again["reboot_needed"]) == ([], False)
 
