@@ -166,8 +166,8 @@ def _fan(ctx: PlanContext, wanted: int | str, pinned: list[str]) -> None:
     if found is not None:
         ctx.warnings.append(f"{key}: nvfancontrol.service is {found[0]} ({found[1]}): while "
                             "it runs it overwrites pwm1 every polling interval, which verify "
-                            "reports as drift; stop it ('sudo systemctl disable --now "
-                            "nvfancontrol') for a fixed fan")
+                            "reports as drift; stop it ('sudo systemctl stop nvfancontrol') "
+                            "for a fixed fan: rollback starts an enabled one again")
     for pwm1 in fans:
         current = ctx.current(f"{pwm1}/pwm1", key, fan.COMPARE)
         ctx.want(TUNER, f"{pwm1}/pwm1", str(duty), key, fan.COMPARE,
