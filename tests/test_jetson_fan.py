@@ -121,3 +121,15 @@ def test_a_write_outside_the_allowlist_is_a_profile_error_at_plan_time(tmp_path:
     with pytest.raises(ProfileError, match=r"p\.yaml: jetson_clocks\.fan: "
                        r"/sys/devices/pwm-fan/hwmon/hwmon1/pwm1: not a writable tuning path"):
         tuned.plan("p")
+
+
+def test_a_tuners_own_allowlist_check_is_a_profile_error_too(tmp_path: Path) -> None:
+    """block journals nr_requests itself when a scheduler switch resets it: under a list
+    without it the plan names the section instead of failing with rc 1."""
+    tree = copy_board("x86-server-nvidia", tmp_path)
+    write_profile(tmp_path / "profiles", "p", "block: {'nvme*': {scheduler: kyber}}\n")
+    narrow = Root(tree, [p for p in WRITABLE_PATTERNS if not p.endswith("/nr_requests")])
+    tuned = engine_for(tree, tmp_path / "state", [tmp_path / "profiles"], root=narrow)
+    with pytest.raises(ProfileError, match=r"p\.yaml: block: /sys/block/nvme0n1/queue/"
+                       r"nr_requests: not a writable tuning path"):
+        tuned.plan("p")

@@ -157,7 +157,8 @@ class Engine:
         ctx = PlanContext(self.root, self.topology, profile, baseline)
         for section, planner in self.planners():
             if section in profile.settings:
-                planner(profile.settings[section], ctx)
+                with ctx.writes_checked(section):
+                    planner(profile.settings[section], ctx)
         irqbalance.warn_unbanned(profile.settings, ctx)
         if "dvfs" in profile.settings.get("overlay", {}):
             ctx.warnings.append(f"overlay.dvfs: {profile.settings['overlay']['dvfs']} is a "

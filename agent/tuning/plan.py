@@ -6,6 +6,8 @@ values read through the root.  Nothing is written here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -149,6 +151,15 @@ class PlanContext:
             self.root.check_writable(path)
         except WriteRefused as error:
             raise self.error(key, str(error)) from None
+
+    @contextmanager
+    def writes_checked(self, section: str) -> Iterator[None]:
+        """A tuner's own allowlist check (cgroup, block) refused at plan time is the
+        profile's error too, under its section."""
+        try:
+            yield
+        except WriteRefused as error:
+            raise self.error(section, str(error)) from None
 
     def want(self, tuner: str, path: str, desired: str, key: str, compare: str = "value",
              lacking: tuple[str, str] | None = None, **extra: Any) -> None:
