@@ -72,10 +72,26 @@ def test_rollback_hands_the_fan_to_the_thermal_governor(tmp_path: Path) -> None:
     assert tuned.verify() == []
     assert (tree / NANO_FAN.lstrip("/")).read_text() == "255\n"
     tuned.rollback()
-    assert (tree / NANO_FAN.lstrip("/")).read_text() == "170\n"
+    assert (tree / NANO_FAN.lstrip("/")).read_text() == "170\n"  # the state before apply
     after = snapshot(tree)
     assert after.pop(NANO_FAN.lstrip("/")) != before.pop(NANO_FAN.lstrip("/"))
     assert after == before
+
+
+def test_a_fan_the_governor_took_back_meanwhile_is_left_to_it(tmp_path: Path) -> None:
+    """The pwm1 write filed the fan in the top state (pwm_fan_update_state); a governor whose
+    target then changed set its own level (state 1 -> 90): rollback writes nothing."""
+    tree = copy_board("jetson-orin-nano-jp6", tmp_path)
+    with_cooling_device(tree, 2, (0, 90, 170, 255))
+    _, tuned = engine(tmp_path, "", "jetson_clocks: {fan: max}\n", tree)
+    tuned.apply("p")
+    state = tree / "sys/devices/virtual/thermal/cooling_device0/cur_state"
+    assert state.read_text() == "3\n"  # as the driver files a hand-written duty
+    (tree / NANO_FAN.lstrip("/")).write_text("90\n")  # the governor's set_cur_state(1)
+    state.write_text("1\n")
+    tuned.rollback()
+    assert (tree / NANO_FAN.lstrip("/")).read_text() == "90\n"
+    assert state.read_text() == "1\n"
 
 
 def test_without_anyone_driving_the_fan_rollback_writes_the_original(tmp_path: Path) -> None:

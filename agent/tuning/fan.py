@@ -10,10 +10,12 @@ whatever it happened to spin at, so rollback hands control back instead
 - nvfancontrol.service enabled: ``systemctl restart nvfancontrol.service`` (it starts it when
   the operator stopped it for the fixed fan, and it re-asserts its profile's duty); ``pwm1``
   itself is not written.
-- else a ``pwm-fan`` cooling device and ``cooling-levels``: ``pwm1`` = the level of the
-  cooling device's ``cur_state`` (drivers/hwmon/pwm-fan.c: set_cur_state returns early when
-  the state does not change, so the duty of the state in force must be put back by hand; the
-  governor moves it at the next trip crossing).
+- else a ``pwm-fan`` cooling device and ``cooling-levels``: drivers/hwmon/pwm-fan.c files a
+  ``pwm1`` write as the cooling state its duty falls in (pwm_fan_update_state), and the
+  thermal core calls set_cur_state only when a governor's target changes.  So when ``pwm1``
+  still holds the fixed duty the governor's target is the state recorded before apply, and
+  its level is written back; when it holds another duty the governor has already taken the
+  fan back and nothing is written.
 - else nobody drives the fan: the original duty is written back.
 """
 
@@ -50,16 +52,19 @@ def cooling_levels(root: Root, pwm1: str) -> list[int]:
     return [int.from_bytes(data[i:i + 4], "big") for i in range(0, len(data) - 3, 4)]
 
 
-def governed_duty(root: Root, pwm1: str) -> int | None:
-    """The duty the thermal governor's current cooling state asks for; None without one."""
-    levels = cooling_levels(root, pwm1)
+def cooling_state(root: Root) -> int | None:
+    """``cur_state`` of the one ``pwm-fan`` cooling device; None without one (or with
+    several, which cannot be told apart: the device has no parent link)."""
     reader = SysReader(root)
     states = [reader.integer(f"{THERMAL}/{d}/cur_state") for d in reader.listdir(THERMAL)
               if d.startswith("cooling_device")
               and (reader.text(f"{THERMAL}/{d}/type") or "").strip() == "pwm-fan"]
-    if not levels or len(states) != 1 or states[0] is None:
-        return None  # none, or several fans' devices that cannot be told apart
-    return levels[min(states[0], len(levels) - 1)]
+    return states[0] if len(states) == 1 else None
+
+
+def handback(original: str, desired: str, state: int | None) -> str:
+    """The restore value: what rollback needs to hand the fan back."""
+    return f"{HANDBACK}{original}:{desired}:{'' if state is None else state}"
 
 
 def nvfancontrol(root: Root) -> tuple[str, str] | None:
@@ -89,12 +94,16 @@ class FanKind:
         if not value.startswith(HANDBACK):
             root.write_text(path, value)
             return
+        original, desired, state = value.removeprefix(HANDBACK).split(":")
         found = nvfancontrol(root)
         if found is not None and found[0] == "enabled":
             self._restart(root)
             return
-        duty = governed_duty(root, path)
-        root.write_text(path, value.removeprefix(HANDBACK) if duty is None else str(duty))
+        levels = cooling_levels(root, path)
+        if not levels or not state.isdigit():
+            root.write_text(path, original)  # nobody drives this fan: its old duty
+        elif self.read(root, path) == desired:  # the governor has not moved since apply
+            root.write_text(path, str(levels[min(int(state), len(levels) - 1)]))
 
     def _restart(self, root: Root) -> None:
         runner = self.runner or (run_command if root.is_host else None)

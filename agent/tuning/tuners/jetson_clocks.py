@@ -171,7 +171,7 @@ def _fan(ctx: PlanContext, wanted: int | str, pinned: list[str]) -> None:
     for pwm1 in fans:
         current = ctx.current(f"{pwm1}/pwm1", key, fan.COMPARE)
         ctx.want(TUNER, f"{pwm1}/pwm1", str(duty), key, fan.COMPARE,
-                 restore=fan.HANDBACK + current,
+                 restore=fan.handback(current, str(duty), fan.cooling_state(ctx.root)),
                  note="rollback hands the fan back to nvfancontrol or the thermal governor")
 
 
