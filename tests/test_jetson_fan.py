@@ -44,8 +44,8 @@ def with_cooling_device(tree: Path, state: int, levels: tuple[int, ...]) -> None
 def test_fan_below_the_floor_is_refused_while_clocks_are_pinned(tmp_path: Path) -> None:
     _, pinned = engine(tmp_path, "jetson-orin-nano-jp6", PINNED)
     with pytest.raises(ProfileError, match=r"jetson_clocks\.fan: 0 is below the fan floor "
-                       r"128 \(50 % duty\): jetson_clocks\.gpu pin clocks, .*allowed: max or "
-                       r"128\.\.255"):
+                       r"128 \(50 % duty\) while the plan pins clocks "
+                       r"\(jetson_clocks\.gpu\): .*allowed: max or 128\.\.255"):
         pinned.plan("p")
     write_profile(tmp_path / "profiles", "p", PINNED.replace("fan: 0", "fan: 128"))
     assert {c.path: c.desired for c in pinned.plan("p").changes}[NANO_FAN] == "128"
@@ -56,7 +56,8 @@ def test_fan_below_the_floor_is_refused_while_clocks_are_pinned(tmp_path: Path) 
 def test_a_dvfs_minimum_counts_as_pinned(tmp_path: Path) -> None:
     _, pinned = engine(tmp_path, "jetson-orin-nano-jp6",
                        "dvfs: {gpu: {min_hz: max}}\njetson_clocks: {fan: 60}\n")
-    with pytest.raises(ProfileError, match=r"60 is below the fan floor 128 .*: dvfs\.gpu pin"):
+    with pytest.raises(ProfileError,
+                       match=r"60 is below the fan floor 128 .*pins clocks \(dvfs\.gpu\)"):
         pinned.plan("p")
 
 

@@ -157,9 +157,10 @@ def _fan(ctx: PlanContext, wanted: int | str, pinned: list[str]) -> None:
         return
     duty = 255 if wanted == "max" else int(wanted)
     if pinned and duty < FAN_FLOOR:
-        raise ctx.error(key, f"{duty} is below the fan floor {FAN_FLOOR} (50 % duty): "
-                        f"{', '.join(pinned)} pin clocks, so the SoC makes full-power heat "
-                        "even when idle and only throttling would be left to cool it; "
+        raise ctx.error(key, f"{duty} is below the fan floor {FAN_FLOOR} (50 % duty) while "
+                        f"the plan pins clocks ({', '.join(pinned)}): the SoC then makes "
+                        "full-power heat even when idle and only throttling would be left "
+                        "to cool it; "
                         f"allowed: max or {FAN_FLOOR}..255, or no fan key (nvfancontrol and "
                         "the thermal governor keep the fan)")
     found = fan.nvfancontrol(ctx.root)
