@@ -71,6 +71,9 @@ def test_extlinux_install_arms_a_fallback_to_the_previous_entry(tmp_path: Path) 
                               ["fw_setenv", "bootcount", "0"]]
     assert any(w.startswith("try-once boot armed") and w.endswith(tryonce.CONFIRM)
                for w in outcome.warnings)
+    assert any(w.startswith("/etc/default/u-boot: u-boot-update (a kernel update runs it) "
+                            "rewrites /boot/extlinux/extlinux.conf without the fallback")
+               for w in outcome.warnings)
     assert uboot_boots(text, env) == "edge-agent"  # the first boot tries the new tree
     assert uboot_boots(text, env) == "l0"  # it did not come up (watchdog): the old one
     installer.remove(Root(root), NAME, runner=env)

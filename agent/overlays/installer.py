@@ -18,7 +18,7 @@ from agent.overlays.bootfs import BootFiles
 from agent.overlays.build import Built
 from agent.overlays.check import Overlay
 from agent.overlays.errors import InstallRefused
-from agent.overlays.layouts import Layout, detect
+from agent.overlays.layouts import UBOOT_DEFAULTS, Layout, detect
 from agent.overlays.table import OppTable
 
 DT = "/proc/device-tree"
@@ -116,6 +116,10 @@ def _try_once(root: Root, built: Built, layout: Layout, fallback: bool,
                              "--no-fallback installs it anyway; nothing was changed")
     trial = tryonce.TryOnce(root, runner)
     trial.check(built.name, points)
+    if root.exists(UBOOT_DEFAULTS):
+        warnings.append(f"{UBOOT_DEFAULTS}: u-boot-update (a kernel update runs it) rewrites "
+                        f"{layout.config} without the fallback entry: confirm the tree "
+                        f"({tryonce.CONFIRM}) before updating the kernel")
     return trial
 
 
