@@ -19,6 +19,7 @@ from agent.kernel.fsroot import Root
 from agent.tuning import kinds, nvpmodel_mode
 from agent.tuning.engine import Engine
 from agent.tuning.errors import ProfileError
+from agent.tuning.fan import FanKind
 from agent.tuning.journal import FILE_NAME, PERSISTENT_FILE
 from agent.tuning.nvpmodel_mode import COMPARE, PATH, NvpmodelMode
 
@@ -51,8 +52,9 @@ def planned(engine: Engine) -> dict[str, str]:
     return {c.path: c.desired for c in engine.plan("p").changes}
 
 
-def round_trip(tree: Path, engine: Engine) -> None:
-    """apply, verify clean, rollback byte for byte, journal gone."""
+def round_trip(tree: Path, engine: Engine, handed_back: tuple[str, ...] = ()) -> None:
+    """apply, verify clean, rollback byte for byte (but the ``handed_back`` fan files, which
+    rollback leaves to nvfancontrol), journal gone."""
     before = snapshot(tree)
     plan = engine.plan("p")
     assert snapshot(tree) == before, "plan must not write"
@@ -61,14 +63,17 @@ def round_trip(tree: Path, engine: Engine) -> None:
     assert engine.verify() == []
     assert snapshot(tree) != before
     assert engine.rollback()[0] == "p"
-    assert snapshot(tree) == before
+    after = snapshot(tree)
+    for path in handed_back:
+        assert after.pop(path.lstrip("/")) != before.pop(path.lstrip("/"))
+    assert after == before
     assert not (tree.parent / "state" / FILE_NAME).exists()
     assert not (tree.parent / "state" / PERSISTENT_FILE).exists()
 
 
 # -- jetson_clocks -------------------------------------------------------------------------
 
-def test_jetson_clocks_on_agx_orin(tmp_path: Path) -> None:
+def test_jetson_clocks_on_agx_orin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tree, engine = board_engine(tmp_path, "jetson-agx-orin-jp6", CLOCKS)
     plan = engine.plan("p")
     assert [(c.path, c.current, c.desired) for c in plan.changes] == [
@@ -78,7 +83,11 @@ def test_jetson_clocks_on_agx_orin(tmp_path: Path) -> None:
         (f"{EMC}/rate", "2133000000", "3199000000"),  # MODE_30W has no EMC cap: max_rate
         (AGX_FAN, "86", "255")]
     assert any("nvfancontrol.service is enabled" in w for w in plan.warnings)
-    round_trip(tree, engine)
+    restarted: list[list[str]] = []
+    monkeypatch.setitem(kinds.KINDS, "fan", FanKind(lambda argv: (restarted.append(argv),
+                                                                   (0, ""))[1]))
+    round_trip(tree, engine, handed_back=(AGX_FAN,))  # nvfancontrol rewrites it, not we
+    assert restarted == [["systemctl", "restart", "nvfancontrol.service"]]
 
 
 def test_jetson_clocks_on_orin_nano(tmp_path: Path) -> None:

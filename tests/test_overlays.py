@@ -143,6 +143,7 @@ JETSON_BASE = """/dts-v1/;
 """
 
 TABLE = """\
+allow_undervolt_mv: 25
 opps:
   - {hz: 408000000, microvolt: 675000, opp-suspend: true}
   - {hz: 1800000000, microvolt: [837500, 825000, 1000000]}
@@ -283,13 +284,18 @@ def test_fdtoverlay_applies_a_generated_overlay(flavour: str, base: str, table: 
 
 
 def test_generated_source_is_what_gets_compiled(tmp_path: Path) -> None:
-    (tmp_path / "t.yaml").write_text("soc: rk3588\nflavour: mainline\ntarget: gpu\nopps:\n"
+    (tmp_path / "t.yaml").write_text("soc: rk3588\nflavour: mainline\ntarget: gpu\n"
+                                     "allow_undervolt_mv: 12.5\nopps:\n"
                                      "  - {hz: 800000000, microvolt: 737500}\n")
     built = build.from_table(load_table(tmp_path / "t.yaml"), "t")
     assert built.source is not None
     assert "&gpu_opp_table {" in built.source
     assert "\t\topp-microvolt = <737500 737500 737500>;" in built.source
     assert "clock-latency-ns" not in built.source  # CPU tables only
+    # the allowance travels with the overlay: its .dtbo installs later without a flag
+    assert "\tedge-agent,allow-undervolt-microvolt = <12500>;" in built.source
+    (tmp_path / "t.dtbo").write_bytes(built.dtbo)
+    assert build.from_file(tmp_path / "t.dtbo").limits.margin_uv == 12500
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -446,17 +452,19 @@ def point(hz: int, uv: int, ceiling: int, extra: str = "") -> str:
             f"opp-microvolt = <{uv} {uv} {ceiling}>; {extra}}};")
 
 
+ASK = ("an undervolt needs its amount allowed: allow_undervolt_mv: in the table, "
+       "edge-agent,allow-undervolt-microvolt in the overlay's root node, or --allow-undervolt MV")
 HOSTILE = {
     "A76 2.4 GHz at 600 mV": (
         overlay_source("cluster1_opp_table", point(2400 * MHZ, 600000, 1000000)),
         "&cluster1_opp_table/opp-2400000000.microvolt: 600000 µV at 2400000000 Hz (2400 MHz) "
         "is not allowed: 400000 µV below the mainline cpu-big0 stock 1000000 µV at 2400 MHz, "
-        "more than the 50000 µV margin (--allow-undervolt MV raises it)"),
+        "and no undervolt is allowed; " + ASK),
     "GPU 1 GHz at 550 mV": (
         overlay_source("gpu_opp_table", point(1000 * MHZ, 550000, 850000)),
         "&gpu_opp_table/opp-1000000000.microvolt: 550000 µV at 1000000000 Hz (1000 MHz) is "
-        "not allowed: 300000 µV below the mainline gpu stock 850000 µV at 1000 MHz, more than "
-        "the 50000 µV margin (--allow-undervolt MV raises it)"),
+        "not allowed: 300000 µV below the mainline gpu stock 850000 µV at 1000 MHz, and no "
+        "undervolt is allowed; " + ASK),
     "A55 above its maximum": (
         overlay_source("cluster0_opp_table", point(2016 * MHZ, 950000, 950000)),
         "&cluster0_opp_table/opp-2016000000.hz: 2016000000 is not allowed: expected a "
@@ -470,7 +478,7 @@ HOSTILE = {
                        "<700000 700000 1000000>; };"),
         "&cluster1_opp_table/opp-1800000000.bins.L3: 700000 µV at 1800000000 Hz (1800 MHz) is "
         "not allowed: 112500 µV below the vendor cpu-big0 stock 812500 µV of bin L3 at 1800 "
-        "MHz, more than the 50000 µV margin (--allow-undervolt MV raises it)"),
+        "MHz, and no undervolt is allowed; " + ASK),
 }
 
 
@@ -491,7 +499,7 @@ def test_allow_undervolt_raises_the_margin_and_the_result_says_so(
     (tmp_path / "uv.dts").write_text(HOSTILE["A76 2.4 GHz at 600 mV"][0])
     assert main(["overlay", "validate", str(tmp_path / "uv.dts"), "--allow-undervolt", "350"]
                 ) == 2  # 400 mV below stock: still more than the 350 mV allowed
-    assert "more than the 350000 µV margin" in capsys.readouterr().err
+    assert "more than the 350000 µV allowed by --allow-undervolt" in capsys.readouterr().err
     assert main(["overlay", "validate", str(tmp_path / "uv.dts"), "--allow-undervolt", "400",
                  "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -499,12 +507,42 @@ def test_allow_undervolt_raises_the_margin_and_the_result_says_so(
                                 "allow_overclock": False}
     assert report["warnings"] == [
         "&cluster1_opp_table/opp-2400000000.microvolt: 600000 µV at 2400 MHz is 400000 µV "
-        "below the mainline cpu-big0 stock 1000000 µV at 2400 MHz: beyond the default 50000 "
-        "µV, allowed by --allow-undervolt"]
+        "below the mainline cpu-big0 stock 1000000 µV at 2400 MHz: an undervolt, allowed by "
+        "--allow-undervolt"]
     assert main(["overlay", "validate", str(tmp_path / "uv.dts"), "--allow-undervolt", "400"]
                 ) == 0
     assert ("checked against the stock table: up to 400 mV below stock (--allow-undervolt)"
             in capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(("target", "flavour", "hz", "asked", "stock"), [
+    ("cpu-big0", "mainline", 2400 * MHZ, 950000, 1000000),  # the A76 at 2.4 GHz, 50 mV under
+    ("npu", "vendor", 1000 * MHZ, 800000, 850000)])         # the NPU at 1 GHz, 50 mV under
+def test_any_undervolt_needs_its_amount_allowed(target: str, flavour: str, hz: int, asked: int,
+                                                stock: int, tmp_path: Path) -> None:
+    """Once built silently (a 50 mV default margin): now refused naming the point, the stock
+    and the asked voltage, and built only with ``allow_undervolt_mv:`` saying the amount."""
+    opps = f"opps:\n  - {{hz: {hz}, microvolt: {asked}}}\n"
+    (tmp_path / "t.yaml").write_text(opps)
+    with pytest.raises(OverlayError) as caught:
+        load_table(tmp_path / "t.yaml", "rk3588", flavour, target)
+    assert (caught.value.key, caught.value.message) == ("opps[0].microvolt", (
+        f"{asked} µV at {hz} Hz ({hz // MHZ} MHz) is not allowed: {stock - asked} µV below the "
+        f"{flavour} {target} stock {stock} µV at {hz // MHZ} MHz, and no undervolt is allowed; "
+        + ASK))
+    (tmp_path / "t.yaml").write_text("allow_undervolt_mv: 25\n" + opps)  # not enough
+    with pytest.raises(OverlayError, match=r"more than the 25000 µV allowed by "
+                       r"allow_undervolt_mv: 25 in "):
+        load_table(tmp_path / "t.yaml", "rk3588", flavour, target)
+    (tmp_path / "t.yaml").write_text("allow_undervolt_mv: 50\n" + opps)
+    table = load_table(tmp_path / "t.yaml", "rk3588", flavour, target)
+    assert table.limits == Limits(50000, False, True, f"allow_undervolt_mv: 50 in "
+                                                      f"{tmp_path / 't.yaml'}")
+    assert table.warnings[0] == (
+        f"opps[0].microvolt: {asked} µV at {hz // MHZ} MHz is {stock - asked} µV below the "
+        f"{flavour} {target} stock {stock} µV at {hz // MHZ} MHz: an undervolt, allowed by "
+        f"allow_undervolt_mv: 50 in {tmp_path / 't.yaml'}")
+    assert all("an undervolt, allowed by" in w for w in table.warnings)  # vendor: each bin
 
 
 def test_an_overclock_needs_its_own_flag(tmp_path: Path) -> None:
@@ -530,16 +568,18 @@ def test_a_frequency_between_stock_points_is_measured_from_the_next_higher_one(
         tmp_path: Path) -> None:
     # 1700 MHz lies between the A76's 1608 (762.5 mV) and 1800 (850 mV): interpolation would
     # allow 756.25 mV; the next-higher point allows 800 mV and no less
-    (tmp_path / "ok.yaml").write_text("opps:\n  - {hz: 1700000000, microvolt: 800000}\n")
+    (tmp_path / "ok.yaml").write_text("allow_undervolt_mv: 50\n"
+                                      "opps:\n  - {hz: 1700000000, microvolt: 800000}\n")
     assert load_table(tmp_path / "ok.yaml", "rk3588", "mainline", "cpu-big1").opps[0].hz \
         == 1700 * MHZ
-    (tmp_path / "low.yaml").write_text("opps:\n  - {hz: 1700000000, microvolt: 787500}\n")
+    (tmp_path / "low.yaml").write_text("allow_undervolt_mv: 50\n"
+                                       "opps:\n  - {hz: 1700000000, microvolt: 787500}\n")
     with pytest.raises(OverlayError) as caught:
         load_table(tmp_path / "low.yaml", "rk3588", "mainline", "cpu-big1")
     assert caught.value.message == (
         "787500 µV at 1700000000 Hz (1700 MHz) is not allowed: 62500 µV below the mainline "
-        "cpu-big1 stock 850000 µV at 1800 MHz, more than the 50000 µV margin "
-        "(--allow-undervolt MV raises it)")
+        "cpu-big1 stock 850000 µV at 1800 MHz, more than the 50000 µV allowed by "
+        f"allow_undervolt_mv: 50 in {tmp_path / 'low.yaml'}; " + ASK)
 
 
 def test_the_min_cell_is_what_is_held_to_the_margin(tmp_path: Path) -> None:
@@ -554,9 +594,14 @@ def test_the_min_cell_is_what_is_held_to_the_margin(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("source", [p for p in SHIPPED if "rk3588" in p.name], ids=str)
 def test_shipped_overlays_are_12_5_mv_below_stock_at_most(source: Path) -> None:
-    assert build.from_entry(source.stem, Limits(margin_uv=12500, explicit=True)).warnings == []
-    with pytest.raises(OverlayError, match="more than the 12000 µV margin"):
-        build.from_entry(source.stem, Limits(margin_uv=12000, explicit=True))
+    """Each says its 12.5 mV undervolt itself; a tighter flag wins over it."""
+    built = build.from_entry(source.stem)
+    assert built.limits.margin_uv == 12500 and built.limits.source.startswith(
+        "edge-agent,allow-undervolt-microvolt = <12500> in ")
+    assert built.warnings and all("an undervolt, allowed by" in w for w in built.warnings)
+    with pytest.raises(OverlayError, match="more than the 12000 µV allowed by "
+                       "--allow-undervolt"):
+        build.from_entry(source.stem, Limits.from_flags(12, False))
 
 
 def test_vendor_bins_keep_their_own_stock_spread(tmp_path: Path) -> None:
@@ -577,6 +622,7 @@ def test_vendor_bins_keep_their_own_stock_spread(tmp_path: Path) -> None:
 def test_a_bin_given_in_the_table_is_kept_and_the_others_follow_the_stock_spread(
         tmp_path: Path) -> None:
     (tmp_path / "t.yaml").write_text(
+        "allow_undervolt_mv: 25\n"
         "opps:\n  - {hz: 2016000000, microvolt: 912500, bins: {L6: [862500, 850000, "
         "1000000]}}\n")
     built = build.from_table(load_table(tmp_path / "t.yaml", "rk3588", "vendor", "cpu-big1"),
@@ -599,8 +645,10 @@ def test_a_bin_given_in_the_table_is_kept_and_the_others_follow_the_stock_spread
      "opps[0].bins.L1: is not allowed: mainline kernels have no per-bin voltages"),
     ("{hz: 1800000000, microvolt: 850000, bins: {L1: 700000}}", "vendor",
      "opps[0].bins.L1: 700000 µV at 1800000000 Hz (1800 MHz) is not allowed: 137500 µV below "
-     "the vendor cpu-big0 stock 837500 µV of bin L1 at 1800 MHz, more than the 50000 µV "
-     "margin (--allow-undervolt MV raises it)"),
+     "the vendor cpu-big0 stock 837500 µV of bin L1 at 1800 MHz, and no undervolt is "
+     "allowed; an undervolt needs its amount allowed: allow_undervolt_mv: in the table, "
+     "edge-agent,allow-undervolt-microvolt in the overlay's root node, or --allow-undervolt "
+     "MV"),
 ])
 def test_bad_per_bin_voltages_name_the_bin(entry: str, flavour: str, message: str,
                                            tmp_path: Path) -> None:
@@ -778,7 +826,7 @@ def test_install_is_idempotent_and_remove_restores_byte_for_byte(
     root = make(tmp_path)
     before = snapshot(root)
 
-    assert main(["overlay", "install", name, "--root", str(root)]) == 0
+    assert main(["overlay", "install", name, "--root", str(root), "--no-fallback"]) == 0
     out = capsys.readouterr().out
     assert "reboot to apply it: edge-agent never reboots the board" in out
     assert (root / config).read_text() == after
@@ -787,7 +835,7 @@ def test_install_is_idempotent_and_remove_restores_byte_for_byte(
     installed = snapshot(root)
     assert set(installed) - set(before) == {dtbo, f"{config}.edge-agent-{name}.bak"}
 
-    assert main(["overlay", "install", name, "--root", str(root)]) == 0
+    assert main(["overlay", "install", name, "--root", str(root), "--no-fallback"]) == 0
     assert f"{name} is already installed: nothing changed" in capsys.readouterr().out
     assert snapshot(root) == installed
 
@@ -808,8 +856,8 @@ def test_two_overlays_removed_out_of_order_restore_the_original(
     before = snapshot(tmp_path)
     first = build.from_entry(name)
     second = build.Built("extra", first.source, first.dtbo, first.overlay, [])
-    installer.install(root, first)
-    installer.install(root, second)
+    installer.install(root, first, fallback=False)
+    installer.install(root, second, fallback=False)
     text = (tmp_path / config).read_text()
     assert text.count("extra") == 1 and text.count(name) == 1
     installer.remove(root, name)
@@ -821,7 +869,7 @@ def test_two_overlays_removed_out_of_order_restore_the_original(
 def test_armbian_appends_to_an_existing_user_overlays_line(tmp_path: Path) -> None:
     env = ARMBIAN_ENV + "user_overlays=fan-control\n"
     root = Root(board(tmp_path, {"boot/armbianEnv.txt": env}, RK3588, MAINLINE_SYMBOLS))
-    installer.install(root, build.from_entry("rk3588-mainline-gpu-capped"))
+    installer.install(root, build.from_entry("rk3588-mainline-gpu-capped"), fallback=False)
     assert (tmp_path / "boot/armbianEnv.txt").read_text().endswith(
         "user_overlays=fan-control rk3588-mainline-gpu-capped\n")
     layout, items = installer.listed(root)
@@ -858,7 +906,8 @@ def test_unknown_boot_layout_is_refused_with_a_clear_message(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = board(tmp_path, {"boot/boot.scr": "script"}, RK3588, MAINLINE_SYMBOLS)
     before = snapshot(root)
-    assert main(["overlay", "install", "rk3588-mainline-gpu-capped", "--root", str(root)]) == 1
+    assert main(["overlay", "install", "rk3588-mainline-gpu-capped", "--root", str(root),
+                 "--no-fallback"]) == 1
     assert capsys.readouterr().err.strip() == (
         f"edge-agent overlay install: unrecognised boot layout below {root}: expected "
         "/boot/armbianEnv.txt (Armbian) or /boot/extlinux/extlinux.conf (U-Boot extlinux, or "
@@ -871,7 +920,8 @@ def test_both_layouts_at_once_are_refused(tmp_path: Path) -> None:
                             "boot/extlinux/extlinux.conf": RADXA_EXTLINUX}, RK3588,
                  MAINLINE_SYMBOLS)
     with pytest.raises(InstallRefused, match="which one the boot loader reads is unknown"):
-        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"),
+                          fallback=False)
 
 
 @pytest.mark.parametrize(("compatible", "symbols", "message"), [
@@ -891,7 +941,8 @@ def test_the_running_device_tree_must_take_the_overlay(
     root = board(tmp_path, {"boot/armbianEnv.txt": ARMBIAN_ENV}, compatible, symbols)
     before = snapshot(root)
     with pytest.raises(InstallRefused) as caught:
-        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"),
+                          fallback=False)
     assert str(caught.value).startswith(message)
     assert snapshot(root) == before
 
@@ -901,7 +952,8 @@ def test_a_boot_config_linked_out_of_boot_is_refused(tmp_path: Path) -> None:
     (root / "boot").mkdir()
     (root / "boot/armbianEnv.txt").symlink_to("/etc/armbianEnv.txt")
     with pytest.raises(OSError, match=r"resolves to /etc/armbianEnv\.txt, outside /boot"):
-        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"),
+                          fallback=False)
     assert (root / "etc/armbianEnv.txt").read_text() == ARMBIAN_ENV
     assert not (root / "boot/overlay-user").exists()
 
@@ -911,7 +963,8 @@ def test_a_foreign_dtbo_of_the_same_name_is_not_overwritten(tmp_path: Path) -> N
     (root / "boot/overlay-user").mkdir()
     (root / "boot/overlay-user/rk3588-mainline-gpu-capped.dtbo").write_text("someone else's")
     with pytest.raises(InstallRefused, match="was not installed by edge-agent"):
-        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"))
+        installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"),
+                          fallback=False)
     assert (root / "boot/armbianEnv.txt").read_text() == ARMBIAN_ENV
 
 
@@ -926,7 +979,8 @@ def test_remove_refuses_what_edge_agent_did_not_install(
 def test_remove_after_u_boot_update_rewrote_the_config(tmp_path: Path) -> None:
     """Radxa regenerates extlinux.conf from the overlay directory: the copy is gone."""
     root = radxa(tmp_path)
-    installer.install(Root(root), build.from_entry("rk3588-vendor-npu-capped"))
+    installer.install(Root(root), build.from_entry("rk3588-vendor-npu-capped"),
+                      fallback=False)
     regenerated = RADXA_EXTLINUX.replace(
         "rk3588-uart7-m2.dtbo\n", "rk3588-uart7-m2.dtbo /boot/dtbo/rk3588-vendor-npu-capped.dtbo\n")
     (root / "boot/extlinux/extlinux.conf").write_text(regenerated)
@@ -941,7 +995,8 @@ def test_install_the_overlay_a_profile_names(
     (root / "etc/edge-agent/profiles").mkdir(parents=True)
     (root / "etc/edge-agent/profiles/site-gpu.yaml").write_text(
         "match: {soc: rk3588}\noverlay: {dvfs: rk3588-mainline-gpu-capped}\n")
-    assert main(["overlay", "install", "--profile", "site-gpu", "--root", str(root)]) == 0
+    assert main(["overlay", "install", "--profile", "site-gpu", "--root", str(root),
+                 "--no-fallback"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == (
         "rk3588-mainline-gpu-capped: /boot/overlay-user/rk3588-mainline-gpu-capped.dtbo, "
         "registered in /boot/armbianEnv.txt (armbian)")
@@ -953,7 +1008,7 @@ def test_remove_restores_the_backup_where_undoing_the_edit_would_differ(tmp_path
     """An empty user_overlays= line: taking the name out again would drop the whole line."""
     env = ARMBIAN_ENV + "user_overlays=\n"
     root = Root(board(tmp_path, {"boot/armbianEnv.txt": env}, RK3588, MAINLINE_SYMBOLS))
-    installer.install(root, build.from_entry("rk3588-mainline-gpu-capped"))
+    installer.install(root, build.from_entry("rk3588-mainline-gpu-capped"), fallback=False)
     assert (tmp_path / "boot/armbianEnv.txt").read_text() == (
         ARMBIAN_ENV + "user_overlays=rk3588-mainline-gpu-capped\n")
     installer.remove(root, "rk3588-mainline-gpu-capped")
@@ -969,15 +1024,24 @@ def test_cli_install_and_remove_json_name_every_file_they_changed(
     backup = f"{config}.edge-agent-{name}.bak"
     common = {"name": name, "layout": "armbian", "config": config, "dtbo": dtbo,
               "backup": backup, "warnings": []}
+    undervolts = build.from_entry(name).warnings  # the shipped 12.5 mV, said, not silent
+    assert len(undervolts) == 5
+    undervolts.append(f"{name} undervolts (" + ", ".join(
+        f"&cluster1_opp_table {mhz} MHz" for mhz in (1416, 1608, 1800, 2016, 2208))
+        + ") and is installed without a try-once boot (--no-fallback): a board that does not "
+        "boot needs the previous entry chosen at the console")
 
-    assert main(["overlay", "install", name, "--root", str(root), "--json"]) == 0
+    assert main(["overlay", "install", name, "--root", str(root), "--no-fallback",
+                 "--json"]) == 0
     out, err = capsys.readouterr()
     assert err == ""
-    assert json.loads(out) == {**common, "reboot_needed": True, "result": installer.REBOOT,
+    assert json.loads(out) == {**common, "warnings": undervolts, "reboot_needed": True,
+                               "result": installer.REBOOT,
                                "changed": [{"path": dtbo, "action": "created"},
                                            {"path": config, "action": "updated"},
                                            {"path": backup, "action": "created"}]}
-    assert main(["overlay", "install", name, "--root", str(root), "--json"]) == 0
+    assert main(["overlay", "install", name, "--root", str(root), "--no-fallback",
+                 "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert (again["changed"], again["reboot_needed"]) == ([], False)
 
@@ -1000,7 +1064,8 @@ def test_cli_build_json_reports_the_file_it_wrote(
     assert out.read_bytes() == build.from_entry("rk3588-mainline-gpu-capped").dtbo
     assert [(t["soc"], t["target"], t["label"]) for t in report["tables"]] == [
         ("rk3588", "gpu", "gpu_opp_table")]
-    assert report["warnings"] == [] and "source" not in report
+    assert report["warnings"] == build.from_entry("rk3588-mainline-gpu-capped").warnings
+    assert "source" not in report
 
     assert main(["overlay", "build", "rk3588-mainline-gpu-capped", "--dts", "--json"]) == 0
     source = json.loads(capsys.readouterr().out)

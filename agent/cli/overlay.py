@@ -41,6 +41,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                          ("validate", "check a table or overlay against the SoC's limits"),
                          ("install", "register an overlay with the boot loader (no reboot)"),
                          ("remove", "unregister an overlay edge-agent installed"),
+                         ("confirm", "after a good boot: stop U-Boot's try-once boot count"),
                          ("list", "the overlays the boot configuration applies")):
         sub = actions.add_parser(action, help=text)
         if action in ("build", "validate", "install"):
@@ -65,9 +66,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                              "stdout with --dts)")
             sub.add_argument("--dts", action="store_true", help="write the overlay source "
                              "instead of the compiled .dtbo")
+        if action == "install":
+            sub.add_argument("--no-fallback", action="store_true", help="install an "
+                             "undervolting overlay without a try-once boot (a board that "
+                             "does not boot then needs the console)")
         if action == "remove":
             sub.add_argument("name", help="the overlay's name")
-        if action in ("install", "remove", "list"):
+        if action in ("install", "remove", "list", "confirm"):
             sub.add_argument("--root", default="/", metavar="DIR",
                              help="the board's files below DIR (/boot, /proc/device-tree)")
         sub.add_argument("--json", action="store_true", help="machine-readable output"
@@ -218,7 +223,7 @@ def _install(args: argparse.Namespace) -> int:
     built = _source(args, root)
     boot, paths = _files(root, built.name)
     before = {path: boot.read(path) for path in paths}
-    outcome = installer.install(root, built)
+    outcome = installer.install(root, built, fallback=not args.no_fallback)
     if args.json:
         print_json(_report(outcome, _changed(boot, before), paths[2]))
         return 0
@@ -244,6 +249,18 @@ def _remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def _confirm(args: argparse.Namespace) -> int:
+    from agent.overlays.tryonce import TryOnce
+
+    TryOnce(open_root(args.root)).disarm()
+    if args.json:
+        print_json({"confirmed": True})
+    else:
+        print("U-Boot's try-once boot count stopped (upgrade_available=0, bootcount=0): the "
+              "installed tree is the one it boots")
+    return 0
+
+
 def _list(args: argparse.Namespace) -> int:
     from agent.overlays import installer
 
@@ -261,7 +278,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 ACTIONS = {"build": _build, "validate": _validate, "install": _install, "remove": _remove,
-           "list": _list}
+           "list": _list, "confirm": _confirm}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ WRITABLE_PATTERNS: tuple[str, ...] = (
     "/sys/kernel/debug/bpmp/debug/clk/emc/rate",  # Jetson BPMP clock debugfs
     "/sys/kernel/debug/bpmp/debug/clk/emc/mrq_rate_locked",
     "/sys/devices/platform/pwm-fan*/hwmon/hwmon*/pwm1",
+    "/sys/devices/pwm-fan*/hwmon/hwmon*/pwm1",  # Xavier (L4T): the DT node's device at the top
     "/sys/kernel/mm/transparent_hugepage/enabled",
     "/sys/kernel/mm/transparent_hugepage/defrag",
     "/sys/kernel/mm/transparent_hugepage/khugepaged/defrag",

@@ -7,7 +7,9 @@ apply and rollback is judged as on a device:
   the BPMP firmware): a rate outside ``min_rate``..``max_rate`` is refused with EINVAL
   **(unverified: the firmware may clamp instead; either way the file never reads above
   max_rate)**; ``mrq_rate_locked`` takes 0 or 1.
-- pwm-fan ``pwm1`` (drivers/hwmon/pwm-fan.c ``pwm_store``): above 255 is EINVAL.
+- pwm-fan ``pwm1`` (drivers/hwmon/pwm-fan.c ``pwm_store``): above 255 is EINVAL; the duty
+  written is filed as the cooling state whose level range holds it (pwm_fan_update_state),
+  which the ``pwm-fan`` cooling device's ``cur_state`` then reads.
 - nvgpu ``railgate_enable``: an unsigned integer, nonzero enables gating (reads back 1).
 """
 
@@ -52,3 +54,19 @@ def write(target: Path, logical: str, value: str) -> None:
     with open(target, "r+b") as handle:  # an existing attribute: never created here
         handle.write(f"{number}\n".encode())
         handle.truncate()
+    if _PWM.search(logical) and str(target).endswith(logical):
+        _update_state(Path(str(target)[:-len(logical)]), target, number)
+
+
+def _update_state(base: Path, pwm1: Path, duty: int) -> None:
+    """pwm_fan_update_state: the first state i whose next level is above the duty."""
+    try:
+        data = (pwm1.parent / "device/of_node/cooling-levels").read_bytes()
+    except OSError:
+        return
+    levels = [int.from_bytes(data[i:i + 4], "big") for i in range(0, len(data) - 3, 4)]
+    state = next((i for i in range(len(levels) - 1) if duty < levels[i + 1]),
+                 len(levels) - 1)
+    for device in (base / "sys/class/thermal").glob("cooling_device*"):
+        if (device / "type").read_text().strip() == "pwm-fan":
+            (device / "cur_state").write_text(f"{state}\n")

@@ -58,7 +58,7 @@ def _compiled(name: str, source: str, file: str, notes: list[str], limits: Limit
     dtbo, dtc_warnings = compile_dts(source, file)
     overlay = inspect(dtbo, file, limits)
     return Built(name=name, source=source, dtbo=dtbo, overlay=overlay,
-                 warnings=[*notes, *dtc_warnings, *overlay.warnings], limits=limits)
+                 warnings=[*notes, *dtc_warnings, *overlay.warnings], limits=overlay.limits)
 
 
 def from_table(table: OppTable, name: str) -> Built:
@@ -85,4 +85,4 @@ def from_file(path: Path, limits: Limits = DEFAULT_LIMITS) -> Built:
     dtbo = path.read_bytes()
     overlay = inspect(dtbo, str(path), limits)
     return Built(name=name, source=None, dtbo=dtbo, overlay=overlay,
-                 warnings=list(overlay.warnings), limits=limits)
+                 warnings=list(overlay.warnings), limits=overlay.limits)

@@ -13,7 +13,7 @@ from typing import Any
 from agent.overlays.errors import OverlayError
 from agent.overlays.fdt import FdtError, Node, parse
 from agent.overlays.socs import OppTarget, Soc, soc_for_compatible
-from agent.overlays.stock import DEFAULT_LIMITS, Limits
+from agent.overlays.stock import DEFAULT_LIMITS, PROPERTY, Limits
 from agent.overlays.table import OppTable, check_points
 
 BIN_PREFIX = "opp-microvolt-"
@@ -35,6 +35,7 @@ class Overlay:
     soc: Soc | None
     tables: list[OppTable]
     warnings: list[str]
+    limits: Limits = DEFAULT_LIMITS  # what the tables were checked within
 
 
 def _fixups(root: Node) -> dict[str, str]:
@@ -127,6 +128,9 @@ def inspect(blob: bytes, file: str, limits: Limits = DEFAULT_LIMITS) -> Overlay:
     if not fragments:
         raise OverlayError(file, "", "not an overlay: no fragment with __overlay__ (the "
                            "source needs /plugin/)")
+    declared = root.cells(PROPERTY)
+    if declared:
+        limits = limits.declared(declared[0], f"{PROPERTY} = <{declared[0]}> in {file}")
     compatibles = root.strings("compatible")
     soc = soc_for_compatible(compatibles)
     warnings = [] if soc else [f"{file}: no compatible naming a known SoC "
@@ -141,7 +145,7 @@ def inspect(blob: bytes, file: str, limits: Limits = DEFAULT_LIMITS) -> Overlay:
     warnings += [note for table in tables for note in table.warnings]
     fixups = root.children.get("__fixups__", Node("__fixups__"))
     return Overlay(compatibles=compatibles, fragments=fragments, labels=sorted(fixups.props),
-                   soc=soc, tables=tables, warnings=warnings)
+                   soc=soc, tables=tables, warnings=warnings, limits=limits)
 
 
 def _table(fragment: Fragment, soc: Soc, target: OppTarget, flavour: str | None,

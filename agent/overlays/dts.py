@@ -7,6 +7,7 @@ overlay meant for another board.
 
 from __future__ import annotations
 
+from agent.overlays.stock import PROPERTY
 from agent.overlays.table import Opp, OppTable
 
 
@@ -53,6 +54,10 @@ def render(table: OppTable) -> str:
                       "each moved from its own stock value by as much as the nominal moved.")
     body = [line for opp in table.opps for line in _node(opp, table)]
     comment = [f" * {line}".replace("*/", "* /") for line in header]  # text cannot end it
+    # the allowance the table was checked within travels with it, so the .dtbo installs
+    # later without the flag; boot loaders merge fragments only and ignore root properties
+    allowance = [f"\t{PROPERTY} = <{table.limits.margin_uv}>;"] if table.limits.explicit \
+        and table.limits.margin_uv else []
     return "\n".join(["/*", *comment, " */", "/dts-v1/;",
                       "/plugin/;", "", "/ {", f'\tcompatible = "{table.soc.compatibles[0]}";',
-                      "};", "", f"&{target.label} {{", *body, "};", ""])
+                      *allowance, "};", "", f"&{target.label} {{", *body, "};", ""])

@@ -297,3 +297,37 @@ def _set_in_entry(entry: list[str], name: str, token: str, source_has_append: bo
 
 def _ending(line: str) -> str:
     return "\r\n" if line.endswith("\r\n") else "\n"
+
+
+def copy_source(text: str) -> str | None:
+    """The label the edge-agent copy was made from (its mark), None without a copy."""
+    lines = text.splitlines(keepends=True)
+    blocks = _blocks(lines)
+    if LABEL not in blocks or not blocks[LABEL][0]:
+        return None
+    mark = MARK_PATTERN.match(lines[blocks[LABEL][0] - 1])
+    return mark.group(1) if mark else None
+
+
+def set_fallback(text: str, label: str) -> str:
+    """``FALLBACK label`` (U-Boot's pxe parser, boot/pxe_utils.c: the entry booted instead
+    of DEFAULT once the extlinux bootmeth's fallback property is set) after DEFAULT, in the
+    DEFAULT line's own case; an existing FALLBACK line is re-pointed."""
+    lines = text.splitlines(keepends=True)
+    found = [i for i, line in enumerate(lines) if _keyword(line) == "fallback"]
+    if found:
+        lines[found[-1]] = _with_value(lines[found[-1]], label)
+        return "".join(lines)
+    index = _default(lines)
+    match = LINE.match(lines[index])
+    keyword = "FALLBACK" if match is not None and match.group(2).isupper() else "fallback"
+    lines.insert(index + 1, f"{keyword} {label}{_ending(lines[index])}")
+    return "".join(lines)
+
+
+def clear_fallback(text: str, label: str) -> str:
+    """Take out a FALLBACK line that names ``label`` (the one edge-agent added)."""
+    lines = text.splitlines(keepends=True)
+    kept = [line for line in lines if not (_keyword(line) == "fallback"
+                                           and _value(line) == label)]
+    return "".join(kept)

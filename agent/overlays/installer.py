@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agent.kernel.fsroot import Root, RootError
+from agent.overlays import extlinux, tryonce
 from agent.overlays.bootfs import BootFiles
 from agent.overlays.build import Built
 from agent.overlays.check import Overlay
 from agent.overlays.errors import InstallRefused
-from agent.overlays.layouts import Layout, detect
+from agent.overlays.layouts import UBOOT_DEFAULTS, Layout, detect
 from agent.overlays.table import OppTable
 
 DT = "/proc/device-tree"
@@ -89,11 +90,47 @@ def _flavour_notes(root: Root, table: OppTable, name: str) -> list[str]:
             f"flavour could not be confirmed as {table.flavour}"]
 
 
-def install(root: Root, built: Built) -> Outcome:
-    """Put the ``.dtbo`` where the boot loader reads it and register it; idempotent."""
+NO_TRY_ONCE = {
+    "armbian": "its boot.scr always reads armbianEnv.txt, so U-Boot's altbootcmd has no "
+               "previous tree to boot",
+    "jetson": "UEFI L4TLauncher has no extlinux FALLBACK; a failed boot falls back to the A/B "
+              "kernel partition, not the previous entry"}
+
+
+def _try_once(root: Root, built: Built, layout: Layout, fallback: bool,
+              runner: tryonce.Runner | None, warnings: list[str]) -> tryonce.TryOnce | None:
+    """How an undervolting overlay is installed: armed on U-Boot extlinux, refused where no
+    try-once boot exists unless ``fallback`` is off (then said in a warning)."""
+    points = tryonce.undervolted(built.overlay)
+    if not points:
+        return None
+    if not fallback:
+        warnings.append(f"{built.name} undervolts ({', '.join(points)}) and is installed "
+                        "without a try-once boot (--no-fallback): a board that does not boot "
+                        "needs the previous entry chosen at the console")
+        return None
+    if layout.kind != "extlinux":
+        raise InstallRefused(f"{built.name} undervolts ({', '.join(points)}), and the "
+                             f"{layout.kind} layout has no try-once boot edge-agent can arm: "
+                             f"{NO_TRY_ONCE.get(layout.kind, 'unknown loader')}; "
+                             "--no-fallback installs it anyway; nothing was changed")
+    trial = tryonce.TryOnce(root, runner)
+    trial.check(built.name, points)
+    if root.exists(UBOOT_DEFAULTS):
+        warnings.append(f"{UBOOT_DEFAULTS}: u-boot-update (a kernel update runs it) rewrites "
+                        f"{layout.config} without the fallback entry: confirm the tree "
+                        f"({tryonce.CONFIRM}) before updating the kernel")
+    return trial
+
+
+def install(root: Root, built: Built, fallback: bool = True,
+            runner: tryonce.Runner | None = None) -> Outcome:
+    """Put the ``.dtbo`` where the boot loader reads it and register it; idempotent.  An
+    undervolting overlay goes through a try-once boot (:mod:`agent.overlays.tryonce`)."""
     boot = BootFiles(root)
     layout = detect(root, boot)
     warnings = [*built.warnings, *layout.notes, *check_board(root, built.overlay, built.name)]
+    trial = _try_once(root, built, layout, fallback, runner, warnings)
     original = _config(boot, layout)
     text = _text(original)
     dtbo, backup = layout.dtbo_path(built.name), layout.backup_path(built.name)
@@ -103,17 +140,22 @@ def install(root: Root, built: Built) -> Outcome:
         raise InstallRefused(f"{dtbo} exists, differs, and was not installed by edge-agent; "
                              "choose another name; nothing was changed")
     updated = layout.register(text, built.name)
+    source = extlinux.copy_source(updated) if trial is not None else None
+    if source is not None:
+        updated = extlinux.set_fallback(updated, source)
     changed = boot.write(dtbo, built.dtbo)
     if updated != text:
         if not ours:
             boot.write(backup, original)
         changed = boot.write(layout.config, _data(updated)) or changed
+    if trial is not None and changed:
+        warnings += trial.arm()
     return Outcome(built.name, layout.kind, layout.config, dtbo,
                    REBOOT if changed else f"{built.name} is already installed: nothing changed",
                    warnings)
 
 
-def remove(root: Root, name: str) -> Outcome:
+def remove(root: Root, name: str, runner: tryonce.Runner | None = None) -> Outcome:
     """Unregister and delete an overlay edge-agent installed; the config as it was before."""
     boot = BootFiles(root)
     layout = detect(root, boot)
@@ -123,8 +165,16 @@ def remove(root: Root, name: str) -> Outcome:
         raise InstallRefused(f"{name} was not installed by edge-agent (no "
                              f"{layout.backup_path(name)}); nothing was changed")
     text = _text(original)
-    restored = backup if layout.register(_text(backup), name) == text else \
-        _data(layout.unregister(text, name))
+    source = extlinux.copy_source(text) if layout.kind == "extlinux" else None
+    registered = layout.register(_text(backup), name)
+    unregistered = layout.unregister(text, name)
+    if source is not None and extlinux.copy_source(unregistered) is None:
+        unregistered = extlinux.clear_fallback(unregistered, source)  # the copy is gone
+    exact = text in (registered, extlinux.set_fallback(registered, source) if source else "")
+    restored = backup if exact else _data(unregistered)
+    if source is not None and extlinux.clear_fallback(text, source) != text and \
+            extlinux.clear_fallback(_text(restored), source) == _text(restored):
+        tryonce.TryOnce(root, runner).disarm()  # the fallback is gone: stop counting boots
     changed = boot.write(layout.config, restored)
     changed = boot.remove(layout.dtbo_path(name)) or changed
     boot.remove(layout.backup_path(name))

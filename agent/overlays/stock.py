@@ -2,9 +2,11 @@
 
 A rail's absolute window (550 mV..1 V on RK3588) says nothing about what a frequency needs:
 2.4 GHz at 600 mV is inside it and crashes the A76.  So every point is also measured from
-the stock table of its SoC, kernel flavour and target (``socs``), and refused more than a
-margin below it (default 50 mV; the shipped overlays use 12.5 mV) unless the command says
-``--allow-undervolt MV``; a frequency above the stock maximum needs ``--allow-overclock``,
+the stock table of its SoC, kernel flavour and target (``socs``), and any voltage below it
+is refused unless an undervolt is allowed explicitly, with its amount: ``allow_undervolt_mv:``
+in a YAML table, the root property ``edge-agent,allow-undervolt-microvolt`` in overlay
+source (the shipped overlays say 12.5 mV), or ``--allow-undervolt MV`` on the command line,
+which wins over both; a frequency above the stock maximum needs ``--allow-overclock``,
 a separate flag because it is a separate risk (a raised undervolt limit should not also
 unlock frequencies the chip was never characterised at).
 """
@@ -16,28 +18,38 @@ from dataclasses import dataclass
 from agent.overlays.errors import OverlayError
 from agent.overlays.socs import MHZ, OppTarget, StockPoint
 
-DEFAULT_MARGIN_UV = 50_000
+DEFAULT_MARGIN_UV = 0  # no undervolt unless one is allowed with its amount
+PROPERTY = "edge-agent,allow-undervolt-microvolt"  # the allowance in overlay source (root)
+FLAG = "--allow-undervolt"
+ASK = (f"an undervolt needs its amount allowed: allow_undervolt_mv: in the table, {PROPERTY} "
+       f"in the overlay's root node, or {FLAG} MV")
 Triple = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What a check allows below stock and above the maximum; ``explicit`` when a flag set it."""
+    """What a check allows below stock and above the maximum; ``explicit`` when an allowance
+    with its amount set it, ``source`` says which."""
 
     margin_uv: int = DEFAULT_MARGIN_UV
     allow_overclock: bool = False
     explicit: bool = False
+    source: str = ""
 
     @classmethod
     def from_flags(cls, allow_undervolt_mv: float | None, allow_overclock: bool) -> Limits:
         if allow_undervolt_mv is None:
             return cls(allow_overclock=allow_overclock)
-        return cls(round(allow_undervolt_mv * 1000), allow_overclock, explicit=True)
+        return cls(round(allow_undervolt_mv * 1000), allow_overclock, True, FLAG)
+
+    def declared(self, microvolt: int, source: str) -> Limits:
+        """The allowance a table or overlay states, unless the command line set one."""
+        return self if self.explicit else Limits(microvolt, self.allow_overclock, True, source)
 
     def describe(self) -> str:
         """The limits in force, as the result reports them."""
-        margin = (f"up to {self.margin_uv / 1000:g} mV below stock "
-                  + ("(--allow-undervolt)" if self.explicit else "(the default)"))
+        margin = (f"up to {self.margin_uv / 1000:g} mV below stock ({self.source})"
+                  if self.explicit else "no voltage below stock (the default)")
         return margin + (", above the stock maximum (--allow-overclock)"
                          if self.allow_overclock else "")
 
@@ -83,12 +95,13 @@ def check_floor(file: str, key: str, hz: int, microvolt: int, target: OppTarget,
              + (f" of bin {bin_}" if bin_ is not None and flavour in target.stock_bins else "")
              + f" at {point.hz // MHZ} MHz")
     if below > limits.margin_uv:
+        allowed = (f"more than the {limits.margin_uv} µV allowed by {limits.source}"
+                   if limits.explicit else "and no undervolt is allowed")
         raise OverlayError(file, key, f"{microvolt} µV at {hz} Hz ({hz / MHZ:g} MHz) is not "
-                           f"allowed: {below} µV below {where}, more than the "
-                           f"{limits.margin_uv} µV margin (--allow-undervolt MV raises it)")
-    if below > DEFAULT_MARGIN_UV:
-        return (f"{key}: {microvolt} µV at {hz / MHZ:g} MHz is {below} µV below {where}: "
-                f"beyond the default {DEFAULT_MARGIN_UV} µV, allowed by --allow-undervolt")
+                           f"allowed: {below} µV below {where}, {allowed}; {ASK}")
+    if below > 0:
+        return (f"{key}: {microvolt} µV at {hz / MHZ:g} MHz is {below} µV below {where}: an "
+                f"undervolt, allowed by {limits.source}")
     return None
 
 

@@ -5,14 +5,16 @@ A table lists operating points for one OPP table of one SoC and kernel flavour::
     soc: rk3588              # or --soc; both given must agree
     flavour: mainline        # or --flavour: vendor BSP kernels and mainline differ
     target: cpu-big0         # or --target
+    allow_undervolt_mv: 25   # any voltage below stock needs this (or --allow-undervolt MV)
     opps:
       - {hz: 408000000, microvolt: 675000}                 # one value: target = min = max
       - {hz: 2208000000, microvolt: [975000, 975000, 1000000], turbo-mode: true}
       - {hz: 2400000000, disabled: true}                   # switch a stock point off
       - {hz: 1800000000, microvolt: 837500, bins: {L6: 862500}}  # vendor: one bin's own
 
-Every voltage is also held to the SoC's stock table (``stock``): no more than a margin below
-stock, no frequency above the stock maximum, unless the command's flags allow it.  On vendor
+Every voltage is also held to the SoC's stock table (``stock``): none below stock unless an
+undervolt is allowed with its amount, no frequency above the stock maximum unless the
+command's flag allows it.  On vendor
 kernels each per-bin voltage (``opp-microvolt-L<n>``) not given keeps its stock spread.
 
 An overlay merges into the stock table: listed points are added or replaced, unlisted ones
@@ -52,8 +54,14 @@ def _bins(value: Any) -> str | None:
 
 ENTRY: dict[str, Check] = {"hz": integer(1), "microvolt": _microvolt, "opp-suspend": FLAG,
                            "turbo-mode": FLAG, "disabled": FLAG, "bins": _bins}
+def _millivolts(value: Any) -> str | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1000
+    return None if ok else "the undervolt allowed below stock, in mV (0..1000)"
+
+
 DOCUMENT: dict[str, Any] = {
     "description": text(), "soc": text(), "flavour": text(), "target": text(),
+    "allow_undervolt_mv": _millivolts,
     "opps": lambda v: None if isinstance(v, list) else "a list of operating points"}
 
 
@@ -257,6 +265,10 @@ def load_table(path: str | Path, soc: str | None = None, flavour: str | None = N
         raise OverlayError(file, "", "a table is a YAML mapping with opps: [...] (and "
                            "optionally soc, flavour, target, description)")
     validate(document, DOCUMENT, "", file, OverlayError)
+    if "allow_undervolt_mv" in document:
+        amount = document["allow_undervolt_mv"]
+        limits = limits.declared(round(amount * 1000),
+                                 f"allow_undervolt_mv: {amount:g} in {file}")
     chosen_flavour = _pick(file, "flavour", flavour, document)
     the_soc, the_target = resolve_target(file, _pick(file, "soc", soc, document),
                                          chosen_flavour, _pick(file, "target", target, document))

@@ -1,8 +1,11 @@
 """The "cmdline" kind: one kernel argument in the board's boot config (path ``cmdline:NAME``).
 
 Edited through the overlays' boot layouts (:mod:`agent.overlays.layouts`): Armbian's
-``extraargs=``, or ``APPEND`` on extlinux's ``LABEL edge-agent`` copy, never on the booting
-entry.  The value is the whole token as written (``isolcpus=managed_irq,domain,4-7``), ""
+``extraargs=``, ``APPEND`` on extlinux's ``LABEL edge-agent`` copy (never on the booting
+entry), u-boot-update's ``U_BOOT_PARAMETERS`` (so its next run keeps them), the Pi's
+``cmdline.txt``, or GRUB's ``GRUB_CMDLINE_LINUX_DEFAULT``; after a write the layout's
+``follow_up`` (``update-grub``, ``u-boot-update``) regenerates the loader's own config.
+The value is the whole token as written (``isolcpus=managed_irq,domain,4-7``), ""
 when the argument is absent.  The kernel parses its command line once, at boot
 (Documentation/admin-guide/kernel-parameters.rst), so a change takes effect after the next
 reboot, which edge-agent never does itself.
@@ -15,7 +18,7 @@ from typing import TYPE_CHECKING
 from agent.kernel.fsroot import Root
 
 if TYPE_CHECKING:
-    from agent.overlays.bootfs import BootFiles
+    from agent.overlays.bootfs import ConfinedFiles
     from agent.overlays.layouts import Layout
 
 PREFIX = "cmdline:"
@@ -27,20 +30,21 @@ class BootConfigError(OSError):
     """No boot config edge-agent can edit here (layout unknown, ambiguous, or gone)."""
 
 
-def _layout(root: Root) -> tuple[BootFiles, Layout]:
+def _layout(root: Root) -> tuple[ConfinedFiles, Layout]:
     """Loaded when first needed: discovery and plans without kernel arguments skip it."""
-    from agent.overlays.bootfs import BootFiles
+    from agent.overlays.bootfs import BOOT, BootFiles, ConfinedFiles
     from agent.overlays.errors import InstallRefused
-    from agent.overlays.layouts import detect
+    from agent.overlays.layouts import ARGUMENT_FILES, detect
 
-    boot = BootFiles(root)
+    files = ConfinedFiles(root, lambda p: p.startswith(BOOT + "/") or p in ARGUMENT_FILES,
+                          f"{BOOT} and {', '.join(ARGUMENT_FILES)}")
     try:
-        return boot, detect(root, boot, overlays=False)
+        return files, detect(root, BootFiles(root), overlays=False)
     except InstallRefused as error:
         raise BootConfigError(str(error)) from None
 
 
-def _config(root: Root) -> tuple[BootFiles, Layout, str]:
+def _config(root: Root) -> tuple[ConfinedFiles, Layout, str]:
     boot, layout = _layout(root)
     data = boot.read(layout.config)
     if data is None:
@@ -51,6 +55,15 @@ def _config(root: Root) -> tuple[BootFiles, Layout, str]:
 def config_path(root: Root) -> str:
     """The boot config the arguments go to (for plans and messages)."""
     return _layout(root)[1].config
+
+
+def follow_up(root: Root) -> tuple[str, ...]:
+    """The command that regenerates the loader's config from it (update-grub,
+    u-boot-update); () where the loader reads the edited file itself."""
+    try:
+        return _layout(root)[1].follow_up
+    except (BootConfigError, OSError):
+        return ()
 
 
 class CmdlineKind:

@@ -155,12 +155,15 @@ class Engine:
         settings = rt_tuner.with_kernel_args(profile.settings)  # irqaffinity= beside the mask
         for section, planner in self.planners():
             if section in settings:
-                planner(settings[section], ctx)
+                with ctx.writes_checked(section):
+                    planner(settings[section], ctx)
         irqbalance.warn_unbanned(profile.settings, ctx)
         if "dvfs" in profile.settings.get("overlay", {}):
             ctx.warnings.append(f"overlay.dvfs: {profile.settings['overlay']['dvfs']} is a "
                                 "device-tree overlay, installed only on request")
         ctx.warnings += coowners.warnings(self.root, ctx.changes)  # Armbian's boot services
+        for change in ctx.changes:
+            ctx.check_writable(change.path, change.key, change.compare)
         ctx.changes = conflicts.check(profile.file, ctx.changes, profile.settings,
                                       self.topology, ctx.cpus)
         return Plan(profile=profile.name, changes=ctx.changes, warnings=ctx.warnings,

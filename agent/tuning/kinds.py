@@ -24,7 +24,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from agent.kernel.fsroot import Root
-from agent.tuning.bootargs import CmdlineKind
+from agent.tuning import bootargs
+from agent.tuning.bootargs import PREFIX, CmdlineKind
+from agent.tuning.fan import FanKind
 from agent.tuning.npu_hold import RknpuHold
 from agent.tuning.nvpmodel_mode import NvpmodelMode
 
@@ -86,16 +88,20 @@ class FileKind:
 
 
 KINDS: dict[str, Kind] = {"file": FileKind(), "cmdline": CmdlineKind(),
-                          "nvpmodel": NvpmodelMode(), "rknpu_hold": RknpuHold()}
+                          "nvpmodel": NvpmodelMode(), "rknpu_hold": RknpuHold(),
+                          "fan": FanKind()}
 
 
 def follow_ups(root: Root, paths: Iterable[str]) -> list[str]:
-    """Run each follow-up the written paths need once; notes saying what was (not) run."""
+    """Run each follow-up the written paths need once; notes saying what was (not) run.
+    Kernel arguments take their boot layout's (update-grub, u-boot-update)."""
     written = set(paths)
     notes = []
-    for pattern, argv in FOLLOW_UPS:
-        if not any(fnmatch.fnmatchcase(p, pattern) for p in written):
-            continue
+    needed = [argv for pattern, argv in FOLLOW_UPS
+              if any(fnmatch.fnmatchcase(p, pattern) for p in written)]
+    if any(p.startswith(PREFIX) for p in written):
+        needed += [argv for argv in [bootargs.follow_up(root)] if argv]
+    for argv in needed:
         if not root.is_host:
             notes.append(f"not run below a fixture root: {' '.join(argv)}")
             continue

@@ -6,13 +6,15 @@ values read through the root.  Nothing is written here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent.discovery.model import Topology
 from agent.kernel import irqs, parsers
 from agent.kernel import sched as rt
-from agent.kernel.fsroot import Root
+from agent.kernel.fsroot import Root, WriteRefused
 from agent.tuning.errors import ProfileError
 from agent.tuning.kinds import KINDS
 from agent.tuning.profiles import Profile
@@ -141,13 +143,33 @@ class PlanContext:
         except (OSError, ValueError) as error:
             raise self.error(key, f"cannot read {path}: {error}") from None
 
+    def check_writable(self, path: str, key: str, compare: str = "value") -> None:
+        """A kernel file outside the allowlist is the profile's error, at plan time (not an
+        apply that fails with the first write); kinds and threads have their own checks."""
+        if compare in ("sched", "unit") or (
+                compare in KINDS and not getattr(KINDS[compare], "kernel_file", False)):
+            return
+        try:
+            self.root.check_writable(path)
+        except WriteRefused as error:
+            raise self.error(key, str(error)) from None
+
+    @contextmanager
+    def writes_checked(self, section: str) -> Iterator[None]:
+        """A tuner's own allowlist check (cgroup, block) refused at plan time is the
+        profile's error too, under its section."""
+        try:
+            yield
+        except WriteRefused as error:
+            raise self.error(section, str(error)) from None
+
     def want(self, tuner: str, path: str, desired: str, key: str, compare: str = "value",
              lacking: tuple[str, str] | None = None, **extra: Any) -> None:
         """Record a change unless the file already holds the desired value.
 
         A file the kernel does not have goes to ``lacking`` (why it is absent, what is
         allowed): an error or a warning, as the profile asked for it."""
-        self.root.check_writable(path)
+        self.check_writable(path, key, compare)
         current = self._current(path, key, compare)
         if current is None:
             why, allowed = lacking or ("", "keys whose files this device has")

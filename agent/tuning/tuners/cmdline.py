@@ -74,7 +74,8 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
         config = config_path(ctx.root)
     except BootConfigError as error:
         ctx.lacking("cmdline", f"no boot config edge-agent can edit: {error}",
-                    "Armbian armbianEnv.txt or extlinux.conf boot layouts")
+                    "Armbian armbianEnv.txt, extlinux.conf, u-boot-update's "
+                    "U_BOOT_PARAMETERS, the Pi's cmdline.txt or GRUB's /etc/default/grub")
         return
     booted = running(ctx.root)
     for name, value in section.items():

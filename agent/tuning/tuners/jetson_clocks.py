@@ -18,6 +18,10 @@ planned change, so rollback restores every original byte for byte, in reverse or
 - ``fan: max|<0-255>``: pwm-fan's hwmon ``pwm1`` (Documentation/hwmon/pwm-fan.rst,
   sysfs-interface.rst: 0..255).  nvfancontrol rewrites it every polling interval; the plan
   warns when its service is installed or enabled (stopping it is the operator's choice).
+  While this plan pins clocks (``gpu``, ``emc``, a dvfs minimum) a duty below ``FAN_FLOOR``
+  is refused.  Rollback does not write the old duty back: it hands the fan to nvfancontrol
+  or the thermal governor (:mod:`agent.tuning.fan`), as jetson_clocks --restore gives
+  ``temp_control`` back on L4T's own pwm-fan driver.
 
 Not done, unlike jetson_clocks: disabling every cpuidle state on every CPU (an idle=poll-like
 burn for the whole SoC; use ``cpuidle.disable_deeper_than_us`` on the inference cores) and
@@ -29,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.kernel.reader import SysReader
-from agent.tuning import nvpmodel
+from agent.tuning import fan, nvpmodel
 from agent.tuning.plan import PlanContext
 from agent.tuning.tuners import dvfs
 from agent.tuning.tuners.jetson import planned_mode, report_caps
@@ -38,9 +42,9 @@ DEVFREQ = "/sys/class/devfreq"
 DEBUGFS = "/sys/kernel/debug"
 EMC = f"{DEBUGFS}/bpmp/debug/clk/emc"
 HWMON = "/sys/class/hwmon"
-FAN_UNITS = ("/etc/systemd/system/nvfancontrol.service", "/lib/systemd/system/nvfancontrol."
-             "service", "/usr/lib/systemd/system/nvfancontrol.service")
-FAN_ENABLED = "/etc/systemd/system/multi-user.target.wants/nvfancontrol.service"
+# the lowest duty while clocks are pinned: half the fan's airflow (a policy, not a kernel
+# fact: pinned clocks leave thermal throttling as the only other relief)
+FAN_FLOOR = 128
 TUNER = "jetson_clocks"
 
 
@@ -132,7 +136,17 @@ def _mode_name(ctx: PlanContext) -> str:
     return mode.name if mode is not None else "unknown"
 
 
-def _fan(ctx: PlanContext, wanted: int | str) -> None:
+def _pinned(section: dict[str, Any], ctx: PlanContext) -> list[str]:
+    """The keys of this plan that hold clocks up (a frequency floor raised, EMC locked)."""
+    keys = [f"{TUNER}.{k}" for k in ("gpu", "emc") if k in section]
+    keys += sorted({c.key for c in ctx.changes if c.key.startswith("dvfs.")
+                    and c.path.endswith(("/min_freq", "/scaling_min_freq"))
+                    and c.desired.isdigit() and (c.current or "").isdigit()
+                    and int(c.desired) > int(c.current or 0)})
+    return keys
+
+
+def _fan(ctx: PlanContext, wanted: int | str, pinned: list[str]) -> None:
     key = f"{TUNER}.fan"
     reader = SysReader(ctx.root)
     fans = [ctx.root.realpath(f"{HWMON}/{h}") for h in reader.listdir(HWMON)
@@ -141,16 +155,25 @@ def _fan(ctx: PlanContext, wanted: int | str) -> None:
         ctx.lacking(key, "this device has no pwm-fan hwmon (name pwmfan)",
                     "fan: max or 0-255 where a pwm-fan is present")
         return
-    units = [u for u in FAN_UNITS if ctx.root.exists(u)]
-    if ctx.root.exists(FAN_ENABLED) or units:
-        where = FAN_ENABLED if ctx.root.exists(FAN_ENABLED) else units[0]
-        state = "enabled" if where == FAN_ENABLED else "installed"
-        ctx.warnings.append(f"{key}: nvfancontrol.service is {state} ({where}): while it "
-                            "runs it overwrites pwm1 every polling interval, which verify "
-                            "reports as drift; stop it ('sudo systemctl disable --now "
-                            "nvfancontrol') for a fixed fan")
-    for fan in fans:
-        ctx.want(TUNER, f"{fan}/pwm1", str(255 if wanted == "max" else int(wanted)), key)
+    duty = 255 if wanted == "max" else int(wanted)
+    if pinned and duty < FAN_FLOOR:
+        raise ctx.error(key, f"{duty} is below the fan floor {FAN_FLOOR} (50 % duty) while "
+                        f"the plan pins clocks ({', '.join(pinned)}): the SoC then makes "
+                        "full-power heat even when idle and only throttling would be left "
+                        "to cool it; "
+                        f"allowed: max or {FAN_FLOOR}..255, or no fan key (nvfancontrol and "
+                        "the thermal governor keep the fan)")
+    found = fan.nvfancontrol(ctx.root)
+    if found is not None:
+        ctx.warnings.append(f"{key}: nvfancontrol.service is {found[0]} ({found[1]}): while "
+                            "it runs it overwrites pwm1 every polling interval, which verify "
+                            "reports as drift; stop it ('sudo systemctl stop nvfancontrol') "
+                            "for a fixed fan: rollback starts an enabled one again")
+    for pwm1 in fans:
+        current = ctx.current(f"{pwm1}/pwm1", key, fan.COMPARE)
+        ctx.want(TUNER, f"{pwm1}/pwm1", str(duty), key, fan.COMPARE,
+                 restore=fan.handback(current, str(duty), fan.cooling_state(ctx.root)),
+                 note="rollback hands the fan back to nvfancontrol or the thermal governor")
 
 
 def plan(section: dict[str, Any], ctx: PlanContext) -> None:
@@ -166,6 +189,6 @@ def plan(section: dict[str, Any], ctx: PlanContext) -> None:
     if "emc" in section:
         _emc(ctx, section["emc"])
     if "fan" in section:
-        _fan(ctx, section["fan"])
+        _fan(ctx, section["fan"], _pinned(section, ctx))
     if conf is not None:
         report_caps(ctx, conf)
