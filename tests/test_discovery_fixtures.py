@@ -259,7 +259,7 @@ def test_x86_edge_hybrid_npu_hailo_coral_usb() -> None:
                                                                "0000:00:02.0")
     assert [(n.name, n.driver, n.device, n.max_hz) for n in t.npus] == [
         ("intel-npu", "intel_vpu", "/dev/accel/accel0", 1_400_000_000),
-        ("hailo8", "hailo_pci", "/dev/hailo0", None),
+        ("hailo8", "hailo", "/dev/hailo0", None),
         ("coral-edgetpu-usb", None, t.npus[2].device, None)]
     assert (t.kernel.io_uring_disabled, t.kernel.io_uring, t.kernel.sched_rt_runtime_us) == (
         1, True, -1)

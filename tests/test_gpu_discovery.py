@@ -173,10 +173,17 @@ def test_hailo_node_matched_by_driver_major_and_board_index(tmp_path: Path) -> N
         "/dev/hailo0", "0001:01:00.0")
 
 
-def test_hailo_with_device_link_is_unchanged() -> None:
+def test_x86_hailo_chardev_without_device_link_is_listed_once() -> None:
     hailos = [n for n in committed("x86-edge-npu").npus if n.vendor == "hailo"]
-    assert [(n.name, n.driver, n.device) for n in hailos] == [
-        ("hailo8", "hailo_pci", "/dev/hailo0")]
+    assert [(n.name, n.driver, n.device, n.sysfs) for n in hailos] == [
+        ("hailo8", "hailo", "/dev/hailo0", "/sys/devices/pci0000:00/0000:00:1c.0/0000:01:00.0")]
+
+
+def test_hailo_with_device_link_is_listed_once(tmp_path: Path) -> None:
+    _, topology = variant("x86-edge-hailo-node-with-device-link", tmp_path)
+    hailos = [n for n in topology.npus if n.vendor == "hailo"]
+    assert [(n.name, n.driver, n.device, n.sysfs) for n in hailos] == [
+        ("hailo8", "hailo", "/dev/hailo0", "/sys/devices/pci0000:00/0000:00:1c.0/0000:01:00.0")]
 
 
 def test_amdgpu_card_gives_levels_current_clock_and_busy_percent(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from test_overlays import JETSON_EXTLINUX
-from tuning_helpers import copy_board, engine_for, snapshot, write_profile
+from tuning_helpers import FIXTURES, copy_board, engine_for, snapshot, write_profile
 
 from agent.kernel.fsroot import Root
 from agent.tuning.errors import ProfileError
@@ -19,19 +19,18 @@ PARAMETER = "sys/module/nvme_core/parameters/default_ps_max_latency_us"
 PROFILE = "nvme: {default_ps_max_latency_us: 5500}\n"
 
 
-def _apst(tree: Path, *controllers: str) -> Path:
-    """Controllers that support APST expose their tolerance, set from the parameter at
-    probe (nvme_init_ctrl); the parameter reads its default."""
-    for name in controllers:
-        (tree / CONTROLLER.format(name)).parent.mkdir(exist_ok=True)
-        (tree / CONTROLLER.format(name)).write_text("100000\n")
-    (tree / PARAMETER).parent.mkdir(parents=True, exist_ok=True)
-    (tree / PARAMETER).write_text("100000\n")
-    return tree
+def test_the_committed_trees_show_the_probe_time_tolerance() -> None:
+    """APST-capable controllers expose their tolerance, set from the parameter at probe
+    (nvme_init_ctrl): it reads the parameter's default, 100000, not auto."""
+    for board in ("jetson-orin-nano-jp6", "x86-server-nvidia"):
+        tree = FIXTURES / board
+        assert (tree / CONTROLLER.format("nvme0")).read_text() == "100000\n"
+        assert (tree / PARAMETER).read_text() == "100000\n"
+    assert not (FIXTURES / "x86-server-nvidia" / CONTROLLER.format("nvme1")).exists()
 
 
 def test_the_live_controllers_the_parameter_and_the_boot_config(tmp_path: Path) -> None:
-    tree = _apst(copy_board("jetson-orin-nano-jp6", tmp_path), "nvme0")
+    tree = copy_board("jetson-orin-nano-jp6", tmp_path)
     extlinux = tree / "boot/extlinux/extlinux.conf"
     extlinux.parent.mkdir(parents=True, exist_ok=True)
     extlinux.write_text(JETSON_EXTLINUX)
@@ -55,7 +54,7 @@ def test_the_live_controllers_the_parameter_and_the_boot_config(tmp_path: Path) 
 def test_without_a_boot_config_the_live_value_is_set_and_the_reboot_named(
         tmp_path: Path) -> None:
     """x86-server-nvidia: two controllers, nvme1 without APST; no boot config to edit."""
-    tree = _apst(copy_board("x86-server-nvidia", tmp_path), "nvme0")
+    tree = copy_board("x86-server-nvidia", tmp_path)
     write_profile(tmp_path / "profiles", "apst", PROFILE)
     engine = engine_for(tree, tmp_path / "state", [tmp_path / "profiles"])
     plan = engine.plan("apst")
@@ -67,7 +66,7 @@ def test_without_a_boot_config_the_live_value_is_set_and_the_reboot_named(
 
 
 def test_the_fixture_kernel_refuses_what_the_tolerance_file_refuses(tmp_path: Path) -> None:
-    tree = _apst(copy_board("x86-server-nvidia", tmp_path), "nvme0")
+    tree = copy_board("x86-server-nvidia", tmp_path)
     path = "/" + CONTROLLER.format("nvme0")
     for bad in ("-1", "soon"):
         with pytest.raises(OSError) as caught:

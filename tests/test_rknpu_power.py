@@ -5,10 +5,11 @@ device's runtime PM status; on mainline the rocket cores' runtime PM is held ins
 from __future__ import annotations
 
 import errno
+import shutil
 from pathlib import Path
 
 import pytest
-from tuning_helpers import copy_board, engine_for, snapshot, write_profile
+from tuning_helpers import REPO_PROFILES, copy_board, engine_for, snapshot, write_profile
 
 from agent.kernel.fsroot import Root
 
@@ -65,13 +66,22 @@ def test_off_while_a_job_holds_power_plans_nothing(tmp_path: Path) -> None:
 
 
 def rocket(tmp_path: Path) -> Path:
-    tree = copy_board("rk3588-mainline", tmp_path)
+    """The committed mainline tree: each rocket core has its runtime PM files (control auto,
+    autosuspend_delay_ms 50 from rocket_core_init, suspended while idle)."""
+    return copy_board("rk3588-mainline", tmp_path)
+
+
+def test_rocket_cores_without_runtime_pm_files_are_skipped(tmp_path: Path) -> None:
+    """A kernel without CONFIG_PM has no power/ directory: the inherited keys are skipped."""
+    tree = rocket(tmp_path)
     for unit in CORES:
-        power = tree / f"sys/devices/platform/{unit}.npu/power"
-        power.mkdir()
-        (power / "control").write_text("auto\n")
-        (power / "autosuspend_delay_ms").write_text("50\n")  # rocket_core_init
-    return tree
+        shutil.rmtree(tree / f"sys/devices/platform/{unit}.npu/power")
+    write_profile(tmp_path / "profiles", "npu", "include: [rk3588-latency]\n")
+    plan = engine_for(tree, tmp_path / "state", [REPO_PROFILES, tmp_path / "profiles"]).plan(
+        "npu")
+    assert not [c for c in plan.changes if c.tuner == "rknpu"]
+    assert any(w.startswith("rknpu.power_off_delay_ms: skipped:") and
+               "the core has no runtime PM attributes" in w for w in plan.warnings)
 
 
 def test_rocket_cores_are_kept_resumed_with_a_long_autosuspend(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -66,8 +67,7 @@ def _isolated_x86(tmp_path: Path, kthreadd: str = "0-3", profile: str = ISOLATED
     workqueue cpumask and kthreadd as the kernel shows them."""
     tree = copy_board("x86-edge-npu", tmp_path / "board")
     (tree / RUNTIME[1:]).write_text("950000\n")  # the kernel's default (the tree has -1)
-    (tree / WORKQUEUE).parent.mkdir(parents=True)
-    (tree / WORKQUEUE).write_text("ffff\n")
+    assert (tree / WORKQUEUE).read_text() == "0fff\n"  # isolcpus/nohz_full CPUs left out
     (tree / "proc/2").mkdir(parents=True)
     (tree / "proc/2/status").write_text(f"Name:\tkthreadd\nCpus_allowed_list:\t{kthreadd}\n")
     write_profile(tmp_path / "profiles", "isolated", profile)
@@ -79,8 +79,13 @@ def _engine(tree: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def test_throttling_stays_on_where_nothing_is_isolated(tmp_path: Path) -> None:
+    """A kernel without the workqueue cpumask file (a tmp copy without it): rt.workqueue_cpus
+    is skipped and the workqueues' CPUs are unknown, so they count against unthrottling."""
     tree = copy_board("jetson-xavier-nx-jp5-rt", tmp_path)  # 5.10 PREEMPT_RT: no fair server
+    (tree / WORKQUEUE).unlink()
     plan = engine_for(tree, tmp_path / "state", [REPO_PROFILES]).plan("realtime", force=True)
+    assert "rt.workqueue_cpus: skipped: /sys/devices/virtual/workqueue/cpumask does not " \
+        "exist here" in plan.warnings
     assert not [c for c in plan.changes if c.path == RUNTIME]
     (warning,) = [w for w in plan.warnings if w.startswith("rt.sched_rt_runtime_us: -1")]
     assert warning.startswith("rt.sched_rt_runtime_us: -1 skipped, RT throttling stays on "
@@ -104,7 +109,7 @@ def test_isolated_cpus_with_a_reason_turn_throttling_off_and_back(tmp_path: Path
         "and nothing else runs there"
     assert by_path[f"/{WORKQUEUE}"].desired == "0-3"
     engine.apply("isolated")
-    assert (tree / WORKQUEUE).read_text().strip() == "f"
+    assert (tree / WORKQUEUE).read_text() == "000f\n"  # %*pb over nr_cpu_ids (16) bits
     assert (tree / RUNTIME[1:]).read_text() == "-1\n"
     assert engine.verify() == []
     engine.rollback()
@@ -255,3 +260,34 @@ def test_kthreads_move_to_housekeeping_on_the_real_root_only(tmp_path: Path) -> 
     assert "kthreadd" in [c.note for c in real.changes]
     assert all(c.key == "rt.kthreads" and c.compare == "sched"
                and c.desired.endswith(f":{housekeeping}") for c in real.changes)
+
+
+def test_realtime_moves_the_unbound_workqueues_on_the_committed_tree(tmp_path: Path) -> None:
+    tree = copy_board("jetson-xavier-nx-jp5-rt", tmp_path)
+    engine = engine_for(tree, tmp_path / "state", [REPO_PROFILES])
+    before = snapshot(tree)
+    plan = engine.plan("realtime", force=True)
+    [change] = [c for c in plan.changes if c.path == f"/{WORKQUEUE}"]
+    assert (change.current, change.desired) == ("0-5", "0")
+    assert not any(w.startswith("rt.workqueue_cpus") for w in plan.warnings)
+    engine.apply("realtime", force=True)
+    assert (tree / WORKQUEUE).read_text() == "01\n"
+    engine.rollback()
+    assert snapshot(tree) == before
+
+
+def test_the_fixture_kernel_takes_a_workqueue_mask_as_workqueue_set_unbound_cpumask(
+        tmp_path: Path) -> None:
+    """Cut to the possible CPUs, EINVAL when none is left (offline ones are accepted),
+    EOVERFLOW beyond nr_cpu_ids, read back as %*pb (kernel/workqueue.c)."""
+    tree = copy_board("jetson-agx-orin-jp6", tmp_path)  # possible 0-11, online 0-7
+    root = Root(tree)
+    for bad, code in (("0", errno.EINVAL), ("zz", errno.EINVAL), ("1000", errno.EOVERFLOW)):
+        with pytest.raises(OSError) as caught:
+            root.write_text(f"/{WORKQUEUE}", bad)
+        assert caught.value.errno == code
+    assert (tree / WORKQUEUE).read_text() == "fff\n"
+    root.write_text(f"/{WORKQUEUE}", "f00")  # cpu8-11: possible, offline
+    assert (tree / WORKQUEUE).read_text() == "f00\n"
+    root.write_text(f"/{WORKQUEUE}", "3")
+    assert (tree / WORKQUEUE).read_text() == "003\n"

@@ -65,10 +65,12 @@ def test_rk3588_latency_on_mainline_skips_what_it_lacks(tmp_path: Path,
     plan = engine.plan("rk3588-latency")
     text = "\n".join(plan.warnings)
     assert "dvfs.dmc: skipped: this device has no dmc devfreq node" in text
-    # no vendor debugfs: the delay goes to the rocket cores, whose runtime PM attributes this
-    # tree does not have (tests/test_rknpu_power.py adds them)
-    assert "rknpu.power_off_delay_ms: skipped: /sys/devices/platform/fdab0000.npu/power/" \
-        "autosuspend_delay_ms does not exist" in text
+    # no vendor debugfs: the delay goes to each rocket core's runtime PM autosuspend delay
+    # (a kernel without them: tests/test_rknpu_power.py)
+    assert "rknpu.power_off_delay_ms" not in text
+    assert [c.path for c in plan.changes if c.key == "rknpu.power_off_delay_ms"] == [
+        f"/sys/devices/platform/{unit}.npu/power/autosuspend_delay_ms"
+        for unit in ("fdab0000", "fdac0000", "fdad0000")]
     assert any(c.key == "pcie.aspm_policy" for c in plan.changes)  # mainline has ASPM
 
 

@@ -95,8 +95,11 @@ RESOLVED = {
 def test_resolved_cpu_sets(board: str, profile: str, tmp_path: Path) -> None:
     housekeeping, inference, irqs = RESOLVED[(board, profile)]
     cpus = plan_of(board, profile, tmp_path).to_dict()["cpus"]
+    # realtime moves the unbound workqueues to the housekeeping CPUs (every tree has the
+    # workqueue cpumask, as every kernel with sysfs workqueues does)
     assert cpus == {"housekeeping": housekeeping, "inference": inference,
-                    **({"irqs": irqs} if irqs else {})}
+                    **({"irqs": irqs} if irqs else {}),
+                    **({"workqueue": housekeeping} if profile == "realtime" else {})}
 
 
 def profile_dir(tmp_path: Path, name: str, text: str) -> list[Path]:
@@ -111,7 +114,7 @@ def test_housekeeping_cpus_from_the_profile(tmp_path: Path) -> None:
                        "cpus:0-1}\n")
     plan = plan_of("x86-server-nvidia", "hk", tmp_path, dirs)
     assert plan.to_dict()["cpus"] == {"housekeeping": "0-1", "inference": "2-15",
-                                      "irqs": "0-1"}
+                                      "workqueue": "0-1", "irqs": "0-1"}
     irq = next(c for c in plan.changes if c.path.startswith("/proc/irq/"))
     assert irq.desired == "0-1"
 
@@ -165,11 +168,13 @@ def test_plan_prints_the_cpu_sets(tmp_path: Path) -> None:
     base = ["profile", "plan", "realtime", "--root", str(tree), "--force"]
     done = edge_agent(*base)  # in this process (tests/cli_helpers.py)
     assert done.returncode == 0, done.stderr
-    assert "  cpus     housekeeping 0-3, inference 4-7, irqs 0-3\n" in done.stdout
+    assert "  cpus     housekeeping 0-3, inference 4-7, workqueue 0-3, irqs 0-3\n" \
+        in done.stdout
     as_json = edge_agent(*base, "--json")
     assert as_json.returncode == 0, as_json.stderr
     data = json.loads(as_json.stdout)
-    assert data["cpus"] == {"housekeeping": "0-3", "inference": "4-7", "irqs": "0-3"}
+    assert data["cpus"] == {"housekeeping": "0-3", "inference": "4-7", "workqueue": "0-3",
+                            "irqs": "0-3"}
 
 
 # -- a kernel without THP ---------------------------------------------------------------
@@ -204,7 +209,8 @@ def test_inherited_thp_settings_are_skipped_with_a_warning(tmp_path: Path) -> No
                                                   "thp.khugepaged_defrag", "thp.dynamic"]
     assert f"{THP}/enabled does not exist on this device: this kernel is built without " \
         "transparent huge pages" in skipped[0]
-    assert plan.to_dict()["cpus"] == {"housekeeping": "0", "inference": "1-5", "irqs": "0"}
+    assert plan.to_dict()["cpus"] == {"housekeeping": "0", "inference": "1-5",
+                                      "workqueue": "0", "irqs": "0"}
     runtime = [c for c in plan.changes if c.path.endswith("sched_rt_runtime_us")]
     assert runtime == []  # nothing is isolated: RT throttling stays on (test_rt_isolation)
 

@@ -61,16 +61,18 @@ def emulate_attribute_write(current: bytes, value: str, path: str,
     A selection file (``always [madvise] never``) moves its brackets to the written word and
     refuses words it does not offer (EINVAL, as the kernel does); ``cgroup.subtree_control``
     takes ``+name``/``-name`` edits; rknpu's ``power`` ignores words other than on/off (the
-    driver logs them and returns success); a PM QoS resume latency and /proc/irq follow their
-    kernel code (below; ``base`` is the tree, for the IRQ rules); any other attribute reads
-    back the value and a newline.  ``read`` gives sibling files (a policy's governor, the
-    command line) for the kernel's refusals.
+    driver logs them and returns success); a PM QoS resume latency, /proc/irq and the
+    workqueue cpumask follow their kernel code (below; ``base`` is the tree, for the IRQ and
+    cpumask rules); any other attribute reads back the value and a newline.  ``read`` gives
+    sibling files (a policy's governor, the command line) for the kernel's refusals.
     """
     refusal = _refusal(path, value, read)
     if refusal is not None:
         raise refusal
     if path.endswith("/power/pm_qos_resume_latency_us"):
         return _resume_latency(value, path)
+    if base is not None and path == irqs.WORKQUEUE_CPUMASK:
+        return irqs.fixture_workqueue_write(base, path, value)
     if base is not None and path.startswith("/proc/irq/"):
         normalised = irqs.fixture_affinity_write(base, path, value)
         if normalised is not None:

@@ -37,6 +37,7 @@ from pathlib import Path
 from agent.kernel.parsers import parse_cpulist
 
 DEFAULT_AFFINITY = "/proc/irq/default_smp_affinity"
+WORKQUEUE_CPUMASK = "/sys/devices/virtual/workqueue/cpumask"
 _IRQ_LINE = re.compile(r"\s*(\d+):(.*)")
 _TOKEN = re.compile(r"\S+")
 _HWIRQ = re.compile(r"(\d+)(-\S+)?")  # x86 glues the flow name on: "2-edge"
@@ -203,14 +204,33 @@ def fixture_affinity_write(base: Path, path: str, value: str) -> bytes | None:
         return None
     if path != DEFAULT_AFFINITY:
         return None
+    cpus, possible = _fixture_mask(base, path, value)
+    online = parse_cpulist((base / "sys/devices/system/cpu/online").read_text())
+    if not set(cpus) & set(online):
+        raise OSError(errno.EINVAL, "Invalid argument: no online CPU in the mask", path)
+    return (format_mask(cpus, max(possible) + 1) + "\n").encode()
+
+
+def _fixture_mask(base: Path, path: str, value: str) -> tuple[list[int], list[int]]:
+    """A written cpumask as cpumask_parse takes it (EINVAL when malformed, EOVERFLOW beyond
+    nr_cpu_ids), with the tree's possible CPUs."""
     try:
         cpus = parse_mask(value)
     except ValueError:
         raise OSError(errno.EINVAL, "Invalid argument", path) from None
-    cpu_dir = base / "sys/devices/system/cpu"
-    nr_cpu_ids = max(parse_cpulist((cpu_dir / "possible").read_text())) + 1
-    if cpus and max(cpus) >= nr_cpu_ids:
+    possible = parse_cpulist((base / "sys/devices/system/cpu/possible").read_text())
+    if cpus and max(cpus) > max(possible):
         raise OSError(errno.EOVERFLOW, "Value too large for defined data type", path)
-    if not set(cpus) & set(parse_cpulist((cpu_dir / "online").read_text())):
-        raise OSError(errno.EINVAL, "Invalid argument: no online CPU in the mask", path)
-    return (format_mask(cpus, nr_cpu_ids) + "\n").encode()
+    return cpus, possible
+
+
+def fixture_workqueue_write(base: Path, path: str, value: str) -> bytes:
+    """kernel/workqueue.c wq_unbound_cpumask_store on a fixture tree: the mask is parsed
+    (EINVAL for a malformed one, EOVERFLOW beyond nr_cpu_ids), cut to the possible CPUs, and
+    refused with EINVAL when none is left (workqueue_set_unbound_cpumask); possible but
+    offline CPUs are accepted.  Returns what the file then reads (%*pb)."""
+    cpus, possible = _fixture_mask(base, path, value)
+    kept = sorted(set(cpus) & set(possible))
+    if not kept:
+        raise OSError(errno.EINVAL, "Invalid argument: no possible CPU in the mask", path)
+    return (format_mask(kept, max(possible) + 1) + "\n").encode()

@@ -30,7 +30,7 @@ from agent.kernel.reader import SysReader
 from agent.tuning.plan import Change, PlanContext, read_normalised
 
 SCHED_RT_RUNTIME = "/proc/sys/kernel/sched_rt_runtime_us"
-WORKQUEUE_CPUMASK = "/sys/devices/virtual/workqueue/cpumask"
+WORKQUEUE_CPUMASK = irqs.WORKQUEUE_CPUMASK
 FAIR_SERVER = "/sys/kernel/debug/sched/fair_server"
 KTHREADD = "/proc/2/status"
 PF_KTHREAD, PF_NO_SETAFFINITY = 0x00200000, 0x04000000  # include/linux/sched.h
