@@ -440,6 +440,7 @@ def test_a_rotated_or_removed_token_file_takes_effect_at_the_next_check(tmp_path
         access.check("first", control=True)
     replacement = tmp_path / "new-token"
     replacement.write_text("third\n")
+    replacement.chmod(0o600)
     replacement.replace(path)  # rotated by rename
     access.check("third", control=True)
     path.unlink()
