@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ from mqtt_helpers import Broker, Subscriber, TlsFiles, make_test_ca, wait_until
 
 from agent.link import delivery
 from agent.link.mqtt import MqttLink
-from agent.link.settings import LinkSettings, backoff_delay
+from agent.link.settings import LinkSettings, LinkStatus, backoff_delay
 from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence, encode
 from agent.telemetry.sampler import FunctionCollector, Sampler
@@ -189,6 +191,62 @@ def test_a_record_above_the_payload_limit_is_refused(tmp_path: Path) -> None:
                       f"{ROOT}/telemetry", 1.0, max_payload_bytes=1024)
     record = sampler.sample_once()
     assert record["seq"] == 0 and sampler.oversized == 1 and outbox.depth == 0
+    outbox.close()
+
+
+class RecordingClient:
+    """What ``Delivery.fill`` publishes: (record's seq-session, historical) in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, bool]] = []
+        self.mid = itertools.count(1)
+
+    def publish(self, topic: str, payload: bytes, qos: int) -> Any:
+        document = json.loads(payload)
+        self.sent.append((document["session"], document["historical"]))
+        return type("Info", (), {"mid": next(self.mid)})()
+
+
+def test_a_connect_marks_the_backlog_between_two_records_never_inside_one(
+        tmp_path: Path) -> None:
+    """The sampler numbers a record and queues it as one step, and a connect switches the
+    session and marks its backlog under the same lock: a record numbered in the ended
+    session is always in the backlog (replayed as historical), one of the new session never
+    is.  Seen under QEMU: a connect between a record's numbering and its queueing sent a
+    record of the new session marked historical."""
+    numbered, connected = threading.Event(), threading.Event()
+
+    class HeldOutbox(Outbox):
+        def put(self, topic: str, payload: bytes) -> int:
+            numbered.set()
+            connected.wait(1.0)  # the connect is held back until this record is queued
+            return super().put(topic, payload)
+
+    outbox = HeldOutbox(tmp_path / "o.sqlite", max_bytes=1 << 20, max_age_s=3600)
+    sequence = Sequence(1)
+    sampler = Sampler([FunctionCollector("n", lambda: 1)], outbox, sequence,
+                      f"{ROOT}/telemetry", 1.0, max_payload_bytes=1 << 16)
+    link = delivery.Delivery(LinkSettings(client_id="node-1", topic_root=ROOT), outbox,
+                             LinkStatus())
+
+    def connect() -> None:
+        sequence.begin(2, link.begin)
+        connected.set()
+
+    sampling = threading.Thread(target=sampler.sample_once)
+    sampling.start()
+    assert numbered.wait(10)
+    connecting = threading.Thread(target=connect)
+    connecting.start()
+    sampling.join(10)
+    connecting.join(10)
+    assert sampler.last is not None and sampler.last["session"] == 1
+    sampler.sample_once()  # session 2's first record: live, not replayed
+    assert wait_until(lambda: outbox.last_id() == 2)
+    client = RecordingClient()
+    assert wait_until(lambda: (link.fill(client, 10),  # type: ignore[arg-type]
+                               len(client.sent) == 2)[1])  # the replay as its rate allows
+    assert client.sent == [(2, False), (1, True)]  # live first, then the backlog, historical
     outbox.close()
 
 

@@ -58,8 +58,12 @@ class Delivery:
         self._replay_below = 1
 
     def begin(self) -> None:
-        """The broker accepted the connection: everything stored so far is the backlog."""
+        """The broker accepted the connection: everything stored so far is the backlog.  Runs
+        as the session changes (``Sequence.begin``), with every record handed to the outbox
+        committed first: the backlog is then every record of the ended session, and the live
+        cursor starts where the new one does."""
         self.forget_acked()
+        self.outbox.flush()
         backlog = self.outbox.last_id()
         self._live_cursor, self._replay_cursor, self._replay_below = backlog, 0, backlog + 1
 

@@ -331,7 +331,9 @@ class MqttLink:
     def _on_accepted(self, client: mqtt.Client) -> None:
         session = self._candidate_session
         self.outbox.bump("session")  # now committed: the broker holds our Last Will
-        ended, taken = self.sequence.session, self.sequence.begin(session)
+        # the backlog (everything stored before this connect: replayed, marked historical) is
+        # marked as the session changes, so no record of either session lands on the wrong side
+        ended, taken = self.sequence.session, self.sequence.begin(session, self._delivery.begin)
         self.status.sessions_ended[ended] = taken
         self.status.session, self.status.last_error = session, None
         self.status.connects, self.status.subscribed = self.status.connects + 1, False
@@ -340,8 +342,6 @@ class MqttLink:
         self._announce(client)
         if self.subscriptions:
             subscribe(client, self.settings, self.subscriptions)
-        # Everything stored before this connect is the backlog: replayed, marked historical.
-        self._delivery.begin()
 
     def _announce(self, client: mqtt.Client) -> None:
         """The retained state, birth and Home Assistant discovery of this session."""

@@ -13,8 +13,10 @@ import ctypes.util
 import json
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 _TIME_ERROR = 5  # adjtimex(2): the clock is not synchronised
 _CLOCK_CHECK_S = 60.0
 
@@ -72,21 +74,25 @@ class Sequence:
         self._lock = threading.Lock()
         self._session, self._next = session, 0
 
-    def begin(self, session: int) -> int:
-        """A new session (a connect): ``seq`` starts again at 0.  Returns how many records
-        the session that ends took, so the link can say how many a subscriber should have."""
+    def begin(self, session: int, mark: Callable[[], None] = lambda: None) -> int:
+        """A new session (a connect): ``seq`` starts again at 0.  ``mark`` runs under the lock
+        that :meth:`issue` holds while a record is numbered and queued: the link marks its
+        backlog there, so the backlog holds every record of the ended session and none of the
+        new one, however the sampler's thread interleaves.  Returns how many records the
+        session that ends took, so the link can say how many a subscriber should have."""
         with self._lock:
             taken = self._next
             self._session, self._next = session, 0
+            mark()
             return taken
 
     @property
     def session(self) -> int:
         return self._session
 
-    def take(self) -> tuple[int, int]:
-        """(session, seq) for the next record."""
+    def issue(self, queue: Callable[[int, int], T]) -> T:
+        """Number the next record (session, seq) and queue it, as one step (see begin)."""
         with self._lock:
             seq = self._next
             self._next += 1
-            return self._session, seq
+            return queue(self._session, seq)

@@ -71,19 +71,22 @@ class Sampler:
     def sample_once(self) -> dict[str, Any]:
         """Take one record and queue it; returns it."""
         metrics = self.collect()
-        session, seq = self.sequence.take()
-        record = stamp("telemetry/1", session=session, seq=seq, historical=False,
-                       metrics=metrics)
-        payload = encode(record)
-        if len(payload) > self.max_payload_bytes:
-            self.oversized += 1
-            logger.error("telemetry: record %d/%d is %d bytes, above mqtt.max_payload_kb; "
-                         "not queued (select fewer groups with telemetry.metrics)", session,
-                         seq, len(payload))
-        else:
-            self.outbox.put(self.topic, payload)
-        self.last = record
-        return record
+
+        def queue(session: int, seq: int) -> dict[str, Any]:
+            record = stamp("telemetry/1", session=session, seq=seq, historical=False,
+                           metrics=metrics)
+            payload = encode(record)
+            if len(payload) > self.max_payload_bytes:
+                self.oversized += 1
+                logger.error("telemetry: record %d/%d is %d bytes, above mqtt.max_payload_kb;"
+                             " not queued (select fewer groups with telemetry.metrics)",
+                             session, seq, len(payload))
+            else:
+                self.outbox.put(self.topic, payload)
+            return record
+
+        self.last = self.sequence.issue(queue)
+        return self.last
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="telemetry", daemon=True)
