@@ -26,13 +26,19 @@ def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[byt
     the tests run as a background job (which ignores it, and children inherit that)."""
     return subprocess.Popen(sigint_at_default(sys.executable, "-m", "agent", *args),
                             cwd=WORKTREE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1", **(env or {})})
 
 
 def stopped(process: subprocess.Popen[bytes], signum: int) -> tuple[int, str, str]:
+    """The exit status and output of ``process`` after ``signum``; one that does not stop
+    within a minute is aborted, so the failure shows every thread's stack (faulthandler)."""
     process.send_signal(signum)
     try:
         out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        out, err = process.communicate(timeout=30)
+        pytest.fail(f"no stop 60 s after {signal.Signals(signum).name}:\n{err.decode()}")
     finally:
         process.kill()
     return process.returncode, out.decode(), err.decode()
