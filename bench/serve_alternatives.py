@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -93,15 +94,17 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def interpreter_version(python: str | None, flag: str, package: str) -> str:
-    """The package's version in that interpreter, or Skipped saying why not."""
+def interpreter_version(python: str | None, flag: str, package: str,
+                        distribution: str | None = None) -> str:
+    """The version of ``distribution`` (default: named as the ``package`` it imports) in
+    that interpreter, or Skipped saying why not."""
     if not python:
         raise Skipped(f"{flag} not given")
     if not Path(python).is_file():
         raise Skipped(f"{flag} {python}: no such file")
     try:
         probe = subprocess.run([python, "-c", f"import importlib.metadata as m, onnxruntime, "
-                                f"{package}; print(m.version('{package}'))"],
+                                f"{package}; print(m.version('{distribution or package}'))"],
                                capture_output=True, text=True, timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
         raise Skipped(f"{flag} {python}: {error}") from error
@@ -192,6 +195,70 @@ def start_kserve(python: str, scratch: Path, model: Path, stack: ExitStack) -> T
                   "KServe batches in its Kubernetes sidecar); 1 worker; single: predict on the "
                   "event loop; real: ORT in a thread, so runs overlap; latency logging off; "
                   f"{THREADS} intra-op threads; binds all interfaces (not settable)",
+                  f"127.0.0.1:{grpc_port}", http)
+
+
+def _triton_config(name: str, model: Path, batching: bool, count: int, threads: int) -> str:
+    """config.pbtxt of a python-backend model serving ``model`` (bench/serve.py's layout:
+    input ``x`` [3, 224, 224], output ``fetch_name_0`` [4], as the bare session reads it)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+
+    def tensors(kind: str, specs: list[Any]) -> str:
+        return f"{kind} [ " + ", ".join(
+            f'{{ name: "{spec.name}" data_type: TYPE_FP32 dims: '
+            f'[ {", ".join(str(d) for d in spec.shape[1:])} ] }}' for spec in specs) + " ]"
+
+    queue = (f"dynamic_batching {{ max_queue_delay_microseconds: "
+             f"{int(MAX_BATCH_TIME_S * 1e6)} preferred_batch_size: [ {BATCH} ] }}\n"
+             if batching else "")
+    return (f'name: "{name}"\nbackend: "python"\nmax_batch_size: {BATCH}\n'
+            f"{tensors('input', session.get_inputs())}\n"
+            f"{tensors('output', session.get_outputs())}\n{queue}"
+            f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]\n"
+            f'parameters: {{ key: "onnx" value: {{ string_value: "{model}" }} }}\n'
+            f'parameters: {{ key: "threads" value: {{ string_value: "{threads}" }} }}\n')
+
+
+def start_triton(python: str, scratch: Path, model: Path, stack: ExitStack) -> Target:
+    """NVIDIA's ``tritonserver`` from the nvidia-pytriton wheel, as pytriton itself lays it
+    out: the server tree copied with the stub for this interpreter's Python version in its
+    python backend, the wheel's libraries and the interpreter's libpython on the loader
+    path.  Its python backend runs ORT through bench/alternatives/triton_onnx.py."""
+    version = interpreter_version(python, "--triton-python", "pytriton", "nvidia-pytriton")
+    probe = subprocess.run(
+        [python, "-c", "import pytriton, sys, sysconfig; from pathlib import Path; "
+         "print(Path(pytriton.__file__).parent); print(sysconfig.get_config_var('LIBDIR')); "
+         "print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+        capture_output=True, text=True, timeout=60, check=True)
+    package, libdir, python_version = probe.stdout.split()
+    dist = Path(package) / "tritonserver"
+    server = scratch / "tritonserver"
+    shutil.copytree(dist, server, ignore=shutil.ignore_patterns("python_backend_stubs"))
+    shutil.copy(dist / "python_backend_stubs" / python_version / "triton_python_backend_stub",
+                server / "backends" / "python")
+    root = scratch / "triton-repository"
+    for name, batching, count, threads in (("single", False, 1, THREADS),
+                                           ("real", True, THREADS, 1)):
+        (root / name / "1").mkdir(parents=True)
+        shutil.copy(ALTERNATIVES / "triton_onnx.py", root / name / "1" / "model.py")
+        (root / name / "config.pbtxt").write_text(
+            _triton_config(name, model, batching, count, threads))
+    http_port, grpc_port = free_port(), free_port()
+    env = {**os.environ, "PATH": f"{Path(python).parent}:{os.environ['PATH']}",
+           "LD_LIBRARY_PATH": f"{Path(package).parent / 'nvidia_pytriton.libs'}:{libdir}"}
+    http = f"127.0.0.1:{http_port}"
+    stack.enter_context(server_process(
+        [str(server / "bin" / "tritonserver"), "--model-repository", str(root),
+         "--backend-directory", str(server / "backends"), "--http-address", "127.0.0.1",
+         "--http-port", str(http_port), "--grpc-address", "127.0.0.1",
+         "--grpc-port", str(grpc_port), "--allow-metrics", "false"],
+        scratch / "tritonserver.log", http, ["single", "real"], env))
+    return Target(f"Triton (pytriton {version})", f"tritonserver's python backend running "
+                  f"ORT (bench/alternatives/triton_onnx.py); real: dynamic batching "
+                  f"max_batch_size {BATCH}, max_queue_delay 2000 us, preferred [{BATCH}] on "
+                  f"{THREADS} instances of 1 thread; single: 1 instance of {THREADS} threads",
                   f"127.0.0.1:{grpc_port}", http)
 
 
@@ -298,6 +365,8 @@ def main() -> None:
                         help="per measurement per server, split into interleaved rounds")
     parser.add_argument("--mlserver-python", help="python of a venv with mlserver, onnxruntime")
     parser.add_argument("--kserve-python", help="python of a venv with kserve, onnxruntime")
+    parser.add_argument("--triton-python", help="python of a venv with nvidia-pytriton, "
+                        "onnxruntime and numpy < 2 (its tritonserver's python backend)")
     args = parser.parse_args()
     keep_freed_buffers(KEPT_BUFFER_BYTES)  # the client's allocator, as in bench/serve.py
     model = real_model()
@@ -321,7 +390,8 @@ def main() -> None:
         except Skipped as why:
             raise SystemExit(f"edge-agent serve: {why}") from why
         starts = (("MLServer", start_mlserver, args.mlserver_python),
-                  ("KServe", start_kserve, args.kserve_python))
+                  ("KServe", start_kserve, args.kserve_python),
+                  ("Triton", start_triton, args.triton_python))
         for label, start, python in starts:
             try:
                 target = start(python, scratch, model, stack)
