@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 KEY = "serve.local.socket"
 MAX_PATH = 107  # bytes of a socket path (sun_path, with its terminating NUL)
 BACKLOG = 64
+REFUSALS = 16  # refused connections told why at once; beyond, closed without a reason
+REFUSAL_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class LocalListener:
         self._acceptor: threading.Thread | None = None
         self._inode = 0
         self._numbers = iter(range(1 << 62))
+        self._refusing = threading.BoundedSemaphore(REFUSALS)
 
     @property
     def path(self) -> Path:
@@ -176,9 +179,11 @@ class LocalListener:
         problem = self._room_for(peer)
         if problem is not None:
             self.refused += 1
-            with contextlib.suppress(OSError):
-                connection.send(wire.error_reply(ServeError("RESOURCE_EXHAUSTED", problem)))
-            connection.close()
+            if self._refusing.acquire(blocking=False):
+                threading.Thread(target=self._refuse, args=(connection, problem),
+                                 name="local-refuse", daemon=True).start()
+            else:
+                connection.close()  # a flood of floods: no reason given
             return
         number = next(self._numbers)
         session = Session(connection, peer, self.models, self.access, self.budget,
@@ -189,6 +194,21 @@ class LocalListener:
         thread = threading.Thread(target=self._serve, args=(number, session),
                                   name=f"infer-local_{number}", daemon=True)
         thread.start()
+
+    def _refuse(self, connection: socket.socket, problem: str) -> None:
+        """The client's hello read (closing a socket with a message unread would reset the
+        connection, losing the reason), then the reason, then the connection closed."""
+        try:
+            connection.settimeout(REFUSAL_WAIT_S)
+            with contextlib.suppress(OSError):
+                _, fds, _, _ = socket.recv_fds(connection, wire.MAX_MESSAGE, wire.MAX_FDS)
+                for fd in fds:
+                    os.close(fd)
+            with contextlib.suppress(OSError):
+                connection.send(wire.error_reply(ServeError("RESOURCE_EXHAUSTED", problem)))
+        finally:
+            connection.close()
+            self._refusing.release()
 
     def _room_for(self, peer: Peer) -> str | None:
         """Why ``peer`` gets no session now (None: it does).  One uid other than root may
