@@ -92,6 +92,16 @@ def test_the_wire_constants_agree_between_server_and_client() -> None:
     assert {name: np.dtype(spelled) for name, spelled in _wire.DATATYPES.items()} == DATATYPES
 
 
+def test_the_client_parses_as_python_3_9() -> None:
+    """It installs on Python 3.9 without the agent: no syntax of a later Python (ruff's
+    py39 target holds the rest: no ``X | Y`` outside an annotation)."""
+    import ast
+
+    for path in sorted((CLIENT / "edge_agent_client").glob("*.py")):
+        ast.parse(path.read_text(), str(path), feature_version=(3, 9))
+        assert "from __future__ import annotations" in path.read_text(), path
+
+
 def test_client_outputs_equal_ort_run_directly_and_the_socket_is_owner_only(
         tmp_path: Path) -> None:
     x = demo_input(2, seed=3)
@@ -416,3 +426,30 @@ def test_serve_local_is_checked_like_every_section() -> None:
         from_dict({"serve": {"local": 5}})
     with pytest.raises(ConfigError, match=r"serve\.local\.max_sessions: 0 is not allowed"):
         from_dict({"serve": {"local": {"max_sessions": 0}}})
+
+
+def test_infer_url_unix_drives_the_local_path_or_says_the_client_is_missing(
+        tmp_path: Path) -> None:
+    with serve_process(tmp_path) as served:
+        url = f"unix://{served['local']}"
+        command = [sys.executable, "-m", "agent", "infer", "--url", url, "--seconds", "1",
+                   "--concurrency", "2", "--json"]
+        with_client = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(CLIENT.parents[1]), str(CLIENT)])}
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                                check=False, env=with_client)
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert report["url"] == url and report["versions"] == ["1"]
+        assert report["errors"] == 0 and report["count"] > 2 and report["concurrency"] == 2
+        missing = subprocess.run([*command[:-3], "--model", "nosuch"], capture_output=True,
+                                 text=True, timeout=120, check=False, env=with_client)
+        assert missing.returncode == 2 and "unknown model 'nosuch'" in missing.stderr
+        without = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                                 check=False, env={**os.environ, "PYTHONPATH": str(
+                                     CLIENT.parents[1])})
+    assert without.returncode == 2
+    assert without.stderr.strip().splitlines() == [
+        "edge-agent infer: --url unix://...: the local path needs the edge-agent-client "
+        "package (pip install clients/python of the edge-agent checkout; install.sh "
+        "installs it)"]
