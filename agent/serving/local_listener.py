@@ -6,8 +6,9 @@ futex in the shared region: either way a request costs one wakeup each way, but 
 also carries what a doorbell cannot: the region's descriptor (SCM_RIGHTS), the caller's
 uid/gid (SO_PEERCRED) and, when a client dies, EOF, which ends its session and frees its
 region at once.  A futex would need a thread per client waiting on it (or one polling every
-region), and a dead client's futex says nothing.  Measured here (bench/serve.py's local
-path): an empty message's round trip between two threads is about 15-25 us.
+region), and a dead client's futex says nothing.  Measured (Python on both ends, a 2-core
+x86_64 VM): an empty message's round trip between two threads is about 11-12 us, a whole
+metadata request's (JSON both ways, the registry's look-up) 45 us.
 
 Access is the file's: the socket is mode 0660, group ``serve.local.group``, in a directory
 anyone may enter, so root and that group connect and nobody else does (connect() needs
