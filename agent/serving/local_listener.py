@@ -235,10 +235,6 @@ class LocalListener:
                 if self.by_uid[session.peer.uid] <= 0:
                     del self.by_uid[session.peer.uid]
 
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return {"sessions": len(self.sessions), "refused": self.refused}
-
     def stop(self) -> None:
         """Stop accepting, end every session (its thread returns once its request is
         answered) and remove the socket."""
