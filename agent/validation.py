@@ -2,7 +2,8 @@
 
 A schema is a dict of key -> Check, a nested dict (a mapping with fixed keys), ``("list",
 rule)``, ``("map", key_check, rule)`` or ``("nullable", mapping_rule, what)`` (null, or a
-mapping that ``mapping_rule`` accepts; ``what`` describes the mapping for the message).
+mapping that ``mapping_rule`` accepts; ``what`` describes the mapping for the message) or
+``("switch", mapping_rule, what)`` (false for "off", or such a mapping).
 Errors name the file, the key path, the value and what is allowed, so an operator can fix
 the file without reading the code.
 """
@@ -136,6 +137,12 @@ def validate(value: Any, rule: Any, key: str, file: str,
         if value is not None and not isinstance(value, dict):
             raise error(file, key, f"{shown(value)} is not allowed: expected {rule[2]}, or null")
         if value is not None:
+            validate(value, rule[1], key, file, error)
+    elif isinstance(rule, tuple) and rule[0] == "switch":
+        if value is not False and not isinstance(value, dict):
+            raise error(file, key, f"{shown(value)} is not allowed: expected {rule[2]}, or "
+                        "false to turn it off")
+        if value is not False:
             validate(value, rule[1], key, file, error)
     else:
         allowed = rule(value)

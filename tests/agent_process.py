@@ -23,7 +23,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def agent_config(tmp_path: Path, port: int, root: Path | None = None,
                  **extra: Any) -> dict[str, Any]:
     """Node orin-1 of fleet lab on a fixture AGX Orin, a fast sampler and fast reconnects;
-    its data plane on free loopback ports and with a token file of the test's.  No broker
+    its data plane on free loopback ports, its local socket in the test's directory (tests
+    run as root, whose default /run/edge-agent/infer.sock they would share) and with a token
+    file of the test's.  No broker
     of its own (``mqtt.local_broker: false``): a test without a broker means none."""
     token = tmp_path / "serve-token"
     if not token.exists():
@@ -35,7 +37,7 @@ def agent_config(tmp_path: Path, port: int, root: Path | None = None,
                      "reconnect": {"min_s": 0.1, "max_s": 0.5}},
             "telemetry": {"interval_s": 0.2},
             "serve": {"http": "127.0.0.1:0", "grpc": "127.0.0.1:0", "metrics": "127.0.0.1:0",
-                      "token_file": str(token)},
+                      "token_file": str(token), "local": {"socket": str(tmp_path / "l.sock")}},
             **extra}
 
 

@@ -55,7 +55,7 @@ def run_tool(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(900)  # its tools run under a 600 s timeout of their own; theirs reports better
 def test_ruff_is_clean() -> None:
     result = run_tool("ruff", "check", "--no-fix", "agent", "tests", "bench", "scripts",
-                      ".ci")
+                      ".ci", "clients")
     assert result.returncode == 0, f"ruff check:\n{result.stdout}{result.stderr}"
 
 
@@ -63,6 +63,15 @@ def test_ruff_is_clean() -> None:
 def test_mypy_strict_is_clean() -> None:
     result = run_tool("mypy", "--strict", PACKAGE)
     assert result.returncode == 0, f"mypy --strict {PACKAGE}:\n{result.stdout}{result.stderr}"
+
+
+@pytest.mark.timeout(900)  # as above
+def test_mypy_strict_is_clean_for_the_client_distribution() -> None:
+    """``clients/python`` under its own pyproject's configuration (run from there)."""
+    result = subprocess.run([sys.executable, "-m", "mypy", "--strict", "edge_agent_client"],
+                            cwd=CHECKOUT / "clients" / "python", capture_output=True,
+                            text=True, timeout=600, check=False)
+    assert result.returncode == 0, f"mypy --strict edge_agent_client:\n{result.stdout}"
 
 
 def test_no_module_in_agent_is_over_the_line_limit() -> None:

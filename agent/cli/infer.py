@@ -57,8 +57,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     infer.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                        help="a live status line on stderr (default: when it is a terminal)")
     infer.add_argument("--url", metavar="URL",
-                       help="drive a running server instead (http://HOST:PORT or "
-                       "grpc://HOST:PORT); --model is then a served model's name (default demo)")
+                       help="drive a running server instead (http://HOST:PORT, "
+                       "grpc://HOST:PORT or unix:///run/edge-agent/infer.sock); --model is "
+                       "then a served model's name (default demo)")
     infer.add_argument("--concurrency", type=_positive_int, default=1, metavar="N",
                        help="with --url: clients sending at once (default 1)")
     infer.add_argument("--shm", action="store_true",

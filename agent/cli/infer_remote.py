@@ -1,5 +1,5 @@
-"""``edge-agent infer --url``: drive a running data plane over HTTP or gRPC, as an
-application would, and print the same statistics as the local benchmark.
+"""``edge-agent infer --url``: drive a running data plane over HTTP, gRPC or its local
+socket, as an application would, and print the same statistics as the local benchmark.
 
 ``--concurrency`` clients each send one request after another (``--rate`` is split between
 them); every call is measured on the client, from request to decoded answer.
@@ -32,7 +32,12 @@ def _client(url: str, token: str | None, timeout_s: float) -> Any:
         from agent.serving.http_client import HttpClient
 
         return HttpClient(url, token=token, timeout_s=timeout_s)
-    raise UsageError(f"--url {url}: expected http://HOST:PORT or grpc://HOST:PORT")
+    if url.startswith("unix://"):
+        from agent.cli.infer_local import LocalClient
+
+        return LocalClient(url.removeprefix("unix://"), token, timeout_s)
+    raise UsageError(f"--url {url}: expected http://HOST:PORT, grpc://HOST:PORT or "
+                     "unix:///PATH (the data plane's serve.local.socket)")
 
 
 def merged(windows: list[Window]) -> Window:
@@ -149,6 +154,8 @@ def run_remote(args: argparse.Namespace, model: str,
     except ServeError as error:
         raise UsageError(f"--url {args.url}: {error}") from None
     feeds = synthetic_feeds(metadata, {})
+    if args.shm and args.url.startswith("unix://"):
+        raise UsageError("--shm is for HTTP and gRPC: unix:// shares memory by itself")
     if args.shm and token is None:
         raise UsageError("--shm needs --token-file: registering a region, and naming one in "
                          "a request, need the server's token")

@@ -53,14 +53,18 @@ class Setting:
 @dataclass(frozen=True)
 class Section:
     """A mapping declared by ``kind``.  ``nullable``: null by default, and what an empty
-    mapping means, for the message that says what the value may be."""
+    mapping means, for the message that says what the value may be.  ``switchable``: on
+    (its defaults) unless the file says false, which builds None."""
 
     kind: type[DataclassInstance]
     nullable: str | None = None
+    switchable: bool = False
     required = False
 
     def schema(self) -> Any:
         rule = schema(self.kind)
+        if self.switchable:
+            return ("switch", rule, f"a mapping with keys {', '.join(rule)}")
         if self.nullable is None:
             return rule
         return ("nullable", rule, f"a mapping with keys {', '.join(rule)} ({self.nullable})")
@@ -69,7 +73,9 @@ class Section:
         return None if self.nullable is not None else defaults(self.kind)
 
     def build(self, value: Any, path: str, file: str, error: type[SettingsError]) -> Any:
-        return None if value is None else build(self.kind, value, path, file, error)
+        if value is None or value is False:
+            return None
+        return build(self.kind, value, path, file, error)
 
 
 @dataclass(frozen=True)
@@ -99,9 +105,10 @@ def setting(rule: Any, default: Any = MISSING, *, factory: Callable[[], Any] | N
     return dataclasses.field(metadata={_KEY: Setting(rule, default, factory, convert)})
 
 
-def section(kind: type[DataclassInstance], nullable: str | None = None) -> Any:
+def section(kind: type[DataclassInstance], nullable: str | None = None,
+            switchable: bool = False) -> Any:
     """A field that is a nested mapping (see Section)."""
-    return dataclasses.field(metadata={_KEY: Section(kind, nullable)})
+    return dataclasses.field(metadata={_KEY: Section(kind, nullable, switchable)})
 
 
 def entries(kind: type[DataclassInstance]) -> Any:

@@ -133,6 +133,19 @@ class ServeTlsConfig:
 
 
 @dataclass(frozen=True)
+class ServeLocalConfig:
+    """The local front end (agent.serving.local_listener): a Unix socket whose sessions pass
+    tensors in shared memory."""
+
+    # None: /run/edge-agent/infer.sock as root, else $XDG_RUNTIME_DIR/edge-agent/infer.sock
+    socket: str | None = setting(optional(PATH), None)
+    group: str = setting(text(re.compile(r"^[a-z_][a-z0-9_-]{0,31}\$?$"), "a group name"),
+                         "edge-agent")  # may connect, besides root
+    max_sessions: int = setting(integer(1, 4096), 64)
+    max_region_mb: float = setting(number(1, 1 << 20), 256)  # one session's shared region
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     """The data plane (``edge-agent serve``): where it listens and what it serves."""
 
@@ -159,6 +172,7 @@ class ServeConfig:
     shm_prefix: str = setting(text(re.compile(r"^[A-Za-z0-9_.-]{1,64}$"),
                                    "a name prefix such as edge-agent- (letters, digits, "
                                    "'.', '_', '-')"), "edge-agent-")
+    local: ServeLocalConfig | None = section(ServeLocalConfig, switchable=True)  # false: off
 
     @property
     def max_request_bytes(self) -> int:

@@ -45,6 +45,7 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
     from agent.inference.providers import choose_providers
     from agent.kernel.fsroot import Root
     from agent.serving.building import BUILDING_FILE, write_building
+    from agent.serving.local_listener import LocalSettings, default_socket
     from agent.serving.server import ServerSettings
     from agent.serving.server import serve as run_server
     from agent.serving.threads import read_sched_file
@@ -66,6 +67,9 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
         privileged_priority=s.privileged_priority, http_max_connections=s.http_max_connections,
         http_header_timeout_s=s.http_header_timeout_s,
         http_idle_timeout_s=s.http_idle_timeout_s, providers=providers,
+        local=None if s.local is None else LocalSettings(
+            Path(s.local.socket) if s.local.socket else default_socket(state_dir),
+            s.local.group, s.local.max_sessions, int(s.local.max_region_mb * (1 << 20))),
         threads=thread_plan(topology, sched.cpus if sched else None),
         cache_dir=model_cache_dir(str(state_dir)),
         tls_cert=s.tls.cert if s.tls else None, tls_key=s.tls.key if s.tls else None,

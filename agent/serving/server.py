@@ -1,9 +1,10 @@
-"""The data plane process: the registry behind both front ends, until SIGTERM.
+"""The data plane process: the registry behind its front ends, until SIGTERM.
 
 One process, so that the profile's cgroup limits, RT priorities and CPU affinity apply to
 inference alone and a crash or OOM kill takes nothing else with it.  HTTP (aiohttp) runs on
 this process's event loop, gRPC on its own thread pool; both hand inference to threads the
-profile schedules (``threads``).  Once both listen, the bound addresses go to the ready file
+profile schedules (``threads``), as the local socket does (``local_listener``, a thread a
+session).  Once they listen, the bound addresses go to the ready file
 (port 0 takes a free port: tests and ``selftest``), which is how the supervisor finds them;
 the models load after that, in the background, and the server is ready once they did.  An
 address the front ends cannot take is one line naming the key, on stderr and in the error
@@ -40,6 +41,7 @@ from agent.serving.connections import (
     raise_descriptor_limit,
 )
 from agent.serving.instances import Board
+from agent.serving.local_listener import LocalListener, LocalListenError, LocalSettings
 from agent.serving.registry import ModelRegistry
 from agent.serving.shm import bounded_regions
 from agent.serving.threads import InferenceThreads, read_sched_file
@@ -98,6 +100,7 @@ class ServerSettings:
     http_max_connections: int | None = None
     http_header_timeout_s: float = 5.0
     http_idle_timeout_s: float = 5.0
+    local: LocalSettings | None = None  # the local front end (serve.local); None: off
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -245,6 +248,7 @@ class DataPlane:
         self.grpc_server: Any = None
         self.http: HttpListener | None = None
         self.metrics: MetricsServer | None = None
+        self.local: LocalListener | None = None
         self.addresses: dict[str, str] = {}
         self.accept_errors = AcceptErrors()
         self._trimmer: asyncio.Task[None] | None = None
@@ -317,6 +321,15 @@ class DataPlane:
             except OSError as error:
                 raise _listen_error("serve.metrics", settings.metrics, error) from None
             self.addresses["metrics"] = self.metrics.address
+        if settings.local is not None:
+            self.local = LocalListener(settings.local, self.registry, self.access, self.budget,
+                                       self.threads.adopt_current)
+            try:
+                self.local.start()
+            except LocalListenError as error:
+                self.local = None
+                raise ListenError(str(error)) from None
+            self.addresses["local"] = str(settings.local.socket)
 
     async def _trim_when_idle(self) -> None:
         """Give a burst's freed buffers back once a whole IDLE_TRIM_S has passed without a
@@ -339,6 +352,8 @@ class DataPlane:
             self.grpc_server.stop(2.0).wait(3.0)
         if self.http is not None:
             await self.http.stop()
+        if self.local is not None:
+            self.local.stop()
         self.registry.stop()
         self.regions.close()
         self.http_pool.shutdown(wait=False, cancel_futures=True)
