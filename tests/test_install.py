@@ -27,7 +27,7 @@ from onnx_models import conv_net
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = ("pyproject.toml", "README.md", "agent", "profiles", "dts-overlays")
-INSTALLER = (*PACKAGE, "install.sh", "constraints", "systemd", "scripts")
+INSTALLER = (*PACKAGE, "install.sh", "constraints", "systemd", "scripts", "clients")
 # building the wheel and a fresh venv runs several pip calls of up to 300 s each
 pytestmark = pytest.mark.timeout(1200)
 
@@ -309,9 +309,10 @@ def test_destdir_install_runs_once_moved_to_its_prefix(tmp_path: Path, deps: Pat
     dirs = {Path(p["file"]).parent for p in json.loads(profiles.stdout)["profiles"]}
     # the prefix's copy, found through sys.prefix (site profiles in /etc may add to them)
     assert dirs - {Path("/etc/edge-agent/profiles")} == {prefix / "profiles"}
-    where = run([str(prefix / "bin" / "python"), "-c", "import agent; print(agent.__file__)"],
-                cwd=tmp_path)
-    assert Path(where.stdout.strip()).is_relative_to(prefix), where.stdout + where.stderr
+    for package in ("agent", "edge_agent_client"):  # the local socket's client goes along
+        where = run([str(prefix / "bin" / "python"), "-c",
+                     f"import {package}; print({package}.__file__)"], cwd=tmp_path)
+        assert Path(where.stdout.strip()).is_relative_to(prefix), where.stdout + where.stderr
     # one line per step, so a minute of pip is not a minute of silence
     for step in ("install.sh: reusing the venv in ",
                  "install.sh: installing edge-agent and its dependencies with pip (",
