@@ -47,6 +47,8 @@ from agent.serving.threads import InferenceThreads, read_sched_file
 if TYPE_CHECKING:
     from agent.discovery.model import Topology
     from agent.inference.provider_options import RuntimeVersions
+    from agent.serving.frigate_api import FrigateFrontEnd
+    from agent.serving.frigate_protocol import FrigateSettings
     from agent.serving.http_listener import HttpListener
     from agent.serving.metrics import MetricsServer
 
@@ -98,6 +100,7 @@ class ServerSettings:
     http_max_connections: int | None = None
     http_header_timeout_s: float = 5.0
     http_idle_timeout_s: float = 5.0
+    frigate: FrigateSettings | None = None  # serve.frigate: Frigate's zmq detector (off)
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -245,6 +248,7 @@ class DataPlane:
         self.grpc_server: Any = None
         self.http: HttpListener | None = None
         self.metrics: MetricsServer | None = None
+        self.frigate: FrigateFrontEnd | None = None
         self.addresses: dict[str, str] = {}
         self.accept_errors = AcceptErrors()
         self._trimmer: asyncio.Task[None] | None = None
@@ -317,6 +321,18 @@ class DataPlane:
             except OSError as error:
                 raise _listen_error("serve.metrics", settings.metrics, error) from None
             self.addresses["metrics"] = self.metrics.address
+        if settings.frigate is not None:
+            self.addresses["frigate"] = self._start_frigate(settings.frigate)
+
+    def _start_frigate(self, frigate: FrigateSettings) -> str:
+        from agent.serving.frigate_api import BindError, FrigateFrontEnd  # zmq only for it
+
+        self.frigate = FrigateFrontEnd(self.registry, frigate, self.settings.max_request_bytes,
+                                       self.threads.adopt_current)
+        try:
+            return self.frigate.start()
+        except BindError as error:
+            raise ListenError(str(error)) from None
 
     async def _trim_when_idle(self) -> None:
         """Give a burst's freed buffers back once a whole IDLE_TRIM_S has passed without a
@@ -339,6 +355,8 @@ class DataPlane:
             self.grpc_server.stop(2.0).wait(3.0)
         if self.http is not None:
             await self.http.stop()
+        if self.frigate is not None:
+            self.frigate.stop()
         self.registry.stop()
         self.regions.close()
         self.http_pool.shutdown(wait=False, cancel_futures=True)
