@@ -11,12 +11,22 @@ import numpy as np
 NUDENET = "320n.onnx"  # in the nudenet wheel (install.sh --dev): a YOLOv8n at 320 x 320
 
 
-def nudenet_model() -> Path:
+def nudenet_model(directory: Path) -> Path:
+    """nudenet's YOLOv8n with its input fixed at [1, 3, 320, 320], as Frigate's YOLO exports
+    are (the wheel's takes any height and width, and fails the repository's probe at 1 x 1)."""
     import importlib.util
+
+    import onnx
 
     spec = importlib.util.find_spec("nudenet")  # importing it needs OpenCV, which we lack
     assert spec is not None and spec.origin is not None, "nudenet: install.sh --dev"
-    return Path(spec.origin).parent / NUDENET
+    model = onnx.load(Path(spec.origin).parent / NUDENET)
+    for dim, size in zip(model.graph.input[0].type.tensor_type.shape.dim, (1, 3, 320, 320),
+                         strict=True):
+        dim.dim_value = size
+    path = directory / "yolov8n-320.onnx"
+    onnx.save(model, path)
+    return path
 
 
 def astronaut(size: int = 320) -> np.ndarray:

@@ -126,8 +126,10 @@ def test_yologeneric_matches_the_plain_reference_on_crowded_candidates() -> None
     np.testing.assert_allclose(yolo_generic([output.transpose(0, 2, 1)], 320, 256), got)
 
 
-def test_yologeneric_of_nudenet_finds_the_astronauts_face_as_the_reference_does() -> None:
-    session = ort.InferenceSession(str(nudenet_model()), providers=["CPUExecutionProvider"])
+def test_yologeneric_of_nudenet_finds_the_astronauts_face_as_the_reference_does(
+        tmp_path: Path) -> None:
+    session = ort.InferenceSession(str(nudenet_model(tmp_path)),
+                                   providers=["CPUExecutionProvider"])
     x = astronaut().transpose(0, 3, 1, 2).astype(np.float32) / 255
     output = session.run(None, {"images": x})[0]
     got = yolo_generic([output], 320, 320)

@@ -147,6 +147,8 @@ class FrigateConfig:
     model_type: str | None = setting(frigate_model_type, None)
     # a float model's pixel scale when Frigate sends uint8 (Frigate's names): 0..1 or 0..255
     input_dtype: str = setting(choice("float", "float_denorm"), "float")
+    # Frigate's detector request_timeout_ms: every request is answered within 3/4 of it
+    request_timeout_ms: int = setting(integer(10, 60_000), 200)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
     sched = read_sched_file(sched_file)
     s = config.serve
     frigate = None if s.frigate is None else FrigateSettings(
-        s.frigate.endpoint, s.frigate.model, s.frigate.model_type, s.frigate.input_dtype)
+        s.frigate.endpoint, s.frigate.model, s.frigate.model_type, s.frigate.input_dtype,
+        s.frigate.request_timeout_ms)
     settings = ServerSettings(
         http=http or s.http, grpc=grpc or s.grpc,
         repository=Path(s.repository or state_dir / "repository"),

@@ -1,13 +1,13 @@
 """The Frigate front end (``serve.frigate``): Frigate's ``zmq`` detector answered from ``Models``.
 
-A REP socket on its own thread.  Frigate's REQ socket waits 200 ms and then resets, so every
-request is answered, and within ``DEADLINE_S``: a detection runs on a small pool while this
-thread waits for it that long; one that is late, or finds the pool still busy with late
-ones, is answered Frigate's zero result and its run finishes unheard (so a slow model costs
-detections, never a hung detector, and never more than ``WORKERS`` runs at once).  Anything a
-message or the model gets wrong is the zero result too, with a warning at most every
-``WARN_EVERY_S`` per reason.  libzmq drops a message over ``MAXMSGSIZE`` (and the peer) before
-it is buffered; the header is checked before the tensor is looked at.
+A REP socket on its own thread.  Frigate's REQ socket waits ``request_timeout_ms`` (200) and
+then resets, so every request is answered, and in time: a detection runs on a small pool
+while this thread waits 3/4 of that for it; one that is late, or finds the pool still busy
+with late ones, is answered Frigate's zero result and its run finishes unheard (so a slow
+model costs detections, never a hung detector, and never more than ``WORKERS`` runs at
+once).  Anything a message or the model gets wrong is the zero result too, with a warning at
+most every ``WARN_EVERY_S`` per reason.  libzmq drops a message over ``MAXMSGSIZE`` (and the
+peer) before it is buffered; the header is checked before the tensor is looked at.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from agent.serving.frigate_protocol import Detect, FrigateSettings, ModelQuery, 
 
 logger = logging.getLogger(__name__)
 
-DEADLINE_S = 0.15  # below Frigate's 200 ms, leaving it the transfer and its own decoding
 WORKERS = 2  # detections running at once, late ones included
 MODEL_WAIT_S = 20.0  # a model question waits this long for a loading model (Frigate: 30 s)
 POLL_S = 0.1  # how soon the thread sees a stop
 WARN_EVERY_S = 10.0
+STOP_WAIT_S = 10.0  # for the runs a stop finds going
 
 
 class BindError(Exception):
@@ -135,10 +135,14 @@ class FrigateFrontEnd:
         return bound
 
     def stop(self) -> None:
+        """After the registry stopped: the runs still going end before the process does."""
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + STOP_WAIT_S
+        for _ in range(WORKERS):
+            self._slots.acquire(timeout=max(0.0, deadline - time.monotonic()))
         self._context.destroy(linger=0)
 
     def _serve(self) -> None:
@@ -181,8 +185,8 @@ class FrigateFrontEnd:
 
     def _detect(self, message: Detect) -> np.ndarray:
         if not self._slots.acquire(blocking=False):
-            self.warnings.warn("busy", f"{WORKERS} detections still running past "
-                               f"{DEADLINE_S * 1000:g} ms: answered zeros")
+            self.warnings.warn("busy", f"{WORKERS} detections still running past their "
+                               "deadline: answered zeros")
             return zero_result()
         try:
             future = self._pool.submit(self._run, message)
@@ -190,10 +194,10 @@ class FrigateFrontEnd:
             self._slots.release()
             return zero_result()
         try:
-            return future.result(DEADLINE_S)
+            return future.result(self.settings.deadline_s)
         except concurrent.futures.TimeoutError:
             self.warnings.warn("late", f"model {self.settings.model} did not answer within "
-                               f"{DEADLINE_S * 1000:g} ms: answered zeros")
+                               f"{self.settings.deadline_s * 1000:g} ms: answered zeros")
         except (ServeError, InputError, DetectionError) as error:
             self.warnings.warn(type(error).__name__, str(error))
         return zero_result()
@@ -210,7 +214,11 @@ class FrigateFrontEnd:
             meta = self.models.model_metadata(name, "")
             plan = plan_input(meta, self.settings.input_dtype)
             tensor = plan.convert(message.tensor)
-            result = self.models.infer(InferRequest(name, "", (Tensor(plan.name, tensor),)))
+            # a queue that allows it ends the run at the deadline (config.yaml
+            # dynamic_batching.queue.allow_timeout_override) instead of finishing it unheard
+            result = self.models.infer(InferRequest(
+                name, "", (Tensor(plan.name, tensor),),
+                parameters={"timeout": int(self.settings.deadline_s * 1e6)}))
             arrays = {output.name: output.array for output in result.outputs}
             outputs = [arrays[spec.name] for spec in meta.outputs if spec.name in arrays]
             return post_process(outputs, *plan.height_width(message.tensor))

@@ -33,6 +33,7 @@ MAX_DIM = 16384
 DTYPES: dict[str, np.dtype[Any]] = {"uint8": np.dtype(np.uint8),
                                     "float32": np.dtype(np.float32)}
 RESULT_BYTES = ROWS * 6 * 4
+DEADLINE_SHARE = 0.75  # of Frigate's timeout, for the detection itself
 
 Frame = bytes | memoryview
 
@@ -45,6 +46,12 @@ class FrigateSettings:
     model: str
     model_type: str | None = None  # None: as each request's header says
     input_dtype: str = "float"  # a float model's scale for a uint8 frame (frigate_input)
+    request_timeout_ms: int = 200  # Frigate's, which every answer must beat
+
+    @property
+    def deadline_s(self) -> float:
+        """How long a detection may take: Frigate's timeout less its transfer and decoding."""
+        return self.request_timeout_ms * DEADLINE_SHARE / 1000
 
 
 class ProtocolError(Exception):

@@ -355,9 +355,9 @@ class DataPlane:
             self.grpc_server.stop(2.0).wait(3.0)
         if self.http is not None:
             await self.http.stop()
+        self.registry.stop()
         if self.frigate is not None:
             self.frigate.stop()
-        self.registry.stop()
         self.regions.close()
         self.http_pool.shutdown(wait=False, cancel_futures=True)
         self.grpc_pool.shutdown(wait=False, cancel_futures=True)
