@@ -187,3 +187,11 @@ def test_a_bad_serve_frigate_key_is_one_line_naming_it(tmp_path: Path, text: str
     with pytest.raises(ConfigError) as raised:
         load_config(write(tmp_path, f"serve: {{frigate: {text}}}\n"))
     assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_data_plane_without_serve_frigate_does_not_load_zmq() -> None:
+    from tests.agent_process import modules_loaded_by
+
+    assert modules_loaded_by("import agent.serving.server, agent.service.serve, "
+                             "agent.config.loader", "zmq") == []
+    assert "zmq" in modules_loaded_by("import agent.serving.frigate_api", "zmq")
