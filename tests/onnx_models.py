@@ -185,3 +185,32 @@ def wide_conv_net(path: Path, size: int = 96, channels: int = 32) -> Path:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
         weight.initializers)
     return _save(finish_model(graph), path)
+
+
+SSD_SCORES = np.array([0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.3, 0.2, 0.1], np.float32)
+
+
+def ssd_detector(path: Path, size: int = 64) -> Path:
+    """A detector with a TF Object Detection API SSD's outputs: ``image`` uint8 [1, size, size,
+    3] -> ``boxes`` [1, 10, 4] (y_min, x_min, y_max, x_max), ``classes`` [1, 10], ``scores``
+    [1, 10] (SSD_SCORES times the image's brightest value / 255, so a darker image has fewer
+    above Frigate's 0.4) and ``count`` [1]."""
+    rng = np.random.RandomState(11)
+    corners = np.sort(rng.random_sample((10, 2, 2)).astype(np.float32), axis=1)
+    constants = {"boxes.c": corners.reshape(1, 10, 4), "scores.c": SSD_SCORES[None],
+                 "classes.c": rng.randint(0, 80, (1, 10)).astype(np.float32),
+                 "count.c": np.array([10], np.float32), "full": np.array(255, np.float32)}
+    nodes = [helper.make_node("Cast", ["image"], ["pixels"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceMax", ["pixels"], ["peak"], keepdims=0),
+             helper.make_node("Div", ["peak", "full"], ["level"]),
+             helper.make_node("Mul", ["scores.c", "level"], ["scores"]),
+             *(helper.make_node("Identity", [f"{name}.c"], [name])
+               for name in ("boxes", "classes", "count"))]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+               for name, shape in (("boxes", (1, 10, 4)), ("classes", (1, 10)),
+                                   ("scores", (1, 10)), ("count", (1,)))]
+    graph = helper.make_graph(
+        nodes, "ssd_detector",
+        [helper.make_tensor_value_info("image", TensorProto.UINT8, [1, size, size, 3])],
+        outputs, [numpy_helper.from_array(value, name) for name, value in constants.items()])
+    return _save(finish_model(graph), path)

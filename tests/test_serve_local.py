@@ -445,9 +445,15 @@ def test_infer_url_unix_drives_the_local_path_or_says_the_client_is_missing(
         missing = subprocess.run([*command[:-3], "--model", "nosuch"], capture_output=True,
                                  text=True, timeout=120, check=False, env=with_client)
         assert missing.returncode == 2 and "unknown model 'nosuch'" in missing.stderr
+        # a package of that name that cannot be imported shadows the one installed here
+        absent = tmp_path / "absent" / "edge_agent_client"
+        absent.mkdir(parents=True)
+        (absent / "__init__.py").write_text(
+            "raise ModuleNotFoundError(\"No module named 'edge_agent_client'\", "
+            "name='edge_agent_client')\n")
         without = subprocess.run(command, capture_output=True, text=True, timeout=120,
-                                 check=False, env={**os.environ, "PYTHONPATH": str(
-                                     CLIENT.parents[1])})
+                                 check=False, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                     [str(absent.parent), str(CLIENT.parents[1])])})
     assert without.returncode == 2
     assert without.stderr.strip().splitlines() == [
         "edge-agent infer: --url unix://...: the local path needs the edge-agent-client "

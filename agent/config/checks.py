@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from agent.control.schemas import COMMANDS
+from agent.serving.detections import ALIASES, POST_PROCESS, UNSERVED
 from agent.telemetry.groups import METRIC_GROUPS
 from agent.validation import Check, shown, text
 
@@ -39,6 +40,32 @@ def listen_address(value: Any) -> str | None:
         if host and port.isdigit() and 0 <= int(port) < 65536:
             return None
     return "host:port such as 127.0.0.1:8000 (port 0: any free port)"
+
+
+def frigate_endpoint(value: Any) -> str | None:
+    """Where Frigate's zmq detector connects: an ipc:// socket path (a Unix socket's path
+    has at most 107 bytes), or tcp:// on loopback only, as its protocol has no
+    authentication."""
+    if isinstance(value, str) and value.startswith("ipc:///"):
+        if len(value.removeprefix("ipc://").encode()) <= 107:
+            return None
+    elif isinstance(value, str) and value.startswith("tcp://"):
+        host, _, port = value.removeprefix("tcp://").rpartition(":")
+        if host.strip("[]") in ("127.0.0.1", "::1", "localhost") and port.isdigit() and \
+                int(port) < 65536:
+            return None
+    return ("ipc:///ABSOLUTE/PATH (at most 107 bytes), or tcp://127.0.0.1:PORT (Frigate's "
+            "zmq protocol has no authentication: loopback only)")
+
+
+def frigate_model_type(value: Any) -> str | None:
+    """Frigate's model type names this server post-processes (detections.POST_PROCESS)."""
+    if value is None or value in POST_PROCESS or value in ALIASES:
+        return None
+    served = ", ".join([*POST_PROCESS, *ALIASES])
+    if value in UNSERVED:
+        return f"one of {served} or null ({value} is not post-processed here)"
+    return f"one of {served}, or null for the type each request's header names"
 
 
 def _string_list(value: Any) -> str | None:

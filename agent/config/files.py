@@ -130,7 +130,7 @@ def _serve_tls(config: Config) -> Iterator[tuple[str, str]]:
     cert, key = tls.cert, tls.key
 
     def load() -> None:
-        from agent.serving.server import server_tls
+        from agent.serving.tls import server_tls
 
         server_tls(cert, key, tls.client_ca)
 

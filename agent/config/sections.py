@@ -17,6 +17,8 @@ from agent.config.checks import (
     command_names,
     dim_sizes,
     ed25519_key,
+    frigate_endpoint,
+    frigate_model_type,
     host_port,
     input_source,
     listen_address,
@@ -28,6 +30,7 @@ from agent.config.declare import entries, section, setting
 from agent.control.schemas import COMMANDS
 from agent.discovery.udev import HOTPLUG_SUBSYSTEMS
 from agent.inference.demo_model import DEMO_MODEL_PATH
+from agent.serving.repository import MODEL_NAME
 from agent.validation import choice, integer, number, optional, text
 
 BOOL = choice(True, False)
@@ -146,6 +149,22 @@ class ServeLocalConfig:
 
 
 @dataclass(frozen=True)
+class FrigateConfig:
+    """Frigate's ``zmq`` detector answered by one model (agent.serving.frigate_api)."""
+
+    endpoint: str = setting(frigate_endpoint, "ipc:///tmp/cache/zmq_detector")
+    model: str = setting(text(re.compile(rf"^{MODEL_NAME.pattern}$"),
+                              "a model name of the repository (letters, digits, ._-)"))
+    # Frigate's names (its header's); yolo-generic, DESIGN's spelling, is yologeneric.
+    # null: the type each request's header names
+    model_type: str | None = setting(frigate_model_type, None)
+    # a float model's pixel scale when Frigate sends uint8 (Frigate's names): 0..1 or 0..255
+    input_dtype: str = setting(choice("float", "float_denorm"), "float")
+    # Frigate's detector request_timeout_ms: every request is answered within 3/4 of it
+    request_timeout_ms: int = setting(integer(10, 60_000), 200)
+
+
+@dataclass(frozen=True)
 class ServeConfig:
     """The data plane (``edge-agent serve``): where it listens and what it serves."""
 
@@ -173,6 +192,7 @@ class ServeConfig:
                                    "a name prefix such as edge-agent- (letters, digits, "
                                    "'.', '_', '-')"), "edge-agent-")
     local: ServeLocalConfig | None = section(ServeLocalConfig, switchable=True)  # false: off
+    frigate: FrigateConfig | None = section(FrigateConfig, nullable="model is required")
 
     @property
     def max_request_bytes(self) -> int:

@@ -45,6 +45,7 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
     from agent.inference.providers import choose_providers
     from agent.kernel.fsroot import Root
     from agent.serving.building import BUILDING_FILE, write_building
+    from agent.serving.frigate_protocol import FrigateSettings
     from agent.serving.local_listener import LocalSettings, default_socket
     from agent.serving.server import ServerSettings
     from agent.serving.server import serve as run_server
@@ -56,6 +57,9 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
                                  config.inference.providers)
     sched = read_sched_file(sched_file)
     s = config.serve
+    frigate = None if s.frigate is None else FrigateSettings(
+        s.frigate.endpoint, s.frigate.model, s.frigate.model_type, s.frigate.input_dtype,
+        s.frigate.request_timeout_ms)
     settings = ServerSettings(
         http=http or s.http, grpc=grpc or s.grpc,
         repository=Path(s.repository or state_dir / "repository"),
@@ -74,7 +78,7 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
         cache_dir=model_cache_dir(str(state_dir)),
         tls_cert=s.tls.cert if s.tls else None, tls_key=s.tls.key if s.tls else None,
         tls_client_ca=s.tls.client_ca if s.tls else None,
-        sched_file=sched_file, ready_file=ready_file, metrics=s.metrics,
+        sched_file=sched_file, ready_file=ready_file, metrics=s.metrics, frigate=frigate,
         shm_prefix=s.shm_prefix, topology=topology, state_dir=state_dir,
         available=ort.get_available_providers(),
         versions=runtime_versions(ort.__version__, topology.runtimes),

@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import socket
-import ssl
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,10 +44,13 @@ from agent.serving.local_listener import LocalListener, LocalListenError, LocalS
 from agent.serving.registry import ModelRegistry
 from agent.serving.shm import bounded_regions
 from agent.serving.threads import InferenceThreads, read_sched_file
+from agent.serving.tls import grpc_credentials, server_tls
 
 if TYPE_CHECKING:
     from agent.discovery.model import Topology
     from agent.inference.provider_options import RuntimeVersions
+    from agent.serving.frigate_api import FrigateFrontEnd
+    from agent.serving.frigate_protocol import FrigateSettings
     from agent.serving.http_listener import HttpListener
     from agent.serving.metrics import MetricsServer
 
@@ -101,37 +103,12 @@ class ServerSettings:
     http_header_timeout_s: float = 5.0
     http_idle_timeout_s: float = 5.0
     local: LocalSettings | None = None  # the local front end (serve.local); None: off
+    frigate: FrigateSettings | None = None  # serve.frigate: Frigate's zmq detector (off)
 
 
 def split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
-
-
-def _tls(settings: ServerSettings) -> ssl.SSLContext | None:
-    if not (settings.tls_cert and settings.tls_key):
-        return None
-    return server_tls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-
-
-def server_tls(cert: str, key: str, client_ca: str | None) -> ssl.SSLContext:
-    """The HTTP front end's TLS (``serve.tls``); ``config check`` loads it the same way."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
-    if client_ca:
-        context.load_verify_locations(client_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
-
-
-def _grpc_credentials(settings: ServerSettings) -> Any:
-    import grpc
-
-    with open(settings.tls_key, "rb") as key, open(settings.tls_cert, "rb") as cert:  # type: ignore[arg-type]
-        pair = (key.read(), cert.read())
-    ca = Path(settings.tls_client_ca).read_bytes() if settings.tls_client_ca else None
-    return grpc.ssl_server_credentials([pair], root_certificates=ca,
-                                       require_client_auth=ca is not None)
 
 
 def session_factory(settings: ServerSettings,
@@ -249,6 +226,7 @@ class DataPlane:
         self.http: HttpListener | None = None
         self.metrics: MetricsServer | None = None
         self.local: LocalListener | None = None
+        self.frigate: FrigateFrontEnd | None = None
         self.addresses: dict[str, str] = {}
         self.accept_errors = AcceptErrors()
         self._trimmer: asyncio.Task[None] | None = None
@@ -283,6 +261,8 @@ class DataPlane:
         from agent.serving.http_listener import ConnectionLimits, HttpListener
 
         settings = self.settings
+        tls = ((settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+               if settings.tls_cert and settings.tls_key else None)
         self.grpc_server = build_grpc_server(
             self.registry, self.access, max_request_bytes=settings.max_request_bytes,
             executor=self.grpc_pool, regions=self.regions, budget=self.budget)
@@ -292,8 +272,8 @@ class DataPlane:
         if problem is not None:
             raise problem
         try:
-            bound = (self.grpc_server.add_secure_port(target, _grpc_credentials(settings))
-                     if settings.tls_cert else self.grpc_server.add_insecure_port(target))
+            bound = (self.grpc_server.add_secure_port(target, grpc_credentials(*tls))
+                     if tls else self.grpc_server.add_insecure_port(target))
         except RuntimeError:  # grpcio >= 1.60 raises where older ones returned 0
             bound = 0
         if not bound:
@@ -308,7 +288,7 @@ class DataPlane:
         self.http = HttpListener(app, limits)
         host, port = split_address(settings.http)
         try:
-            bound = await self.http.start(host, port, _tls(settings))
+            bound = await self.http.start(host, port, server_tls(*tls) if tls else None)
         except OSError as error:
             raise _listen_error("serve.http", settings.http, error) from None
         self.addresses["http"] = f"{host}:{bound}"  # port 0: the bound one
@@ -330,6 +310,18 @@ class DataPlane:
                 self.local = None
                 raise ListenError(str(error)) from None
             self.addresses["local"] = str(settings.local.socket)
+        if settings.frigate is not None:
+            self.addresses["frigate"] = self._start_frigate(settings.frigate)
+
+    def _start_frigate(self, frigate: FrigateSettings) -> str:
+        from agent.serving.frigate_api import BindError, FrigateFrontEnd  # zmq only for it
+
+        self.frigate = FrigateFrontEnd(self.registry, frigate, self.settings.max_request_bytes,
+                                       self.threads.adopt_current)
+        try:
+            return self.frigate.start()
+        except BindError as error:
+            raise ListenError(str(error)) from None
 
     async def _trim_when_idle(self) -> None:
         """Give a burst's freed buffers back once a whole IDLE_TRIM_S has passed without a
@@ -355,6 +347,8 @@ class DataPlane:
         if self.local is not None:
             self.local.stop()
         self.registry.stop()
+        if self.frigate is not None:
+            self.frigate.stop()
         self.regions.close()
         self.http_pool.shutdown(wait=False, cancel_futures=True)
         self.grpc_pool.shutdown(wait=False, cancel_futures=True)
