@@ -229,17 +229,20 @@ def repository(scratch: Path, model: Path, real_instances: list[dict[str, int]])
 
 
 def start_server(scratch: Path, preexec_fn: Callable[[], None] | None = None,
-                 checkout: Path | None = None, inflight_mb: float | None = None
+                 checkout: Path | None = None, inflight_mb: float | None = None,
+                 extra: dict[str, Any] | None = None
                  ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """``edge-agent serve`` over ``scratch``'s repository, of this checkout or of
     ``checkout`` (another tree's ``agent`` package first on the path); ``inflight_mb``:
-    its serve.max_inflight_mb (None: the default for this machine's memory)."""
+    its serve.max_inflight_mb (None: the default for this machine's memory); ``extra``:
+    more ``serve:`` keys (the local socket, Frigate's endpoint)."""
     config = scratch / "agent.yaml"
     serve: dict[str, Any] = {"http": "127.0.0.1:0", "grpc": "127.0.0.1:0", "metrics": None,
                              "repository": str(scratch / "repository"),
                              "token_file": str(scratch / "token")}
     if inflight_mb is not None:
         serve["max_inflight_mb"] = inflight_mb
+    serve.update(extra or {"local": False})
     config.write_text(yaml.safe_dump({"state_dir": str(scratch / "state"), "root": "/",
                                       "serve": serve}))
     (scratch / "token").write_text("bench\n")

@@ -348,6 +348,33 @@ def test_a_session_flood_is_refused_beyond_max_sessions(tmp_path: Path) -> None:
         region.close()
 
 
+def test_threads_that_end_give_their_sessions_back(tmp_path: Path) -> None:
+    """A thread's session ends with the thread: a client used from short-lived threads
+    (a thread pool that replaces its workers, a bench) never uses up max_sessions."""
+    x = demo_input(1, seed=3)
+    with serve_process(tmp_path, local={"socket": str(tmp_path / "l.sock"),
+                                        "max_sessions": 2}) as served:
+        pid = served["process"].pid
+        client = edge_agent_client.Client(served["local"])
+        results: list[dict[str, np.ndarray]] = []
+
+        def one_call() -> None:
+            assert wait_until(lambda: _ready(client, "demo"), 60)
+            results.append(client.infer("demo", {DEMO_INPUT: x}))
+
+        for count in range(1, 7):  # three times max_sessions, one thread after another
+            thread = threading.Thread(target=one_call)
+            thread.start()
+            thread.join()
+            assert len(results) == count
+            # the session went with its thread: the data plane let go of its region
+            assert wait_until(lambda: not region_fds(pid, "memfd:edge-agent-client"), 30)
+        for result in results:
+            np.testing.assert_allclose(result[DEMO_OUTPUT], reference(x), rtol=1e-5,
+                                       atol=1e-6)
+        client.close()
+
+
 def test_the_data_plane_restarted_under_a_client_is_reconnected_or_raised(
         tmp_path: Path) -> None:
     x = demo_input(1, seed=9)

@@ -18,6 +18,7 @@ import asyncio
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -59,6 +60,12 @@ class _Slot:
             self.connection = None
         self.region.close()
 
+    def __del__(self) -> None:
+        """A thread that ends drops its slot (the client holds slots weakly): its session
+        and descriptor go with it, so threads that come and go do not use up the server's
+        serve.local.max_sessions."""
+        self.close()
+
 
 class Client:
     """The local data plane at ``path`` (None: ``default_path()``).
@@ -76,7 +83,7 @@ class Client:
         self.timeout_s = timeout_s
         self.token = token
         self._local = threading.local()
-        self._slots: list[_Slot] = []
+        self._slots: weakref.WeakSet[_Slot] = weakref.WeakSet()  # held by their threads
         self._lock = threading.Lock()
         self._metadata: dict[tuple[str, str], dict[str, Any]] = {}
         self._async_workers = async_workers
@@ -92,7 +99,7 @@ class Client:
                 raise ServerGone("the client is closed")
             slot = _Slot(self.region_bytes)
             with self._lock:
-                self._slots.append(slot)
+                self._slots.add(slot)
             self._local.slot = slot
         return slot
 
@@ -247,7 +254,7 @@ class Client:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         with self._lock:
-            slots, self._slots = self._slots, []
+            slots, self._slots = list(self._slots), weakref.WeakSet()
         for slot in slots:
             slot.close()
 
