@@ -486,3 +486,46 @@ def test_infer_url_unix_drives_the_local_path_or_says_the_client_is_missing(
         "edge-agent infer: --url unix://...: the local path needs the edge-agent-client "
         "package (pip install clients/python of the edge-agent checkout; install.sh "
         "installs it)"]
+
+
+def test_a_call_past_its_timeout_raises_deadline_exceeded_and_the_next_call_is_its_own(
+        tmp_path: Path) -> None:
+    """A data plane that takes the session and the call and never answers (a run stuck in
+    the runtime): the client's wait ends at ``timeout_s`` with DeadlineExceeded, and the
+    connection that may still carry the late answer is dropped, so the next call (on a new
+    session, answered at once here) gets its own answer, never the one that came late."""
+    path = tmp_path / "silent.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(path))
+    listener.listen(2)
+    sessions: list[socket.socket] = []
+
+    def peer() -> None:
+        for answer in (False, True):
+            connection, _ = listener.accept()
+            sessions.append(connection)
+            _, fds, _, _ = socket.recv_fds(connection, local_wire.MAX_MESSAGE, 1)
+            for fd in fds:
+                os.close(fd)
+            connection.send(json.dumps({"size": 1 << 20, "trusted": False,
+                                        "protocol": local_wire.PROTOCOL}).encode())
+            call = json.loads(connection.recv(local_wire.MAX_MESSAGE))
+            if answer:  # the second session: an error naming the model it was asked for
+                connection.send(json.dumps({"error": {
+                    "code": "NOT_FOUND", "message": f"unknown model {call['model']!r}"}}
+                ).encode())
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    x = demo_input(1)
+    with edge_agent_client.Client(str(path), region_mb=1) as client:
+        with pytest.raises(edge_agent_client.DeadlineExceeded) as late:
+            client.infer("demo", {DEMO_INPUT: x}, timeout_s=0.2)
+        assert late.value.code == "DEADLINE_EXCEEDED"
+        with pytest.raises(edge_agent_client.NotFound, match="unknown model 'second'"):
+            client.infer("second", {DEMO_INPUT: x}, timeout_s=30)
+    thread.join(30)
+    assert len(sessions) == 2  # the session of the unanswered call was not reused
+    for connection in sessions:
+        connection.close()
+    listener.close()

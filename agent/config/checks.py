@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from agent.control.schemas import COMMANDS
-from agent.serving.detections import ALIASES, POST_PROCESS, UNSERVED
+from agent.serving.frigate_types import ALIASES, SERVED, UNSERVED
 from agent.telemetry.groups import METRIC_GROUPS
 from agent.validation import Check, shown, text
 
@@ -59,10 +59,10 @@ def frigate_endpoint(value: Any) -> str | None:
 
 
 def frigate_model_type(value: Any) -> str | None:
-    """Frigate's model type names this server post-processes (detections.POST_PROCESS)."""
-    if value is None or value in POST_PROCESS or value in ALIASES:
+    """Frigate's model type names this server post-processes (frigate_types.SERVED)."""
+    if value is None or value in SERVED or value in ALIASES:
         return None
-    served = ", ".join([*POST_PROCESS, *ALIASES])
+    served = ", ".join([*SERVED, *ALIASES])
     if value in UNSERVED:
         return f"one of {served} or null ({value} is not post-processed here)"
     return f"one of {served}, or null for the type each request's header names"

@@ -21,12 +21,22 @@ def _any_port(address: str) -> str:
 def _probe_config(config: Config, scratch: str) -> Config:
     """The config of the probe: its own node id, state and ports, nothing applied.  The data
     plane reads the config as written (``raw``), so its addresses change there too: free
-    ports of its own, no metrics endpoint."""
+    ports of its own, no metrics endpoint, its local socket and Frigate's endpoint in its
+    scratch directory (the running agent holds the configured ones)."""
+    local = config.serve.local and dataclasses.replace(config.serve.local,
+                                                       socket=f"{scratch}/infer.sock")
+    frigate = config.serve.frigate and dataclasses.replace(
+        config.serve.frigate, endpoint=f"ipc://{scratch}/frigate")
     serve = dataclasses.replace(config.serve, http=_any_port(config.serve.http),
-                                grpc=_any_port(config.serve.grpc), metrics=None)
-    raw = {**config.raw, "state_dir": scratch,
-           "serve": {**config.raw.get("serve", {}), "http": serve.http, "grpc": serve.grpc,
-                     "metrics": None}}
+                                grpc=_any_port(config.serve.grpc), metrics=None,
+                                local=local, frigate=frigate)
+    raw_serve = {**config.raw.get("serve", {}), "http": serve.http, "grpc": serve.grpc,
+                 "metrics": None}
+    if local:
+        raw_serve["local"] = dataclasses.asdict(local)
+    if frigate:
+        raw_serve["frigate"] = dataclasses.asdict(frigate)
+    raw = {**config.raw, "state_dir": scratch, "serve": raw_serve}
     return dataclasses.replace(
         config, node_id=f"{config.node_id}-selftest"[:64], state_dir=scratch,
         tuning=dataclasses.replace(config.tuning, apply=False),

@@ -14,14 +14,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from agent.serving.frigate_types import SERVED
+
 ROWS = 20  # Frigate reads at most this many detections a frame
 THRESHOLD = 0.4  # its detectors keep a score above this
 IOU = 0.4  # and suppress a box that overlaps a better one more than this
-# the DESIGN spelling of a type, beside Frigate's own header names
-ALIASES = {"yolo-generic": "yologeneric"}
-# Frigate's types this module does not post-process: yolox needs its export's grid and
-# strides, dfine a second input with the original size
-UNSERVED = ("yolox", "dfine")
 
 
 class DetectionError(Exception):
@@ -149,8 +146,4 @@ def rfdetr(outputs: Sequence[np.ndarray], height: int, width: int) -> np.ndarray
 PostProcess = Callable[[Sequence[np.ndarray], int, int], np.ndarray]
 POST_PROCESS: dict[str, PostProcess] = {
     "ssd": ssd, "yologeneric": yolo_generic, "yolonas": yolonas, "rfdetr": rfdetr}
-
-
-def model_type_name(name: str) -> str:
-    """Frigate's header name for ``name`` (an alias such as yolo-generic resolved)."""
-    return ALIASES.get(name, name)
+assert tuple(POST_PROCESS) == SERVED, "frigate_types.SERVED names what is post-processed here"

@@ -27,10 +27,11 @@ import zmq
 
 from agent.serving import frigate_protocol as protocol
 from agent.serving.core import InferRequest, Models, Tensor
-from agent.serving.detections import POST_PROCESS, DetectionError, model_type_name, zero_result
+from agent.serving.detections import POST_PROCESS, DetectionError, zero_result
 from agent.serving.errors import ServeError
 from agent.serving.frigate_input import InputError, plan_input
 from agent.serving.frigate_protocol import Detect, FrigateSettings, ModelQuery, ProtocolError
+from agent.serving.frigate_types import model_type_name
 
 logger = logging.getLogger(__name__)
 
