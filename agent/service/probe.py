@@ -12,6 +12,7 @@ from typing import Any
 from agent.config import Config
 from agent.service.node import Service
 from agent.service.selftest import run_checks
+from agent.serving.local_listener import MAX_PATH
 
 
 def _any_port(address: str) -> str:
@@ -22,20 +23,21 @@ def _probe_config(config: Config, scratch: str) -> Config:
     """The config of the probe: its own node id, state and ports, nothing applied.  The data
     plane reads the config as written (``raw``), so its addresses change there too: free
     ports of its own, no metrics endpoint, its local socket and Frigate's endpoint in its
-    scratch directory (the running agent holds the configured ones)."""
-    local = config.serve.local and dataclasses.replace(config.serve.local,
-                                                       socket=f"{scratch}/infer.sock")
-    frigate = config.serve.frigate and dataclasses.replace(
-        config.serve.frigate, endpoint=f"ipc://{scratch}/frigate")
+    scratch directory (the running agent holds the configured ones); neither where the
+    scratch path is too long for a socket (a long TMPDIR): the checks call over HTTP."""
+    fits = len(f"{scratch}/infer.sock".encode()) <= MAX_PATH
+    local = frigate = None
+    if config.serve.local is not None and fits:
+        local = dataclasses.replace(config.serve.local, socket=f"{scratch}/infer.sock")
+    if config.serve.frigate is not None and fits:
+        frigate = dataclasses.replace(config.serve.frigate, endpoint=f"ipc://{scratch}/frigate")
     serve = dataclasses.replace(config.serve, http=_any_port(config.serve.http),
                                 grpc=_any_port(config.serve.grpc), metrics=None,
                                 local=local, frigate=frigate)
     raw_serve = {**config.raw.get("serve", {}), "http": serve.http, "grpc": serve.grpc,
                  "metrics": None}
-    if local:
-        raw_serve["local"] = dataclasses.asdict(local)
-    if frigate:
-        raw_serve["frigate"] = dataclasses.asdict(frigate)
+    raw_serve["local"] = False if local is None else dataclasses.asdict(local)
+    raw_serve["frigate"] = None if frigate is None else dataclasses.asdict(frigate)
     raw = {**config.raw, "state_dir": scratch, "serve": raw_serve}
     return dataclasses.replace(
         config, node_id=f"{config.node_id}-selftest"[:64], state_dir=scratch,
