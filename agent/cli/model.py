@@ -24,7 +24,7 @@ TARGET_HELP = "cpu | tensorrt | openvino | rknn:rk3588 | rknn:rk3576 | rknn:rk35
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    group = commands.add_parser("model", help="build models for this device")
+    group = commands.add_parser("model", help="build and tune models for this device")
     actions = group.add_subparsers(dest="action", required=True, metavar="ACTION")
     sub = actions.add_parser(
         "build", help="an INT8, FP16 or .rknn build of an ONNX model, checked against the "
@@ -55,6 +55,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                      "model_build.rknn_python)")
     sub.add_argument("--json", action="store_true", help="print the report as JSON")
     sub.set_defaults(handler=build, root=None)
+    from agent.cli.model_tune import register_tune
+
+    register_tune(actions)
 
 
 def _request(args: argparse.Namespace, rknn_python: str | None) -> BuildRequest:

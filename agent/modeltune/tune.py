@@ -1,0 +1,135 @@
+"""``model tune``'s run: the model's default version copied into a scratch repository, a
+scratch data plane started over it, the candidates measured (coordinate descent within a
+budget, or the whole grid), and the best written to the model's config.yaml when it meets
+the objective."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent import yamlfile
+from agent.modeltune import configfile, search
+from agent.modeltune.measure import Clients, Load, Objective, measure
+from agent.modeltune.plane import ScratchPlane, stage_model
+from agent.modeltune.report import TuneReport
+from agent.modeltune.search import Result
+from agent.modeltune.space import Candidate, default_space, grid, parse_space, with_candidate
+from agent.serving.repository import CONFIG_FILE, scan_model
+from agent.serving.settings import parse_settings
+from agent.serving.versions import synthetic
+
+MAX_GRID = 512  # an exhaustive search of more points than this is refused, not started
+
+
+class TuneError(ValueError):
+    """The model or the request cannot be tuned (a usage error: one line, exit 2)."""
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    model: str
+    repository: Path
+    builtins: Mapping[str, Path] = field(default_factory=dict)
+    p99_ms: float | None = None  # None: the model's qos.p99_ms
+    rate: float | None = None  # None: qos.min_rps, else the closed loop
+    budget_s: float = 60.0
+    exhaustive: bool = False
+    space: Sequence[str] = ()  # --space KEY=N,N
+    window_s: float = 1.0
+    inference_model: str | None = None  # the config's built-in model, served the same way
+
+
+def _original(directory: Path) -> dict[str, Any]:
+    """The model's config.yaml as a mapping ({} when there is none); scan_model checked it."""
+    try:
+        data = yamlfile.load(yamlfile.decode((directory / CONFIG_FILE).read_bytes()))
+    except FileNotFoundError:
+        return {}
+    return dict(data or {})
+
+
+def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: None
+         ) -> TuneReport:
+    entry = scan_model(request.repository, request.builtins, request.model)
+    if entry is None:
+        raise TuneError(f"model {request.model!r}: not in {request.repository} (nor a "
+                        "built-in model)")
+    if entry.error:
+        raise TuneError(f"model {request.model}: {entry.error}")
+    wanted = entry.wanted()
+    number = max(wanted)
+    directory = request.repository / request.model
+    original = _original(directory)
+    qos = entry.settings.qos
+    objective = Objective(request.p99_ms if request.p99_ms is not None else
+                          qos.p99_ms if qos else None, qos.min_rps if qos else None)
+    rate = request.rate if request.rate is not None else objective.min_rps
+    first = entry.settings.instances[0].device
+    device = None if first == "auto" else first
+    cpus = len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory(prefix="edge-agent-tune-") as scratch:
+        config_file = stage_model(Path(scratch), request.model, number, wanted[number],
+                                  original)
+        progress("starting a scratch data plane")
+        with ScratchPlane(Path(scratch), request.inference_model) as plane:
+            with plane.client() as client:
+                specs = client.model_metadata(request.model).inputs
+            feeds = {t.name: t.array for t in synthetic(specs)}
+            batched = all(s.shape and s.shape[0] < 0 for s in specs)
+            try:
+                space = parse_space(request.space, default_space(cpus, batched), batched)
+            except ValueError as error:
+                raise TuneError(str(error)) from None
+            points = grid(space, cpus)
+            if not points:
+                raise TuneError("--space leaves no candidate within 2 threads per CPU "
+                                f"({cpus} CPUs)")
+            if request.exhaustive and len(points) > MAX_GRID:
+                raise TuneError(f"--exhaustive: {len(points)} candidates, above {MAX_GRID}: "
+                                "narrow it with --space")
+            load = Load(rate, request.window_s)
+
+            def measured(candidate: Candidate) -> Result:
+                config = with_candidate(original, candidate, device)
+                problem = plane.reload(request.model, config_file, config)
+                if problem:
+                    return Result(candidate, float("inf"), 0.0, 0.0, False, "", 0, problem)
+                clients = Clients(plane.client, request.model, feeds)
+                try:
+                    result = measure(clients.call, candidate, objective, load)
+                finally:
+                    clients.close()
+                progress(f"{candidate.label()}: p99 {result.p99_ms:.2f} ms, "
+                         f"{result.throughput_rps:.1f} rps")
+                return result
+
+            began = time.monotonic()
+            if request.exhaustive:
+                results = search.exhaustive(points, measured)
+            else:
+                results = search.coordinate_descent(
+                    space, cpus, measured,
+                    lambda: time.monotonic() - began >= request.budget_s)
+            took = time.monotonic() - began
+    best = search.choose(results)
+    chosen = with_candidate(original, best.candidate, device)
+    report = TuneReport(request.model, number, objective,
+                        "exhaustive" if request.exhaustive else "coordinate descent",
+                        results, best, best.candidate.settings(device), took)
+    report.notes.append(f"load: {f'an open loop at {rate:g} rps' if rate else 'a closed loop'}"
+                        f", {request.window_s:g} s per measurement; {len(points)} candidates "
+                        "in the grid")
+    if best.met:
+        text = yaml.safe_dump(chosen, sort_keys=False)
+        parse_settings(yaml.safe_load(text), str(directory / CONFIG_FILE))  # never write bad
+        configfile.write_tuned(directory, text.encode())
+        report.written = str(directory / CONFIG_FILE)
+    return report
