@@ -61,7 +61,7 @@ Space = Mapping[str, Sequence[int]]
 def default_space(cpus: int, batching: bool) -> dict[str, tuple[int, ...]]:
     """Powers of two up to the inference CPUs for threads, one to two instances (four from
     eight CPUs), and batching only where the model's first dimension is dynamic."""
-    threads = tuple(sorted({min(cpus, 1 << i) for i in range(cpus.bit_length())}))
+    threads = tuple(sorted({min(cpus, 1 << i) for i in range(cpus.bit_length() + 1)}))
     counts = (1, 2, 4) if cpus >= 8 else (1, 2)
     return {"threads": threads, "count": counts,
             "max_batch_size": BATCHES if batching else (0,),

@@ -21,9 +21,16 @@ from agent.modeltune.measure import Clients, Load, Objective, measure
 from agent.modeltune.plane import ScratchPlane, stage_model
 from agent.modeltune.report import TuneReport
 from agent.modeltune.search import Result
-from agent.modeltune.space import Candidate, default_space, grid, parse_space, with_candidate
+from agent.modeltune.space import (
+    Candidate,
+    SpaceError,
+    default_space,
+    grid,
+    parse_space,
+    with_candidate,
+)
 from agent.serving.repository import CONFIG_FILE, scan_model
-from agent.serving.settings import parse_settings
+from agent.serving.settings import THREADS_PER_CPU, parse_settings
 from agent.serving.versions import synthetic
 
 MAX_GRID = 512  # an exhaustive search of more points than this is refused, not started
@@ -56,6 +63,13 @@ def _original(directory: Path) -> dict[str, Any]:
     return dict(data or {})
 
 
+def _space(items: Sequence[str], cpus: int, batched: bool) -> dict[str, tuple[int, ...]]:
+    try:
+        return parse_space(items, default_space(cpus, batched), batched)
+    except SpaceError as error:
+        raise TuneError(str(error)) from None
+
+
 def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: None
          ) -> TuneReport:
     entry = scan_model(request.repository, request.builtins, request.model)
@@ -75,6 +89,9 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
     first = entry.settings.instances[0].device
     device = None if first == "auto" else first
     cpus = len(os.sched_getaffinity(0))
+    if not grid(_space(request.space, cpus, True), cpus):  # refused before anything starts
+        raise TuneError(f"--space leaves no candidate within {THREADS_PER_CPU} threads per "
+                        f"CPU ({cpus} CPUs)")
     with tempfile.TemporaryDirectory(prefix="edge-agent-tune-") as scratch:
         config_file = stage_model(Path(scratch), request.model, number, wanted[number],
                                   original)
@@ -84,14 +101,8 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
                 specs = client.model_metadata(request.model).inputs
             feeds = {t.name: t.array for t in synthetic(specs)}
             batched = all(s.shape and s.shape[0] < 0 for s in specs)
-            try:
-                space = parse_space(request.space, default_space(cpus, batched), batched)
-            except ValueError as error:
-                raise TuneError(str(error)) from None
+            space = _space(request.space, cpus, batched)
             points = grid(space, cpus)
-            if not points:
-                raise TuneError("--space leaves no candidate within 2 threads per CPU "
-                                f"({cpus} CPUs)")
             if request.exhaustive and len(points) > MAX_GRID:
                 raise TuneError(f"--exhaustive: {len(points)} candidates, above {MAX_GRID}: "
                                 "narrow it with --space")

@@ -1,0 +1,129 @@
+"""``model tune``'s parts that need no data plane: the grid and its limits, the config.yaml a
+candidate makes, coordinate descent against a deterministic model of latency and throughput,
+the percentile, and the config.yaml kept beside a tuned one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.modeltune import configfile
+from agent.modeltune.load import Sample
+from agent.modeltune.search import Result, choose, coordinate_descent, exhaustive
+from agent.modeltune.space import (
+    Candidate,
+    SpaceError,
+    default_space,
+    grid,
+    parse_space,
+    with_candidate,
+)
+
+
+def test_the_default_space_follows_the_cpus_and_batching() -> None:
+    assert default_space(6, True) == {"threads": (1, 2, 4, 6), "count": (1, 2),
+                                      "max_batch_size": (1, 4, 8),
+                                      "max_queue_delay_us": (0, 500, 2000)}
+    assert default_space(8, False) == {"threads": (1, 2, 4, 8), "count": (1, 2, 4),
+                                       "max_batch_size": (0,), "max_queue_delay_us": (0,)}
+
+
+def test_the_grid_keeps_the_thread_rule_and_gives_a_batch_of_one_no_delay() -> None:
+    space = {"threads": (1, 2, 4), "count": (1, 2), "max_batch_size": (1, 4),
+             "max_queue_delay_us": (0, 500)}
+    points = grid(space, 2)  # at most 4 threads in all
+    assert Candidate(4, 2, 4, 0) not in points and Candidate(2, 2, 4, 500) in points
+    assert [p for p in points if p.max_batch_size == 1 and p.max_queue_delay_us] == []
+    assert len(points) == 5 * 3  # (t, c) pairs within 4 threads x (batch 1; batch 4 x 2)
+
+
+def test_space_flags_replace_one_dimension_each() -> None:
+    base = default_space(4, True)
+    space = parse_space(["batch=8,2,8", "delay_us=0"], base, True)
+    assert space["max_batch_size"] == (2, 8) and space["max_queue_delay_us"] == (0,)
+    assert space["threads"] == base["threads"]
+    with pytest.raises(SpaceError, match="first dimension is fixed"):
+        parse_space(["batch=4"], default_space(4, False), False)
+    with pytest.raises(SpaceError, match=r"expected 1 to 16 integers 0\.\.10000000"):
+        parse_space(["delay_us=a"], base, True)
+
+
+def test_a_candidate_sets_its_keys_and_keeps_the_others() -> None:
+    original = {"max_run_ms": 100, "instances": [{"count": 3, "device": "cpu"}],
+                "dynamic_batching": {"preferred_batch_size": [2, 8], "priority_levels": 2}}
+    assert with_candidate(original, Candidate(2, 1, 4, 100), "cpu") == {
+        "max_run_ms": 100, "max_batch_size": 4,
+        "instances": [{"count": 1, "threads": 2, "device": "cpu"}],
+        "dynamic_batching": {"preferred_batch_size": [2], "priority_levels": 2,
+                             "max_queue_delay_us": 100}}
+    assert with_candidate(original, Candidate(1, 1, 0, 0), None) == {
+        "max_run_ms": 100, "max_batch_size": 0, "instances": [{"count": 1, "threads": 1}]}
+
+
+def model(candidate: Candidate) -> Result:
+    """A device of 4 CPUs: throughput grows with batch and instances up to the CPUs, p99 with
+    the batch and its queue delay; the best within 20 ms is 2 x 2 threads, batch 8."""
+    used = min(4, candidate.count * candidate.threads)
+    batch = max(1, candidate.max_batch_size)
+    rps = 100.0 * used * (1 + 0.2 * (batch - 1)) - (250 if candidate.threads > 2 else 0)
+    p99 = 2.0 * batch + candidate.max_queue_delay_us / 1000 + 4.0 / candidate.threads
+    met = p99 <= 20.0
+    return Result(candidate, p99, rps, rps if met else 0.0, met, "model")
+
+
+def test_coordinate_descent_finds_the_grid_best_measuring_part_of_it() -> None:
+    space = default_space(4, True)
+    points = grid(space, 4)
+    full = exhaustive(points, model)
+    best = choose(full)
+    assert best.candidate == Candidate(2, 2, 8, 0)
+    seen: list[Candidate] = []
+
+    def measured(candidate: Candidate) -> Result:
+        seen.append(candidate)
+        return model(candidate)
+
+    quick = coordinate_descent(space, 4, measured, lambda: False)
+    assert choose(quick).candidate == best.candidate
+    assert len(seen) == len(set(seen)) < len(points) // 2  # none twice; under half the grid
+
+
+def test_the_budget_stops_the_descent_after_the_first_measurement() -> None:
+    results = coordinate_descent(default_space(4, True), 4, model, lambda: True)
+    assert [r.candidate for r in results] == [Candidate(4, 1, 1, 0)]  # the start point
+
+
+def test_choose_prefers_met_then_goodput_then_the_lower_p99_among_ties() -> None:
+    a, b, c = Candidate(1, 1, 1, 0), Candidate(2, 1, 1, 0), Candidate(4, 1, 1, 0)
+    assert choose([Result(a, 30, 500, 10, False, ""), Result(b, 9, 100, 100, True, "")]
+                  ).candidate == b
+    assert choose([Result(a, 9, 100, 100, True, ""), Result(b, 5, 99, 99, True, ""),
+                   Result(c, 1, 50, 50, True, "")]).candidate == b
+
+
+def test_p99_is_the_nearest_rank_and_goodput_counts_within_the_limit() -> None:
+    sample = Sample([i / 1000 for i in range(1, 201)], 0, 2.0)  # 1..200 ms over 2 s
+    assert sample.p99_ms() == pytest.approx(198.0)
+    assert sample.throughput_rps() == 100.0
+    assert sample.within_rps(50) == 25.0 and sample.within_rps(None) == 100.0
+    assert Sample().p99_ms() == float("inf") and Sample().throughput_rps() == 0.0
+
+
+def test_a_second_tune_keeps_the_first_original_for_rollback(tmp_path: Path) -> None:
+    directory = tmp_path / "m"
+    directory.mkdir()
+    (directory / "config.yaml").write_bytes(b"max_run_ms: 7\n# mine\n")
+    (directory / "config.yaml").chmod(0o640)
+    configfile.write_tuned(directory, b"max_batch_size: 4\n")
+    configfile.write_tuned(directory, b"max_batch_size: 8\n")
+    assert (directory / "config.yaml").read_bytes() == b"max_batch_size: 8\n"
+    assert (directory / "config.yaml").stat().st_mode & 0o777 == 0o640
+    assert "restored" in configfile.rollback(directory)
+    assert (directory / "config.yaml").read_bytes() == b"max_run_ms: 7\n# mine\n"
+    fresh = tmp_path / "n"
+    configfile.write_tuned(fresh, b"max_batch_size: 4\n")
+    assert "removed" in configfile.rollback(fresh)
+    assert list(fresh.iterdir()) == []
+    with pytest.raises(configfile.RollbackError, match="model tune has not changed it"):
+        configfile.rollback(fresh)
