@@ -10,6 +10,7 @@ import pytest
 
 from agent.modeltune import configfile
 from agent.modeltune.load import Sample
+from agent.modeltune.measure import MIN_RECORDED, recorded_rate
 from agent.modeltune.search import Result, choose, coordinate_descent, exhaustive
 from agent.modeltune.space import (
     Candidate,
@@ -127,3 +128,41 @@ def test_a_second_tune_keeps_the_first_original_for_rollback(tmp_path: Path) -> 
     assert list(fresh.iterdir()) == []
     with pytest.raises(configfile.RollbackError, match="model tune has not changed it"):
         configfile.rollback(fresh)
+
+
+def test_the_recorded_rate_is_read_from_a_real_registrys_statistics(tmp_path: Path) -> None:
+    from agent.inference.demo_model import DEMO_MODEL_PATH
+    from agent.serving.core import InferRequest
+    from agent.serving.registry import ModelRegistry
+    from agent.serving.versions import synthetic
+    from tests.serving_helpers import cpu_factory
+
+    registry = ModelRegistry(tmp_path / "repo", {"demo": DEMO_MODEL_PATH}, cpu_factory,
+                             probe_interval_s=60)
+    registry.start()
+    try:
+        inputs = synthetic(registry.model_metadata("demo", "").inputs)
+        for _ in range(MIN_RECORDED - 1):
+            registry.infer(InferRequest("demo", "", inputs))
+        assert recorded_rate(registry.statistics("demo", ""), "demo") is None  # too few
+        registry.infer(InferRequest("demo", "", inputs))
+        stats = registry.statistics("demo", "")
+    finally:
+        registry.stop()
+    window = stats[0]["edge_agent"]["queue"]["window"]
+    span_s = (window["last_end_ns"] - window["first_start_ns"]) / 1e9
+    assert recorded_rate(stats, "demo") == pytest.approx(MIN_RECORDED / span_s)
+    assert recorded_rate(stats, "other") is None
+    assert recorded_rate([{"name": "demo", "edge_agent": {}}], "demo") is None
+
+
+def test_the_load_rate_is_the_flag_else_the_larger_of_recorded_and_min_rps() -> None:
+    from agent.modeltune.tune import TuneRequest
+
+    def request(rate: float | None, recorded: float | None) -> TuneRequest:
+        return TuneRequest("m", Path("."), rate=rate, recorded_rate=recorded)
+
+    assert request(5, 50).load_rate(80) == (5, "--rate")
+    assert request(None, 50).load_rate(80) == (80, "qos.min_rps")
+    assert request(None, 90).load_rate(80) == (90, "the running data plane's statistics")
+    assert request(None, None).load_rate(None) == (None, "")

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from agent.config import Config
     from agent.modelbuild.report import BuildReport
     from agent.modelbuild.request import BuildRequest
+    from agent.serving.http_client import HttpClient
 
 TARGET_HELP = "cpu | tensorrt | openvino | rknn:rk3588 | rknn:rk3576 | rknn:rk3566"
 
@@ -104,13 +105,10 @@ def build(args: argparse.Namespace) -> int:
     return 0 if loaded else 1
 
 
-def _load(config: Config, report: BuildReport, repository: Path) -> tuple[bool, str]:
-    """Load the new version into the data plane ``edge-agent run`` supervises for this
-    config (model control is explicit: a running server serves a version once it is asked
-    to load it), through the ready file and control token it keeps in <state_dir>/serve.
-    A version the server refuses is removed again, so the next start does not fail on it."""
+def running_data_plane(config: Config) -> tuple[HttpClient | None, str]:
+    """A client of the data plane ``edge-agent run`` supervises for this config, through the
+    ready file and control token it keeps in <state_dir>/serve, or None and why not."""
     from agent.service.dataplane import own_child_tls
-    from agent.serving.errors import ServeError
     from agent.serving.http_client import HttpClient
 
     directory = Path(config.state_dir) / "serve"
@@ -120,13 +118,24 @@ def _load(config: Config, report: BuildReport, repository: Path) -> tuple[bool, 
         os.kill(int(ready["pid"]), 0)
         address = str(ready["http"])
     except (OSError, ValueError, KeyError, TypeError):
-        return True, (f"no data plane is running for {config.source}: it loads version "
-                      f"{report.version} when it starts")
+        return None, f"no data plane is running for {config.source}"
     tls = config.serve.tls
     scheme = "https" if tls is not None else "http"
     context = own_child_tls(tls.cert, tls.key, tls.client_ca) if tls is not None else None
+    return HttpClient(f"{scheme}://{address}", token=token, ssl_context=context), address
+
+
+def _load(config: Config, report: BuildReport, repository: Path) -> tuple[bool, str]:
+    """Load the new version into the running data plane (model control is explicit: a
+    running server serves a version once it is asked to load it).  A version the server
+    refuses is removed again, so the next start does not fail on it."""
+    from agent.serving.errors import ServeError
+
+    client, address = running_data_plane(config)
+    if client is None:
+        return True, f"{address}: it loads version {report.version} when it starts"
     try:
-        with HttpClient(f"{scheme}://{address}", token=token, ssl_context=context) as client:
+        with client:
             client.load(report.request.name)
     except ServeError as error:
         shutil.rmtree(repository / report.request.name / str(report.version),

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from agent.cli.common import UsageError, add_state_dir, emit, positive_float, render_table
 
 if TYPE_CHECKING:
+    from agent.config import Config
     from agent.modeltune.report import TuneReport
 
 
@@ -24,8 +25,9 @@ def register_tune(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
                      help="the latency objective (default: the model's qos.p99_ms; none: "
                      "the most throughput)")
     sub.add_argument("--rate", type=positive_float, metavar="N",
-                     help="requests per second of an open-loop load (default: the model's "
-                     "qos.min_rps; none: a closed loop of 1, 2, 4, ... clients)")
+                     help="requests per second of an open-loop load (default: the larger of the "
+                     "rate the running data plane recorded for the model and its "
+                     "qos.min_rps; neither: a closed loop of 1, 2, 4, ... clients)")
     sub.add_argument("--budget-s", type=positive_float, default=60.0, metavar="N",
                      help="seconds the quick search may measure for (default: 60)")
     sub.add_argument("--exhaustive", action="store_true",
@@ -75,9 +77,10 @@ def tune_command(args: argparse.Namespace) -> int:
         from agent.service.serve import DEMO
 
         builtins = {DEMO: DEMO_MODEL_PATH}
+    recorded = _recorded(config, args.model) if config and args.rate is None else None
     request = TuneRequest(args.model, repository, builtins, args.p99_ms, args.rate,
                           args.budget_s, args.exhaustive, args.space, args.window_s,
-                          config.inference.model if config else None)
+                          config.inference.model if config else None, recorded)
     progress = (lambda step: None) if args.json else (
         lambda step: print(f"  ... {step}", file=sys.stderr, flush=True))
     try:
@@ -88,6 +91,22 @@ def tune_command(args: argparse.Namespace) -> int:
         raise OSError(str(error)) from None
     emit(args.json, report.to_dict(), render(report))
     return 0 if report.met else 1
+
+
+def _recorded(config: Config, model: str) -> float | None:
+    """The rate the running data plane recorded for ``model``, or None."""
+    from agent.cli.model import running_data_plane
+    from agent.modeltune.measure import recorded_rate
+    from agent.serving.errors import ServeError
+
+    client, _ = running_data_plane(config)
+    if client is None:
+        return None
+    try:
+        with client:
+            return recorded_rate(client.statistics(model), model)
+    except ServeError:
+        return None
 
 
 def render(report: TuneReport) -> str:

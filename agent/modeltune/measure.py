@@ -8,9 +8,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from agent.inference.stats import Window
 from agent.modeltune.load import Call, Sample, closed_loop, open_loop
 from agent.modeltune.search import Result, choose
 from agent.modeltune.space import Candidate
@@ -19,6 +21,7 @@ from agent.serving.http_client import HttpClient
 MAX_CLIENTS = 64
 WARMUP_S = 0.5  # a new session's first runs allocate and plan: not what serving looks like
 GAIN = 1.05  # another doubling of clients must add this much throughput to go on
+MIN_RECORDED = 100  # requests a recorded rate needs before it shapes the load
 KEPT_UP = 0.95  # an open loop at min_rps holds it when this share of the rate is answered
 
 
@@ -87,3 +90,20 @@ def measure(call: Call, candidate: Candidate, objective: Objective, load: Load) 
             break
         clients *= 2
     return choose(levels)
+
+
+def recorded_rate(statistics: list[dict[str, Any]], model: str) -> float | None:
+    """The requests per second the model's versions were sent while serving (each version's
+    queue window: every request from the first enqueued to the last answered, idle gaps
+    included), or None when they hold fewer than MIN_RECORDED requests or nothing usable."""
+    count, rate = 0, 0.0
+    for entry in statistics:
+        try:
+            if entry.get("name") != model:
+                continue
+            window = Window.from_dict(entry["edge_agent"]["queue"]["window"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        count += window.count
+        rate += window.throughput_per_s
+    return rate if count >= MIN_RECORDED and rate > 0 else None

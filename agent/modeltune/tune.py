@@ -52,6 +52,16 @@ class TuneRequest:
     space: Sequence[str] = ()  # --space KEY=N,N
     window_s: float = 1.0
     inference_model: str | None = None  # the config's built-in model, served the same way
+    recorded_rate: float | None = None  # what the running data plane recorded for it
+
+    def load_rate(self, min_rps: float | None) -> tuple[float | None, str]:
+        """The open loop's rate and where it came from; None: the closed loop."""
+        if self.rate is not None:
+            return self.rate, "--rate"
+        known = [(r, why) for r, why in ((self.recorded_rate, "the running data plane's "
+                                          "statistics"), (min_rps, "qos.min_rps"))
+                 if r is not None]
+        return max(known) if known else (None, "")
 
 
 def _original(directory: Path) -> dict[str, Any]:
@@ -85,7 +95,7 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
     qos = entry.settings.qos
     objective = Objective(request.p99_ms if request.p99_ms is not None else
                           qos.p99_ms if qos else None, qos.min_rps if qos else None)
-    rate = request.rate if request.rate is not None else objective.min_rps
+    rate, source = request.load_rate(objective.min_rps)
     first = entry.settings.instances[0].device
     device = None if first == "auto" else first
     cpus = len(os.sched_getaffinity(0))
@@ -135,9 +145,9 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
     report = TuneReport(request.model, number, objective,
                         "exhaustive" if request.exhaustive else "coordinate descent",
                         results, best, best.candidate.settings(device), took)
-    report.notes.append(f"load: {f'an open loop at {rate:g} rps' if rate else 'a closed loop'}"
-                        f", {request.window_s:g} s per measurement; {len(points)} candidates "
-                        "in the grid")
+    shape = f"an open loop at {rate:g} rps ({source})" if rate else "a closed loop"
+    report.notes.append(f"load: {shape}, {request.window_s:g} s per measurement; "
+                        f"{len(points)} candidates in the grid")
     if best.met:
         text = yaml.safe_dump(chosen, sort_keys=False)
         parse_settings(yaml.safe_load(text), str(directory / CONFIG_FILE))  # never write bad
