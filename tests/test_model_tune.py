@@ -87,8 +87,8 @@ def test_the_written_config_is_the_best_the_report_measured_and_rollback_restore
 def test_an_objective_no_candidate_meets_is_refused_and_nothing_is_written(
         tmp_path: Path) -> None:
     repository = tmp_path / "repository"
-    onnx_models.mlp((repository / "mlp" / "1").mkdir(parents=True) or
-                    repository / "mlp" / "1" / "model.onnx")
+    (repository / "mlp" / "1").mkdir(parents=True)
+    onnx_models.mlp(repository / "mlp" / "1" / "model.onnx")
     config = repository / "mlp" / "config.yaml"
     config.write_bytes(b"max_run_ms: 4000\n")
     result = edge_agent("model", "tune", "mlp", "--repository", repository, "--p99-ms",
@@ -140,3 +140,19 @@ def test_a_bad_model_or_flag_is_one_line_and_exit_2(tmp_path: Path, args: tuple[
     # nothing started (no progress line), no traceback: argparse's usage, then the one line
     assert all(line.startswith(("usage:", " ")) for line in lines[:-1]), lines
     assert list(repository.iterdir()) == []
+
+
+def test_a_model_this_board_cannot_serve_is_named_with_the_operators_file(
+        tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    (repository / "mlp" / "1").mkdir(parents=True)
+    onnx_models.mlp(repository / "mlp" / "1" / "model.onnx")
+    config = repository / "mlp" / "config.yaml"
+    config.write_text("instances: [{device: 'gpu:9'}]\n")
+    result = edge_agent("model", "tune", "mlp", "--repository", repository, *FAST)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1].startswith(
+        f"edge-agent model: model mlp is not loaded ({config}: instances[0].device: 'gpu:9' "
+        "is not on this board (discovered here: ")
+    assert "edge-agent-tune-" not in result.stderr  # never the scratch copy's path
+    assert config.read_text() == "instances: [{device: 'gpu:9'}]\n"

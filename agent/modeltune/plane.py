@@ -37,14 +37,14 @@ class PlaneError(RuntimeError):
 
 
 def stage_model(scratch: Path, name: str, number: int, model_file: Path,
-                config: Mapping[str, Any]) -> Path:
-    """``scratch/repository/<name>/<number>/`` holding the version's files (the model file
-    alone for a built-in one); the config pinned to that version.  The repository copy
-    leaves the operator's files untouched whatever a candidate does."""
+                in_repository: bool, config: Mapping[str, Any]) -> Path:
+    """``scratch/repository/<name>/<number>/`` holding the version's files (an ONNX
+    model's external data among them), or the model file alone for a built-in one; the
+    config pinned to that version.  The repository copy leaves the operator's files
+    untouched whatever a candidate does."""
     directory = scratch / "repository" / name
     target = directory / str(number)
     target.mkdir(parents=True)
-    in_repository = model_file.parent.name == str(number)
     sources = [f for f in model_file.parent.iterdir() if f.is_file()] if in_repository \
         else [model_file]
     for source in sources:

@@ -29,6 +29,7 @@ from agent.modeltune.space import (
     parse_space,
     with_candidate,
 )
+from agent.serving.errors import ServeError
 from agent.serving.repository import CONFIG_FILE, scan_model
 from agent.serving.settings import THREADS_PER_CPU, parse_settings
 from agent.serving.versions import synthetic
@@ -104,11 +105,17 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
                         f"CPU ({cpus} CPUs)")
     with tempfile.TemporaryDirectory(prefix="edge-agent-tune-") as scratch:
         config_file = stage_model(Path(scratch), request.model, number, wanted[number],
-                                  original)
+                                  wanted[number].parent == directory / str(number), original)
         progress("starting a scratch data plane")
         with ScratchPlane(Path(scratch), request.inference_model) as plane:
-            with plane.client() as client:
-                specs = client.model_metadata(request.model).inputs
+            def here(message: str) -> str:  # the operator's file, not the scratch copy
+                return message.replace(str(config_file.parent), str(directory))
+
+            try:
+                with plane.client() as client:
+                    specs = client.model_metadata(request.model).inputs
+            except ServeError as error:
+                raise TuneError(here(error.message)) from None
             feeds = {t.name: t.array for t in synthetic(specs)}
             batched = all(s.shape and s.shape[0] < 0 for s in specs)
             space = _space(request.space, cpus, batched)
@@ -122,7 +129,8 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
                 config = with_candidate(original, candidate, device)
                 problem = plane.reload(request.model, config_file, config)
                 if problem:
-                    return Result(candidate, float("inf"), 0.0, 0.0, False, "", 0, problem)
+                    return Result(candidate, float("inf"), 0.0, 0.0, False, "", 0,
+                                  here(problem))
                 clients = Clients(plane.client, request.model, feeds)
                 try:
                     result = measure(clients.call, candidate, objective, load)
