@@ -90,6 +90,20 @@ def test_coordinate_descent_finds_the_grid_best_measuring_part_of_it() -> None:
     assert len(seen) == len(set(seen)) < len(points) // 2  # none twice; under half the grid
 
 
+def test_a_batch_is_tried_with_a_wait_since_without_one_it_seldom_forms() -> None:
+    def no_wait_no_batch(candidate: Candidate) -> Result:
+        batch = candidate.max_batch_size if candidate.max_queue_delay_us else 1
+        rps = 100.0 * batch
+        p99 = 2.0 + candidate.max_queue_delay_us / 1000
+        return Result(candidate, p99, rps, rps, True, "model")
+
+    space = {"threads": (1,), "count": (1,), "max_batch_size": (1, 4),
+             "max_queue_delay_us": (0, 500, 2000)}
+    results = coordinate_descent(space, 2, no_wait_no_batch, lambda: False)
+    assert choose(results).candidate == Candidate(1, 1, 4, 500)
+    assert Candidate(1, 1, 4, 0) in [r.candidate for r in results]  # the delay's sweep
+
+
 def test_the_budget_stops_the_descent_after_the_first_measurement() -> None:
     results = coordinate_descent(default_space(4, True), 4, model, lambda: True)
     assert [r.candidate for r in results] == [Candidate(4, 1, 1, 0)]  # the start point

@@ -57,9 +57,8 @@ def coordinate_descent(space: Space, cpus: int, measure: Callable[[Candidate], R
         for dimension in DIMENSIONS:
             line = []
             for value in space[dimension]:
-                point = dataclasses.replace(current, **{dimension: value})
-                if point.max_batch_size <= 1:
-                    point = dataclasses.replace(point, max_queue_delay_us=0)
+                point = _aligned(space, current,
+                                 dataclasses.replace(current, **{dimension: value}))
                 if not valid(point, cpus):
                     continue
                 if point not in measured:
@@ -72,6 +71,18 @@ def coordinate_descent(space: Space, cpus: int, measure: Callable[[Candidate], R
         if current == before:
             break
     return list(measured.values())
+
+
+def _aligned(space: Space, current: Candidate, point: Candidate) -> Candidate:
+    """A batch of one waits for nothing; a batch first tried from one waits the smallest
+    delay there is above 0: without a wait a batch seldom forms, and the sweep of batch
+    sizes would see none of what batching gives (the delay's own sweep then refines it)."""
+    if point.max_batch_size <= 1:
+        return dataclasses.replace(point, max_queue_delay_us=0)
+    if current.max_batch_size <= 1 and point.max_queue_delay_us == 0:
+        waits = [d for d in space["max_queue_delay_us"] if d > 0]
+        return dataclasses.replace(point, max_queue_delay_us=min(waits, default=0))
+    return point
 
 
 def _start(space: Space, cpus: int) -> Candidate:
