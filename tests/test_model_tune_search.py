@@ -130,14 +130,17 @@ def test_a_second_tune_keeps_the_first_original_for_rollback(tmp_path: Path) -> 
     directory.mkdir()
     (directory / "config.yaml").write_bytes(b"max_run_ms: 7\n# mine\n")
     (directory / "config.yaml").chmod(0o640)
-    configfile.write_tuned(directory, b"max_batch_size: 4\n")
-    configfile.write_tuned(directory, b"max_batch_size: 8\n")
+    configfile.write_tuned(directory, b"max_batch_size: 4\n", b"max_run_ms: 7\n# mine\n")
+    with pytest.raises(configfile.ChangedError, match="changed while model tune measured"):
+        configfile.write_tuned(directory, b"max_batch_size: 8\n", b"max_run_ms: 7\n# mine\n")
+    configfile.write_tuned(directory, b"max_batch_size: 8\n", b"max_batch_size: 4\n")
     assert (directory / "config.yaml").read_bytes() == b"max_batch_size: 8\n"
     assert (directory / "config.yaml").stat().st_mode & 0o777 == 0o640
     assert "restored" in configfile.rollback(directory)
     assert (directory / "config.yaml").read_bytes() == b"max_run_ms: 7\n# mine\n"
     fresh = tmp_path / "n"
-    configfile.write_tuned(fresh, b"max_batch_size: 4\n")
+    assert configfile.read_current(fresh) is None
+    configfile.write_tuned(fresh, b"max_batch_size: 4\n", None)
     assert "removed" in configfile.rollback(fresh)
     assert list(fresh.iterdir()) == []
     with pytest.raises(configfile.RollbackError, match="model tune has not changed it"):

@@ -24,15 +24,29 @@ class RollbackError(OSError):
     """Nothing to roll back: no tune wrote this model's config.yaml."""
 
 
+class ChangedError(OSError):
+    """The config.yaml is not what the tune read: someone else wrote it meanwhile."""
+
+
 def _files(directory: Path) -> ConfinedFiles:
     names = {f"/{CONFIG_FILE}", f"/{PREVIOUS}", f"/{ABSENT}"}
     return ConfinedFiles(Root(directory), names.__contains__, f"{directory}/{CONFIG_FILE}")
 
 
-def write_tuned(directory: Path, data: bytes) -> None:
-    """``directory``/config.yaml holds ``data``; its original is kept first (once)."""
+def read_current(directory: Path) -> bytes | None:
+    """The model's config.yaml as it is now (None: there is none)."""
+    return _files(directory).read(f"/{CONFIG_FILE}") if directory.is_dir() else None
+
+
+def write_tuned(directory: Path, data: bytes, expected: bytes | None) -> None:
+    """``directory``/config.yaml holds ``data``; its original is kept first (once).
+    ``expected``: what the file held when the tune read it; a file changed since (an
+    operator's edit during the minutes a search takes) is not overwritten."""
     directory.mkdir(parents=True, exist_ok=True)
     files = _files(directory)
+    if files.read(f"/{CONFIG_FILE}") != expected:
+        raise ChangedError(f"{directory / CONFIG_FILE}: changed while model tune measured; "
+                           "nothing written (run it again)")
     if files.read(f"/{PREVIOUS}") is None and files.read(f"/{ABSENT}") is None:
         original = files.read(f"/{CONFIG_FILE}")
         if original is None:

@@ -92,6 +92,7 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
     wanted = entry.wanted()
     number = max(wanted)
     directory = request.repository / request.model
+    before = configfile.read_current(directory)
     original = _original(directory)
     qos = entry.settings.qos
     objective = Objective(request.p99_ms if request.p99_ms is not None else
@@ -159,6 +160,6 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
     if best.met:
         text = yaml.safe_dump(chosen, sort_keys=False)
         parse_settings(yaml.safe_load(text), str(directory / CONFIG_FILE))  # never write bad
-        configfile.write_tuned(directory, text.encode())
+        configfile.write_tuned(directory, text.encode(), before)
         report.written = str(directory / CONFIG_FILE)
     return report
