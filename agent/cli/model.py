@@ -5,8 +5,6 @@ here (exit 1 with the report when none does)."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import sys
 import tempfile
@@ -19,7 +17,6 @@ if TYPE_CHECKING:
     from agent.config import Config
     from agent.modelbuild.report import BuildReport
     from agent.modelbuild.request import BuildRequest
-    from agent.serving.http_client import HttpClient
 
 TARGET_HELP = "cpu | tensorrt | openvino | rknn:rk3588 | rknn:rk3576 | rknn:rk3566"
 
@@ -105,30 +102,11 @@ def build(args: argparse.Namespace) -> int:
     return 0 if loaded else 1
 
 
-def running_data_plane(config: Config) -> tuple[HttpClient | None, str]:
-    """A client of the data plane ``edge-agent run`` supervises for this config, through the
-    ready file and control token it keeps in <state_dir>/serve, or None and why not."""
-    from agent.service.dataplane import own_child_tls
-    from agent.serving.http_client import HttpClient
-
-    directory = Path(config.state_dir) / "serve"
-    try:
-        ready = json.loads((directory / "ready.json").read_text())
-        token = (directory / "control-token").read_text().strip()
-        os.kill(int(ready["pid"]), 0)
-        address = str(ready["http"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, f"no data plane is running for {config.source}"
-    tls = config.serve.tls
-    scheme = "https" if tls is not None else "http"
-    context = own_child_tls(tls.cert, tls.key, tls.client_ca) if tls is not None else None
-    return HttpClient(f"{scheme}://{address}", token=token, ssl_context=context), address
-
-
 def _load(config: Config, report: BuildReport, repository: Path) -> tuple[bool, str]:
     """Load the new version into the running data plane (model control is explicit: a
     running server serves a version once it is asked to load it).  A version the server
     refuses is removed again, so the next start does not fail on it."""
+    from agent.cli.running import running_data_plane
     from agent.serving.errors import ServeError
 
     client, address = running_data_plane(config)

@@ -95,7 +95,7 @@ def tune_command(args: argparse.Namespace) -> int:
 
 def _recorded(config: Config, model: str) -> float | None:
     """The rate the running data plane recorded for ``model``, or None."""
-    from agent.cli.model import running_data_plane
+    from agent.cli.running import running_data_plane
     from agent.modeltune.measure import recorded_rate
     from agent.serving.errors import ServeError
 
