@@ -55,6 +55,8 @@ def test_the_written_config_is_the_best_the_report_measured_and_rollback_restore
     assert report["p99_ms"] == report["candidates"][row]["p99_ms"]
     assert report["throughput_rps"] == report["candidates"][row]["throughput_rps"]
     assert report["candidates"][row] in best_of(report["candidates"])
+    assert all(c["cpu_cores"] > 0 for c in report["candidates"])  # the server's CPU, measured
+    assert any(c["pareto"] for c in report["candidates"])
     # among the tied best, the lowest p99
     assert report["p99_ms"] == min(c["p99_ms"] for c in best_of(report["candidates"]))
     # what was written: the chosen keys, every other key of the operator's file kept

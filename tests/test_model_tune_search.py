@@ -11,7 +11,7 @@ import pytest
 from agent.modeltune import configfile
 from agent.modeltune.load import Sample
 from agent.modeltune.measure import MIN_RECORDED, recorded_rate
-from agent.modeltune.search import Result, choose, coordinate_descent, exhaustive
+from agent.modeltune.search import Result, choose, coordinate_descent, exhaustive, pareto
 from agent.modeltune.space import (
     Candidate,
     SpaceError,
@@ -183,3 +183,11 @@ def test_the_load_rate_is_the_flag_else_the_larger_of_recorded_and_min_rps() -> 
     assert request(None, 50).load_rate(80) == (80, "qos.min_rps")
     assert request(None, 90).load_rate(80) == (90, "the running data plane's statistics")
     assert request(None, None).load_rate(None) == (None, "")
+
+
+def test_the_pareto_front_is_what_no_other_candidate_beats_at_both() -> None:
+    a, b, c, d = (Candidate(1, n, 1, 0) for n in (1, 2, 3, 4))
+    results = [Result(a, 5, 100, 100, True, ""), Result(b, 8, 150, 150, True, ""),
+               Result(c, 9, 120, 120, True, ""),  # slower and less than b
+               Result(d, float("inf"), 0, 0, False, "", problem="refused")]
+    assert pareto(results) == [True, True, False, False]

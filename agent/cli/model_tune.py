@@ -110,13 +110,17 @@ def _recorded(config: Config, model: str) -> float | None:
 
 
 def render(report: TuneReport) -> str:
+    from agent.modeltune.search import pareto
+
     rows = [["", "instances x threads", "batch", "delay_us", "p99_ms", "rps", "goodput",
-             "load"]]
-    for r in report.results:
+             "cpu", "pareto", "load"]]
+    for r, front in zip(report.results, pareto(report.results), strict=True):
         c = r.candidate
         rows.append(["*" if r is report.chosen else "", f"{c.count} x {c.threads}",
                      str(c.max_batch_size), str(c.max_queue_delay_us), f"{r.p99_ms:.2f}",
-                     f"{r.throughput_rps:.1f}", f"{r.goodput_rps:.1f}", r.problem or r.load])
+                     f"{r.throughput_rps:.1f}", f"{r.goodput_rps:.1f}",
+                     "" if r.cpu_cores is None else f"{r.cpu_cores:.2f}",
+                     "yes" if front else "", r.problem or r.load])
     goal = ", ".join(f"{k} {v:g}" for k, v in (("p99_ms", report.objective.p99_ms),
                                                 ("min_rps", report.objective.min_rps))
                      if v is not None) or "none (the most throughput)"

@@ -5,6 +5,7 @@ level, as Model Analyzer sweeps concurrency per configuration)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,14 +40,18 @@ class Load:
     window_s: float
 
 
-def judge(sample: Sample, candidate: Candidate, objective: Objective, load: str) -> Result:
+def judge(sample: Sample, candidate: Candidate, objective: Objective, load: str,
+          cpu_s: float | None = None) -> Result:
+    """``cpu_s``: the data plane's CPU seconds during the sample (None: not known)."""
     p99 = sample.p99_ms()
     throughput = sample.throughput_rps()
     fast = objective.p99_ms is None or p99 <= objective.p99_ms
     enough = objective.min_rps is None or throughput >= objective.min_rps * KEPT_UP
     goodput = throughput if fast else sample.within_rps(objective.p99_ms)
+    cores = round(cpu_s / sample.elapsed_s, 2) if cpu_s is not None and sample.elapsed_s \
+        else None
     return Result(candidate, p99, throughput, goodput, fast and enough and not sample.errors,
-                  load, sample.errors)
+                  load, sample.errors, cpu_cores=cores)
 
 
 class Clients:
@@ -72,17 +77,26 @@ class Clients:
             self._clients.clear()
 
 
-def measure(call: Call, candidate: Candidate, objective: Objective, load: Load) -> Result:
+def measure(call: Call, candidate: Candidate, objective: Objective, load: Load,
+            cpu: Callable[[], float] | None = None) -> Result:
+    """``cpu``: the data plane's CPU seconds so far (psutil), for each result's cpu_cores."""
     width = candidate.count * max(1, candidate.max_batch_size)
     closed_loop(call, min(MAX_CLIENTS, width), min(WARMUP_S, load.window_s))
+
+    def timed(run: Callable[[], Sample], label: str) -> Result:
+        before = cpu() if cpu is not None else None
+        sample = run()
+        spent = cpu() - before if cpu is not None and before is not None else None
+        return judge(sample, candidate, objective, label, spent)
+
     if load.rate is not None:
         workers = min(MAX_CLIENTS, max(8, 2 * width))
-        return judge(open_loop(call, load.rate, load.window_s, workers), candidate, objective,
+        return timed(functools.partial(open_loop, call, load.rate, load.window_s, workers),
                      f"open loop, {load.rate:g} rps")
     levels: list[Result] = []
     clients = 1
     while clients <= min(MAX_CLIENTS, max(2, 2 * width)):
-        result = judge(closed_loop(call, clients, load.window_s), candidate, objective,
+        result = timed(functools.partial(closed_loop, call, clients, load.window_s),
                        f"closed loop, {clients} clients")
         levels.append(result)
         if not result.met or (len(levels) > 1 and result.throughput_rps

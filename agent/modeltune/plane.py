@@ -129,6 +129,14 @@ class ScratchPlane:
             return error.message
         return ""
 
+    def cpu_seconds(self) -> float:
+        """The data plane's CPU time so far, user and system (its threads included)."""
+        import psutil
+
+        assert self._process is not None  # started
+        times = psutil.Process(self._process.pid).cpu_times()
+        return float(times.user + times.system)
+
     def stop(self) -> None:
         process, self._process = self._process, None
         if process is None or process.poll() is not None:

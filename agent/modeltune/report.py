@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.modeltune.measure import Objective
-from agent.modeltune.search import Result
+from agent.modeltune.search import Result, pareto
 
 
 def _ms(value: float) -> float | None:
@@ -62,9 +62,10 @@ class TuneReport:
             "candidates": [{"settings": r.candidate.settings(), "p99_ms": _ms(r.p99_ms),
                             "throughput_rps": round(r.throughput_rps, 2),
                             "goodput_rps": round(r.goodput_rps, 2), "met": r.met,
-                            "load": r.load, "errors": r.errors,
-                            **({"problem": r.problem} if r.problem else {})}
-                           for r in self.results],
+                            "cpu_cores": r.cpu_cores, "pareto": front, "load": r.load,
+                            "errors": r.errors, **({"problem": r.problem} if r.problem else {})}
+                           for r, front in zip(self.results, pareto(self.results),
+                                               strict=True)],
             "met": self.met,
             "miss": self.miss(),
             "written": self.written or None,

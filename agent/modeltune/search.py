@@ -31,6 +31,17 @@ class Result:
     load: str
     errors: int = 0
     problem: str = ""  # why it could not be measured (the data plane refused it)
+    cpu_cores: float | None = None  # the data plane's CPU time per second of the load
+
+
+def pareto(results: Sequence[Result]) -> list[bool]:
+    """Whether each result is on the p99/throughput front: no other measured one is as fast
+    at p99 and serves as much, and better at one of them."""
+    measured = [r for r in results if not r.problem]
+    return [not r.problem and not any(
+        o.p99_ms <= r.p99_ms and o.throughput_rps >= r.throughput_rps
+        and (o.p99_ms < r.p99_ms or o.throughput_rps > r.throughput_rps) for o in measured)
+        for r in results]
 
 
 def choose(results: Sequence[Result]) -> Result:

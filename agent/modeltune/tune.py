@@ -134,7 +134,8 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
                                   here(problem))
                 clients = Clients(plane.client, request.model, feeds)
                 try:
-                    result = measure(clients.call, candidate, objective, load)
+                    result = measure(clients.call, candidate, objective, load,
+                                     plane.cpu_seconds)
                 finally:
                     clients.close()
                 progress(f"{candidate.label()}: p99 {result.p99_ms:.2f} ms, "
