@@ -43,6 +43,7 @@ def test_the_written_config_is_the_best_the_report_measured_and_rollback_restore
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["met"] is True and report["search"] == "exhaustive"
+    assert report["confirmed"]["met"] is True  # measured once more before it was written
     assert report["objective"] == {"p99_ms": 10000, "min_rps": None}  # qos.p99_ms
     # the grid: batch 1 has no delay of its own, so 2 x (1 + 2) candidates, all measured
     assert len(report["candidates"]) == 6
@@ -99,6 +100,7 @@ def test_an_objective_no_candidate_meets_is_refused_and_nothing_is_written(
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
     assert report["met"] is False and report["written"] is None
+    assert report["confirmed"] is None  # nothing met: nothing to confirm
     # a fixed batch: no batching dimension, one instance or two
     assert [c["settings"] for c in report["candidates"]] == [
         {"max_batch_size": 0, "instances": [{"count": n, "threads": 1}]} for n in (1, 2)]

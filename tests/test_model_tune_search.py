@@ -191,3 +191,23 @@ def test_the_pareto_front_is_what_no_other_candidate_beats_at_both() -> None:
                Result(c, 9, 120, 120, True, ""),  # slower and less than b
                Result(d, float("inf"), 0, 0, False, "", problem="refused")]
     assert pareto(results) == [True, True, False, False]
+
+
+def test_a_choice_that_misses_when_measured_again_is_not_met() -> None:
+    from agent.modeltune.measure import Objective
+    from agent.modeltune.report import TuneReport
+
+    chosen = Result(Candidate(1, 1, 4, 500), 8.0, 100, 100, True, "closed loop, 2 clients")
+    again = Result(chosen.candidate, 12.5, 90, 60, False, "closed loop, 2 clients")
+    report = TuneReport("m", 1, Objective(10.0, 95.0), "exhaustive", [chosen], chosen,
+                        chosen.candidate.settings(), 3.0, confirmed=again)
+    assert not report.met
+    assert report.miss() == ("it met the objective in the search but not when measured "
+                             "again: p99 12.50 ms is 2.50 ms (25 %) above p99_ms 10; "
+                             "throughput 90.0 rps is 5.0 below min_rps 95")
+    assert report.to_dict()["confirmed"] == {"p99_ms": 12.5, "throughput_rps": 90,
+                                             "goodput_rps": 60, "met": False}
+    kept = TuneReport("m", 1, Objective(10.0), "exhaustive", [chosen], chosen,
+                      chosen.candidate.settings(), 3.0,
+                      confirmed=Result(chosen.candidate, 9.0, 100, 100, True, ""))
+    assert kept.met and kept.miss() == ""

@@ -128,6 +128,9 @@ def render(report: TuneReport) -> str:
              f"{len(report.results)} candidates in {report.measured_s:.1f} s; objective: "
              f"{goal}", render_table(rows, "  ")]
     lines += [f"  note: {note}" for note in report.notes]
+    if report.confirmed is not None:
+        lines.append(f"  measured again: p99 {report.confirmed.p99_ms:.2f} ms, "
+                     f"{report.confirmed.throughput_rps:.1f} rps")
     if report.met:
         lines.append(f"  chosen: {report.chosen.candidate.label()}"
                      + (f"; written to {report.written}" if report.written else ""))

@@ -149,16 +149,20 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
                 results = search.coordinate_descent(
                     space, cpus, measured,
                     lambda: time.monotonic() - began >= request.budget_s)
+            best = search.choose(results)
+            if best.met:
+                progress("measuring the best again before writing it")
+            confirmed = measured(best.candidate) if best.met else None
             took = time.monotonic() - began
-    best = search.choose(results)
     chosen = with_candidate(original, best.candidate, device)
     report = TuneReport(request.model, number, objective,
                         "exhaustive" if request.exhaustive else "coordinate descent",
-                        results, best, best.candidate.settings(device), took)
+                        results, best, best.candidate.settings(device), took,
+                        confirmed=confirmed)
     shape = f"an open loop at {rate:g} rps ({source})" if rate else "a closed loop"
     report.notes.append(f"load: {shape}, {request.window_s:g} s per measurement; "
                         f"{len(points)} candidates in the grid")
-    if best.met:
+    if report.met:
         text = yaml.safe_dump(chosen, sort_keys=False)
         parse_settings(yaml.safe_load(text), str(directory / CONFIG_FILE))  # never write bad
         configfile.write_tuned(directory, text.encode(), before)
