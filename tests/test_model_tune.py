@@ -160,3 +160,22 @@ def test_a_model_this_board_cannot_serve_is_named_with_the_operators_file(
         "is not on this board (discovered here: ")
     assert "edge-agent-tune-" not in result.stderr  # never the scratch copy's path
     assert config.read_text() == "instances: [{device: 'gpu:9'}]\n"
+
+
+def test_requests_the_data_plane_refuses_are_counted_and_the_first_reason_kept(
+        tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    (repository / "mlp" / "1").mkdir(parents=True)
+    onnx_models.mlp(repository / "mlp" / "1" / "model.onnx")
+    config = repository / "mlp" / "config.yaml"
+    config.write_text("max_input_elements: 8\n")  # its input holds 64: every request refused
+    result = edge_agent("model", "tune", "mlp", "--repository", repository, "--space",
+                        "threads=1", "--space", "count=1", *FAST, "--json")
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    (candidate,) = report["candidates"]
+    assert candidate["errors"] > 0 and candidate["throughput_rps"] == 0
+    assert candidate["p99_ms"] is None and candidate["met"] is False  # nothing answered
+    assert "holds 64 elements, above the 8" in candidate["first_error"]
+    assert report["miss"].startswith(f"{candidate['errors']} requests failed (the first: ")
+    assert config.read_text() == "max_input_elements: 8\n"

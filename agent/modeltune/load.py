@@ -23,6 +23,12 @@ class Sample:
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
     elapsed_s: float = 0.0
+    first_error: str = ""  # what the first failed request was told, for the report
+
+    def failed(self, why: str) -> None:
+        """Count one failed request (under the caller's lock)."""
+        self.errors += 1
+        self.first_error = self.first_error or why
 
     def p99_ms(self) -> float:
         """The 99th percentile (nearest rank) in ms; infinite when nothing was answered."""
@@ -41,13 +47,13 @@ class Sample:
         return sum(1 for x in self.latencies if x * 1000 <= limit_ms) / self.elapsed_s
 
 
-def _guarded(call: Call, index: int) -> float | None:
-    """The request's latency, or None when it failed (a refusal costs that request)."""
+def _guarded(call: Call, index: int) -> float | str:
+    """The request's latency, or why it failed (a refusal costs that request)."""
     begin = time.perf_counter()
     try:
         call(index)
-    except Exception:  # any failure of one request is that request's
-        return None
+    except Exception as error:  # any failure of one request is that request's
+        return str(error) or type(error).__name__
     return time.perf_counter() - begin
 
 
@@ -60,8 +66,8 @@ def closed_loop(call: Call, clients: int, seconds: float) -> Sample:
         while time.perf_counter() < end:
             latency = _guarded(call, index)
             with lock:
-                if latency is None:
-                    sample.errors += 1
+                if isinstance(latency, str):
+                    sample.failed(latency)
                 else:
                     sample.latencies.append(latency)
 
@@ -84,15 +90,15 @@ def open_loop(call: Call, rate: float, seconds: float, workers: int) -> Sample:
         while (when := due.get()) != STOP:
             if time.perf_counter() >= end + seconds:  # far behind: the rest are dropped
                 with lock:
-                    sample.errors += 1
+                    sample.failed("not sent: the load fell a whole window behind")
                 continue
-            ok = _guarded(call, index) is not None
+            answer = _guarded(call, index)
             latency = time.perf_counter() - when
             with lock:
-                if ok:
-                    sample.latencies.append(latency)
+                if isinstance(answer, str):
+                    sample.failed(answer)
                 else:
-                    sample.errors += 1
+                    sample.latencies.append(latency)
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(workers)]
     for thread in threads:

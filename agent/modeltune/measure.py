@@ -51,7 +51,7 @@ def judge(sample: Sample, candidate: Candidate, objective: Objective, load: str,
     cores = round(cpu_s / sample.elapsed_s, 2) if cpu_s is not None and sample.elapsed_s \
         else None
     return Result(candidate, p99, throughput, goodput, fast and enough and not sample.errors,
-                  load, sample.errors, cpu_cores=cores)
+                  load, sample.errors, cpu_cores=cores, first_error=sample.first_error[:300])
 
 
 class Clients:

@@ -50,7 +50,7 @@ class TuneReport:
         if result.problem:
             parts.append(result.problem)
         if result.errors:
-            parts.append(f"{result.errors} requests failed or were not answered in time")
+            parts.append(f"{result.errors} requests failed (the first: {result.first_error})")
         if goal.p99_ms is not None and not result.p99_ms <= goal.p99_ms:
             over = result.p99_ms - goal.p99_ms
             parts.append(f"p99 {result.p99_ms:.2f} ms is {over:.2f} ms "
@@ -76,7 +76,9 @@ class TuneReport:
                             "throughput_rps": round(r.throughput_rps, 2),
                             "goodput_rps": round(r.goodput_rps, 2), "met": r.met,
                             "cpu_cores": r.cpu_cores, "pareto": front, "load": r.load,
-                            "errors": r.errors, **({"problem": r.problem} if r.problem else {})}
+                            "errors": r.errors,
+                            **({"first_error": r.first_error} if r.first_error else {}),
+                            **({"problem": r.problem} if r.problem else {})}
                            for r, front in zip(self.results, pareto(self.results),
                                                strict=True)],
             "confirmed": None if self.confirmed is None else {

@@ -32,6 +32,7 @@ class Result:
     errors: int = 0
     problem: str = ""  # why it could not be measured (the data plane refused it)
     cpu_cores: float | None = None  # the data plane's CPU time per second of the load
+    first_error: str = ""  # what the first failed request was told
 
 
 def pareto(results: Sequence[Result]) -> list[bool]:
