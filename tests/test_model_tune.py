@@ -179,3 +179,25 @@ def test_requests_the_data_plane_refuses_are_counted_and_the_first_reason_kept(
     assert "holds 64 elements, above the 8" in candidate["first_error"]
     assert report["miss"].startswith(f"{candidate['errors']} requests failed (the first: ")
     assert config.read_text() == "max_input_elements: 8\n"
+
+
+def test_the_config_names_the_repository_and_a_stopped_data_plane_means_a_closed_loop(
+        tmp_path: Path) -> None:
+    repository = tmp_path / "repo"
+    agent_yaml = tmp_path / "agent.yaml"
+    agent_yaml.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"),
+                                          "serve": {"repository": str(repository)}}))
+    result = edge_agent("model", "tune", "demo", "--config", agent_yaml, "--space",
+                        "threads=1", "--space", "count=1", "--space", "batch=1", *FAST)
+    assert result.returncode == 0, result.stderr
+    assert "note: load: a closed loop, 0.2 s per measurement; 1 candidates in the grid" \
+        in result.stdout
+    config = repository / "demo" / "config.yaml"
+    assert f"chosen: 1 x 1 threads, batch 1, delay 0 us; written to {config}" in result.stdout
+    assert yaml.safe_load(config.read_text()) == {
+        "max_batch_size": 1, "instances": [{"count": 1, "threads": 1}],
+        "dynamic_batching": {"max_queue_delay_us": 0}}
+    assert (repository / "demo" / "config.yaml.absent").read_bytes() == b""
+    assert edge_agent("model", "tune", "demo", "--config", agent_yaml, "--rollback"
+                      ).returncode == 0
+    assert sorted(p.name for p in (repository / "demo").iterdir()) == []
