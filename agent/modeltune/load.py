@@ -78,8 +78,9 @@ def closed_loop(call: Call, clients: int, seconds: float) -> Sample:
 
 
 def open_loop(call: Call, rate: float, seconds: float, workers: int) -> Sample:
-    """Requests due every 1/rate s for ``seconds``, sent by ``workers`` clients; those still
-    waiting for a client when the time is up are counted as errors, not sent."""
+    """Requests due every 1/rate s for ``seconds``, sent by ``workers`` clients; once the
+    load is a whole window past its end, the requests still waiting for a client are
+    counted as failed, not sent (a candidate far too slow costs two windows, not minutes)."""
     sample = Sample()
     lock = threading.Lock()
     due: queue.SimpleQueue[float] = queue.SimpleQueue()
