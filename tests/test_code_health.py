@@ -39,7 +39,8 @@ LAYERS: list[set[str]] = [
     {"link"},
     {"control"},
     {"serving"},
-    {"modelbuild"},  # model build: the CLI and the fleet command use it, nothing below
+    # model build and model tune: the CLI and the fleet command use them, nothing below
+    {"modelbuild", "modeltune"},
     {"config"},
     {"service"},
     {"cli"},

@@ -5,8 +5,6 @@ here (exit 1 with the report when none does)."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import sys
 import tempfile
@@ -24,7 +22,7 @@ TARGET_HELP = "cpu | tensorrt | openvino | rknn:rk3588 | rknn:rk3576 | rknn:rk35
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    group = commands.add_parser("model", help="build models for this device")
+    group = commands.add_parser("model", help="build and tune models for this device")
     actions = group.add_subparsers(dest="action", required=True, metavar="ACTION")
     sub = actions.add_parser(
         "build", help="an INT8, FP16 or .rknn build of an ONNX model, checked against the "
@@ -55,6 +53,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                      "model_build.rknn_python)")
     sub.add_argument("--json", action="store_true", help="print the report as JSON")
     sub.set_defaults(handler=build, root=None)
+    from agent.cli.model_tune import register_tune
+
+    register_tune(actions)
 
 
 def _request(args: argparse.Namespace, rknn_python: str | None) -> BuildRequest:
@@ -102,28 +103,17 @@ def build(args: argparse.Namespace) -> int:
 
 
 def _load(config: Config, report: BuildReport, repository: Path) -> tuple[bool, str]:
-    """Load the new version into the data plane ``edge-agent run`` supervises for this
-    config (model control is explicit: a running server serves a version once it is asked
-    to load it), through the ready file and control token it keeps in <state_dir>/serve.
-    A version the server refuses is removed again, so the next start does not fail on it."""
-    from agent.service.dataplane import own_child_tls
+    """Load the new version into the running data plane (model control is explicit: a
+    running server serves a version once it is asked to load it).  A version the server
+    refuses is removed again, so the next start does not fail on it."""
+    from agent.cli.running import running_data_plane
     from agent.serving.errors import ServeError
-    from agent.serving.http_client import HttpClient
 
-    directory = Path(config.state_dir) / "serve"
+    client, address = running_data_plane(config)
+    if client is None:
+        return True, f"{address}: it loads version {report.version} when it starts"
     try:
-        ready = json.loads((directory / "ready.json").read_text())
-        token = (directory / "control-token").read_text().strip()
-        os.kill(int(ready["pid"]), 0)
-        address = str(ready["http"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return True, (f"no data plane is running for {config.source}: it loads version "
-                      f"{report.version} when it starts")
-    tls = config.serve.tls
-    scheme = "https" if tls is not None else "http"
-    context = own_child_tls(tls.cert, tls.key, tls.client_ca) if tls is not None else None
-    try:
-        with HttpClient(f"{scheme}://{address}", token=token, ssl_context=context) as client:
+        with client:
             client.load(report.request.name)
     except ServeError as error:
         shutil.rmtree(repository / report.request.name / str(report.version),

@@ -1,0 +1,140 @@
+"""``edge-agent model tune M``: instances, threads, max batch and queue delay searched live on
+this device against the model's latency objective, the best written to its config.yaml
+(refused, exit 1, when even the best misses); ``--rollback`` puts the old file back."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.cli.common import UsageError, add_state_dir, emit, positive_float, render_table
+
+if TYPE_CHECKING:
+    from agent.config import Config
+    from agent.modeltune.report import TuneReport
+
+
+def register_tune(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub = actions.add_parser(
+        "tune", help="search instances, threads, max batch and queue delay on this device "
+        "against a p99 objective; write the best to the model's config.yaml")
+    sub.add_argument("model", metavar="M", help="the model's name in the repository")
+    sub.add_argument("--p99-ms", type=positive_float, metavar="N",
+                     help="the latency objective (default: the model's qos.p99_ms; none: "
+                     "the most throughput)")
+    sub.add_argument("--rate", type=positive_float, metavar="N",
+                     help="requests per second of an open-loop load (default: the larger of the "
+                     "rate the running data plane recorded for the model and its "
+                     "qos.min_rps; neither: a closed loop of 1, 2, 4, ... clients)")
+    sub.add_argument("--budget-s", type=positive_float, default=60.0, metavar="N",
+                     help="seconds the quick search may measure for (default: 60)")
+    sub.add_argument("--exhaustive", action="store_true",
+                     help="measure every candidate of the grid instead")
+    sub.add_argument("--space", action="append", default=[], metavar="KEY=N,N",
+                     help="the values of one dimension: threads, count, batch, delay_us "
+                     "(default: threads 1, 2, 4 .. CPUs; count 1, 2; batch 1, 4, 8; "
+                     "delay_us 0, 500, 2000)")
+    sub.add_argument("--window-s", type=positive_float, default=1.0, metavar="N",
+                     help="seconds of load per measurement (default: 1)")
+    sub.add_argument("--rollback", action="store_true",
+                     help="put back the config.yaml the model had before model tune")
+    where = sub.add_mutually_exclusive_group()
+    where.add_argument("--repository", type=Path, metavar="DIR",
+                       help="the model repository (default: the config's)")
+    where.add_argument("--config", metavar="FILE",
+                       help="agent.yaml whose repository is used (default: "
+                       "/etc/edge-agent/agent.yaml if present, else built-in defaults)")
+    add_state_dir(sub, "the agent's state (the default repository is <state-dir>/repository)")
+    sub.add_argument("--json", action="store_true", help="print the report as JSON")
+    sub.set_defaults(handler=tune_command, root=None)
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    from agent.cli.service import command_config
+    from agent.modeltune import configfile
+    from agent.modeltune.plane import PlaneError
+    from agent.modeltune.tune import TuneError, TuneRequest, tune
+    from agent.serving.repository import valid_name
+
+    if not valid_name(args.model):
+        raise UsageError(f"model {args.model!r}: letters, digits, '.', '_' and '-', not "
+                         "starting with '.'")
+    config = command_config(args) if args.repository is None else None
+    repository = args.repository or Path(config.repository if config else "")
+    if args.rollback:
+        done = configfile.rollback(repository / args.model)
+        emit(args.json, {"model": args.model, "rolled_back": done}, done)
+        return 0
+    builtins: dict[str, Path] = {}
+    if config is not None:
+        from agent.service.serve import builtin_models
+
+        builtins = builtin_models(config)
+    else:
+        from agent.inference.demo_model import DEMO_MODEL_PATH
+        from agent.service.serve import DEMO
+
+        builtins = {DEMO: DEMO_MODEL_PATH}
+    recorded = _recorded(config, args.model) if config and args.rate is None else None
+    request = TuneRequest(args.model, repository, builtins, args.p99_ms, args.rate,
+                          args.budget_s, args.exhaustive, args.space, args.window_s,
+                          config.inference.model if config else None, recorded)
+    progress = (lambda step: None) if args.json else (
+        lambda step: print(f"  ... {step}", file=sys.stderr, flush=True))
+    try:
+        report = tune(request, progress)
+    except TuneError as error:
+        raise UsageError(str(error)) from None
+    except PlaneError as error:
+        raise OSError(str(error)) from None
+    emit(args.json, report.to_dict(), render(report))
+    return 0 if report.met else 1
+
+
+def _recorded(config: Config, model: str) -> float | None:
+    """The rate the running data plane recorded for ``model``, or None."""
+    from agent.cli.running import running_data_plane
+    from agent.modeltune.measure import recorded_rate
+    from agent.serving.errors import ServeError
+
+    client, _ = running_data_plane(config)
+    if client is None:
+        return None
+    try:
+        with client:
+            return recorded_rate(client.statistics(model), model)
+    except ServeError:
+        return None
+
+
+def render(report: TuneReport) -> str:
+    from agent.modeltune.search import pareto
+
+    rows = [["", "instances x threads", "batch", "delay_us", "p99_ms", "rps", "goodput",
+             "cpu", "pareto", "load"]]
+    for r, front in zip(report.results, pareto(report.results), strict=True):
+        c = r.candidate
+        rows.append(["*" if r is report.chosen else "", f"{c.count} x {c.threads}",
+                     str(c.max_batch_size), str(c.max_queue_delay_us), f"{r.p99_ms:.2f}",
+                     f"{r.throughput_rps:.1f}", f"{r.goodput_rps:.1f}",
+                     "" if r.cpu_cores is None else f"{r.cpu_cores:.2f}",
+                     "yes" if front else "", r.problem or r.load])
+    goal = ", ".join(f"{k} {v:g}" for k, v in (("p99_ms", report.objective.p99_ms),
+                                                ("min_rps", report.objective.min_rps))
+                     if v is not None) or "none (the most throughput)"
+    lines = [f"model {report.model} version {report.version}: {report.search}, "
+             f"{len(report.results)} candidates in {report.measured_s:.1f} s; objective: "
+             f"{goal}", render_table(rows, "  ")]
+    lines += [f"  note: {note}" for note in report.notes]
+    if report.confirmed is not None:
+        lines.append(f"  measured again: p99 {report.confirmed.p99_ms:.2f} ms, "
+                     f"{report.confirmed.throughput_rps:.1f} rps")
+    if report.met:
+        lines.append(f"  chosen: {report.chosen.candidate.label()}"
+                     + (f"; written to {report.written}" if report.written else ""))
+    else:
+        lines.append(f"  refused: the best candidate ({report.chosen.candidate.label()}) "
+                     f"misses the objective: {report.miss()}; nothing written")
+    return "\n".join(lines)

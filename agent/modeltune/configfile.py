@@ -1,0 +1,72 @@
+"""The model's config.yaml replaced by ``model tune``, and put back by ``--rollback``.
+
+The tuning journal holds a profile's kernel settings, keyed by boot id and rolled back as
+one profile; a model file is neither, so it is not written through it.  Instead the file is
+replaced atomically (ConfinedFiles: temp file, fsync, rename, fsync of the directory) after
+the original is kept beside it, byte for byte, as ``config.yaml.previous``, or, when there
+was none, the empty marker ``config.yaml.absent``.  A second tune keeps the first original:
+rollback restores the file as it was before any tune, as a profile rollback does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.kernel.fsroot import Root
+from agent.overlays.bootfs import ConfinedFiles
+from agent.serving.repository import CONFIG_FILE
+
+PREVIOUS = CONFIG_FILE + ".previous"
+ABSENT = CONFIG_FILE + ".absent"
+
+
+class RollbackError(OSError):
+    """Nothing to roll back: no tune wrote this model's config.yaml."""
+
+
+class ChangedError(OSError):
+    """The config.yaml is not what the tune read: someone else wrote it meanwhile."""
+
+
+def _files(directory: Path) -> ConfinedFiles:
+    names = {f"/{CONFIG_FILE}", f"/{PREVIOUS}", f"/{ABSENT}"}
+    return ConfinedFiles(Root(directory), names.__contains__, f"{directory}/{CONFIG_FILE}")
+
+
+def read_current(directory: Path) -> bytes | None:
+    """The model's config.yaml as it is now (None: there is none)."""
+    return _files(directory).read(f"/{CONFIG_FILE}") if directory.is_dir() else None
+
+
+def write_tuned(directory: Path, data: bytes, expected: bytes | None) -> None:
+    """``directory``/config.yaml holds ``data``; its original is kept first (once).
+    ``expected``: what the file held when the tune read it; a file changed since (an
+    operator's edit during the minutes a search takes) is not overwritten."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = _files(directory)
+    if files.read(f"/{CONFIG_FILE}") != expected:
+        raise ChangedError(f"{directory / CONFIG_FILE}: changed while model tune measured; "
+                           "nothing written (run it again)")
+    if files.read(f"/{PREVIOUS}") is None and files.read(f"/{ABSENT}") is None:
+        original = files.read(f"/{CONFIG_FILE}")
+        if original is None:
+            files.write(f"/{ABSENT}", b"")
+        else:
+            files.write(f"/{PREVIOUS}", original)
+    files.write(f"/{CONFIG_FILE}", data)
+
+
+def rollback(directory: Path) -> str:
+    """Put the original back (or remove the file a tune created); what was done."""
+    files = _files(directory)
+    original = files.read(f"/{PREVIOUS}")
+    if original is not None:
+        files.write(f"/{CONFIG_FILE}", original)
+        files.remove(f"/{PREVIOUS}")
+        return f"{directory / CONFIG_FILE}: restored as it was before model tune"
+    if files.read(f"/{ABSENT}") is not None:
+        files.remove(f"/{CONFIG_FILE}")
+        files.remove(f"/{ABSENT}")
+        return f"{directory / CONFIG_FILE}: removed (there was none before model tune)"
+    raise RollbackError(f"{directory / CONFIG_FILE}: model tune has not changed it "
+                        f"(no {PREVIOUS} or {ABSENT} beside it)")

@@ -1,0 +1,170 @@
+"""``model tune``'s run: the model's default version copied into a scratch repository, a
+scratch data plane started over it, the candidates measured (coordinate descent within a
+budget, or the whole grid), and the best written to the model's config.yaml when it meets
+the objective."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent import yamlfile
+from agent.modeltune import configfile, search
+from agent.modeltune.measure import Clients, Load, Objective, measure
+from agent.modeltune.plane import ScratchPlane, stage_model
+from agent.modeltune.report import TuneReport
+from agent.modeltune.search import Result
+from agent.modeltune.space import (
+    Candidate,
+    SpaceError,
+    default_space,
+    grid,
+    parse_space,
+    with_candidate,
+)
+from agent.serving.errors import ServeError
+from agent.serving.repository import CONFIG_FILE, scan_model
+from agent.serving.settings import THREADS_PER_CPU, parse_settings
+from agent.serving.versions import synthetic
+
+MAX_GRID = 512  # an exhaustive search of more points than this is refused, not started
+
+
+class TuneError(ValueError):
+    """The model or the request cannot be tuned (a usage error: one line, exit 2)."""
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    model: str
+    repository: Path
+    builtins: Mapping[str, Path] = field(default_factory=dict)
+    p99_ms: float | None = None  # None: the model's qos.p99_ms
+    rate: float | None = None  # None: qos.min_rps, else the closed loop
+    budget_s: float = 60.0
+    exhaustive: bool = False
+    space: Sequence[str] = ()  # --space KEY=N,N
+    window_s: float = 1.0
+    inference_model: str | None = None  # the config's built-in model, served the same way
+    recorded_rate: float | None = None  # what the running data plane recorded for it
+
+    def load_rate(self, min_rps: float | None) -> tuple[float | None, str]:
+        """The open loop's rate and where it came from; None: the closed loop."""
+        if self.rate is not None:
+            return self.rate, "--rate"
+        known = [(r, why) for r, why in ((self.recorded_rate, "the running data plane's "
+                                          "statistics"), (min_rps, "qos.min_rps"))
+                 if r is not None]
+        return max(known) if known else (None, "")
+
+
+def _original(directory: Path) -> dict[str, Any]:
+    """The model's config.yaml as a mapping ({} when there is none); scan_model checked it."""
+    try:
+        data = yamlfile.load(yamlfile.decode((directory / CONFIG_FILE).read_bytes()))
+    except FileNotFoundError:
+        return {}
+    return dict(data or {})
+
+
+def _space(items: Sequence[str], cpus: int, batched: bool) -> dict[str, tuple[int, ...]]:
+    try:
+        return parse_space(items, default_space(cpus, batched), batched)
+    except SpaceError as error:
+        raise TuneError(str(error)) from None
+
+
+def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: None
+         ) -> TuneReport:
+    entry = scan_model(request.repository, request.builtins, request.model)
+    if entry is None:
+        raise TuneError(f"model {request.model!r}: not in {request.repository} (nor a "
+                        "built-in model)")
+    if entry.error:
+        raise TuneError(f"model {request.model}: {entry.error}")
+    wanted = entry.wanted()
+    number = max(wanted)
+    directory = request.repository / request.model
+    before = configfile.read_current(directory)
+    original = _original(directory)
+    qos = entry.settings.qos
+    objective = Objective(request.p99_ms if request.p99_ms is not None else
+                          qos.p99_ms if qos else None, qos.min_rps if qos else None)
+    rate, source = request.load_rate(objective.min_rps)
+    first = entry.settings.instances[0].device
+    device = None if first == "auto" else first
+    cpus = len(os.sched_getaffinity(0))
+    if not grid(_space(request.space, cpus, True), cpus):  # refused before anything starts
+        raise TuneError(f"--space leaves no candidate within {THREADS_PER_CPU} threads per "
+                        f"CPU ({cpus} CPUs)")
+    with tempfile.TemporaryDirectory(prefix="edge-agent-tune-") as scratch:
+        config_file = stage_model(Path(scratch), request.model, number, wanted[number],
+                                  wanted[number].parent == directory / str(number), original)
+        progress("starting a scratch data plane")
+        with ScratchPlane(Path(scratch), request.inference_model) as plane:
+            def here(message: str) -> str:  # the operator's file, not the scratch copy
+                return message.replace(str(config_file.parent), str(directory))
+
+            try:
+                with plane.client() as client:
+                    specs = client.model_metadata(request.model).inputs
+            except ServeError as error:
+                raise TuneError(here(error.message)) from None
+            feeds = {t.name: t.array for t in synthetic(specs)}
+            batched = all(s.shape and s.shape[0] < 0 for s in specs)
+            space = _space(request.space, cpus, batched)
+            points = grid(space, cpus)
+            if request.exhaustive and len(points) > MAX_GRID:
+                raise TuneError(f"--exhaustive: {len(points)} candidates, above {MAX_GRID}: "
+                                "narrow it with --space")
+            load = Load(rate, request.window_s)
+
+            def measured(candidate: Candidate) -> Result:
+                config = with_candidate(original, candidate, device)
+                problem = plane.reload(request.model, config_file, config)
+                if problem:
+                    return Result(candidate, float("inf"), 0.0, 0.0, False, "", 0,
+                                  here(problem))
+                clients = Clients(plane.client, request.model, feeds)
+                try:
+                    result = measure(clients.call, candidate, objective, load,
+                                     plane.cpu_seconds)
+                finally:
+                    clients.close()
+                progress(f"{candidate.label()}: p99 {result.p99_ms:.2f} ms, "
+                         f"{result.throughput_rps:.1f} rps")
+                return result
+
+            began = time.monotonic()
+            if request.exhaustive:
+                results = search.exhaustive(points, measured)
+            else:
+                results = search.coordinate_descent(
+                    space, cpus, measured,
+                    lambda: time.monotonic() - began >= request.budget_s)
+            best = search.choose(results)
+            if best.met:
+                progress("measuring the best again before writing it")
+            confirmed = measured(best.candidate) if best.met else None
+            took = time.monotonic() - began
+    chosen = with_candidate(original, best.candidate, device)
+    report = TuneReport(request.model, number, objective,
+                        "exhaustive" if request.exhaustive else "coordinate descent",
+                        results, best, best.candidate.settings(device), took,
+                        confirmed=confirmed)
+    shape = f"an open loop at {rate:g} rps ({source})" if rate else "a closed loop"
+    report.notes.append(f"load: {shape}, {request.window_s:g} s per measurement; "
+                        f"{len(points)} candidates in the grid")
+    if report.met:
+        text = yaml.safe_dump(chosen, sort_keys=False)
+        parse_settings(yaml.safe_load(text), str(directory / CONFIG_FILE))  # never write bad
+        configfile.write_tuned(directory, text.encode(), before)
+        report.written = str(directory / CONFIG_FILE)
+    return report
