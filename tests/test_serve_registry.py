@@ -298,6 +298,22 @@ def test_an_unchanged_version_is_kept_by_a_load(registry: ModelRegistry, repo: P
     assert [i["index"] for i in stats["edge_agent"]["instances"]] == [0, 1]
 
 
+def test_a_load_after_a_change_to_dynamic_batching_alone_serves_the_new_queue(
+        registry: ModelRegistry, repo: Path) -> None:
+    """The queue's policy is built with the version: a config.yaml whose only change is its
+    dynamic_batching (a tuned queue delay) makes a load build the version anew, where
+    keeping the old one served the old delay under a config view showing the new."""
+    put(repo, "dyn", 1, onnx_models.dynamic_batch_mlp)
+    cfg = repo / "dyn" / "config.yaml"
+    cfg.write_text("max_batch_size: 8\ndynamic_batching: {max_queue_delay_us: 100}\n")
+    registry.load("dyn", {})
+    cfg.write_text("max_batch_size: 8\ndynamic_batching: {max_queue_delay_us: 5000}\n")
+    registry.load("dyn", {})
+    served = registry._slot("dyn").served
+    assert served is not None
+    assert served.versions[1].scheduler.queue.policy.delay_ns == 5_000_000
+
+
 def test_model_config_view(registry: ModelRegistry, repo: Path) -> None:
     put(repo, "dyn", 1, onnx_models.dynamic_batch_mlp)
     (repo / "dyn" / "config.yaml").write_text(

@@ -4,9 +4,9 @@ loaded again through the control API).
 
 A separate process rather than the registry in this one: the load generator's threads
 would share the interpreter lock with the scheduler and the front end, and what is tuned
-is what ``serve`` will run, transport included.  Unload before load: a load keeps a
-version whose sessions did not change (versions.version_key), which would keep the old
-batching policy when only the queue delay changed.
+is what ``serve`` will run, transport included.  Unload before load: the last candidate's
+sessions are gone before the next one's are built (a 4 GB board holds one set, not two), and
+no canary compares two candidates while one of them is being measured.
 """
 
 from __future__ import annotations

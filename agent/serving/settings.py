@@ -112,7 +112,7 @@ class ModelSettings:
     max_batch_size: int | None = None  # None: derived from the model's inputs
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
     instances: tuple[Instance, ...] = (Instance(),)
-    dynamic_batching: Mapping[str, Any] | None = None  # checked, not acted on yet
+    dynamic_batching: Mapping[str, Any] | None = None  # the queue (policy.SchedulePolicy)
     providers: tuple[str, ...] | None = None  # None: the factory's (discovered) order
     precision: str = "fp32"
     sha256: Mapping[int, str] = field(default_factory=dict)

@@ -111,9 +111,12 @@ def input_caps(inputs: Sequence[TensorSpec], max_batch: int,
 
 def version_key(path: Path, digest: str, settings: ModelSettings) -> object:
     """What makes a loaded version "unchanged" for a later load: the same file and the same
-    settings its sessions and limits were built with."""
+    settings its sessions, limits and queue were built with (a change to dynamic_batching
+    alone, a tuned queue delay, builds the version anew: its queue's policy is built with
+    it)."""
     return (path, digest, settings.instances, settings.providers, settings.max_batch_size,
-            settings.precision, settings.max_run_ms, settings.max_input_elements)
+            settings.precision, settings.max_run_ms, settings.max_input_elements,
+            settings.dynamic_batching)
 
 
 def synthetic(specs: Sequence[TensorSpec]) -> tuple[Tensor, ...]:
