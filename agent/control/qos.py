@@ -179,11 +179,11 @@ class QosController:
         self._after_relax(violated)
         self._comfortable = self._comfortable + 1 if comfortable and held else 0
         if not decision.actions and self._comfortable >= self._relax_needed:
-            action = self._relax(objectives, levers, baseline, figures)
-            if action is not None:
+            relaxed = self._relax(objectives, levers, baseline, figures)
+            if relaxed is not None:
                 self._comfortable = 0
                 self._last_relax = self.window
-                decision.actions.append(action)
+                decision.actions.append(relaxed)
                 for model in held:  # one violating window undoes this probe
                     self._tracks[model].violating = self.h.violate_windows - 1
         decision.unmet = {m: t.unmet for m, t in self._tracks.items()
@@ -247,9 +247,9 @@ class QosController:
             rate = figures[other].rate_rps if other in figures else 0.0
             if current is None and rate <= floor:
                 continue  # asking for no more than its floor: holding it frees nothing
-            after = round(max(floor, (rate if current is None else current) * ADMIT_STEP), 3)
-            if current is None or after < current:
-                steps.append((other, ADMIT, after, f"{why}: admission of {other} "
+            capped = round(max(floor, (rate if current is None else current) * ADMIT_STEP), 3)
+            if current is None or capped < current:
+                steps.append((other, ADMIT, capped, f"{why}: admission of {other} "
                               f"({_class(objectives, other)}) held"))
         for target, lever, after, reason in steps:
             if target not in moved and self._may_move(target, lever, True):
