@@ -303,7 +303,8 @@ def test_model_config_view(registry: ModelRegistry, repo: Path) -> None:
     (repo / "dyn" / "config.yaml").write_text(
         "max_batch_size: 8\n"
         "instances: [{count: 2, device: cpu, threads: 1}, {device: gpu:1}]\n"
-        "dynamic_batching: {max_queue_delay_us: 100}\n")
+        "dynamic_batching: {max_queue_delay_us: 100}\n"
+        "qos: {class: latency_critical, p99_ms: 12.5, min_rps: 30}\n")
     registry.load("dyn", {})
     view = registry.model_config("dyn")
     assert view.max_batch_size == 8
@@ -319,6 +320,8 @@ def test_model_config_view(registry: ModelRegistry, repo: Path) -> None:
     assert view.parameters["backends"] == ("cpu: onnxruntime fp32; cpu: onnxruntime fp32; "
                                            "gpu:1: onnxruntime fp32")
     assert view.parameters["precision"] == "fp32"
+    assert {k: v for k, v in view.parameters.items() if k.startswith("qos.")} == {
+        "qos.class": "latency_critical", "qos.p99_ms": "12.5", "qos.min_rps": "30"}
     fixed = registry.model_config("mlp")  # [1, 64]: no dynamic first dimension, no batching
     assert fixed.max_batch_size == 0
     assert [s.to_dict() for s in fixed.inputs] == [

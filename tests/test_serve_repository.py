@@ -11,6 +11,7 @@ from agent.serving.repository import scan, scan_model, valid_name
 from agent.serving.settings import (
     Instance,
     ModelSettingsError,
+    Qos,
     VersionPolicy,
     parse_settings,
     read_settings,
@@ -101,7 +102,7 @@ def test_a_bad_model_is_listed_with_its_reason_and_never_raises(tmp_path: Path) 
     assert entries["badkey"].error == (f"{tmp_path / 'badkey' / 'config.yaml'}: colour: "
                                        "unknown key (allowed: max_batch_size, version_policy, "
                                        "instances, dynamic_batching, providers, precision, "
-                                       "sha256, max_run_ms, max_input_elements)")
+                                       "sha256, max_run_ms, max_input_elements, qos)")
     assert entries["nopick"].error == "version_policy {specific: [4]} selects none of the " \
         "versions 1"
 
@@ -131,6 +132,7 @@ def test_every_key_accepts_its_values() -> None:
         "providers": ["CUDAExecutionProvider", "CPUExecutionProvider"],
         "precision": "fp32",
         "sha256": {1: HEX, 2: HEX},
+        "qos": {"class": "latency_critical", "p99_ms": 2.5, "min_rps": 40},
     }, "c.yaml")
     assert settings.max_batch_size == 8
     assert settings.version_policy == VersionPolicy("specific", specific=(2, 3))
@@ -140,6 +142,15 @@ def test_every_key_accepts_its_values() -> None:
     assert settings.dynamic_batching["preferred_batch_size"] == [4, 8]
     assert settings.providers == ("CUDAExecutionProvider", "CPUExecutionProvider")
     assert dict(settings.sha256) == {1: HEX, 2: HEX}
+    assert settings.qos == Qos("latency_critical", 2.5, 40)
+    assert settings.qos.to_yaml() == {"class": "latency_critical", "p99_ms": 2.5, "min_rps": 40}
+
+
+def test_qos_needs_only_its_class() -> None:
+    settings = parse_settings({"qos": {"class": "best_effort"}}, "c.yaml")
+    assert settings.qos == Qos("best_effort", None, None)
+    assert settings.qos.to_yaml() == {"class": "best_effort"}
+    assert parse_settings({}, "c.yaml").qos is None
 
 
 @pytest.mark.parametrize(("document", "key", "message"), [
@@ -186,6 +197,17 @@ def test_every_key_accepts_its_values() -> None:
     ({"sha256": {"v1": HEX}}, "sha256.v1", "bad key 'v1': expected a version number"),
     ({"sha256": {}}, "sha256", "expected a non-empty mapping"),
     ({"colour": 1}, "colour", "unknown key"),
+    ({"qos": {"class": "gold"}}, "qos.class", "'gold' is not allowed: expected one of "
+     "latency_critical, throughput, best_effort"),
+    ({"qos": {"p99_ms": 20}}, "qos.class", "missing: one of latency_critical, throughput, "
+     "best_effort"),
+    ({"qos": {"class": "throughput", "p99_ms": 0}}, "qos.p99_ms",
+     "0 is not allowed: expected a number 0.01..3600000"),
+    ({"qos": {"class": "throughput", "p99_ms": "20ms"}}, "qos.p99_ms", "'20ms' is not allowed"),
+    ({"qos": {"class": "throughput", "min_rps": -1}}, "qos.min_rps", "-1 is not allowed"),
+    ({"qos": {"class": "throughput", "p99": 5}}, "qos.p99",
+     "unknown key (allowed: class, p99_ms, min_rps)"),
+    ({"qos": "latency_critical"}, "qos", "expected a mapping with keys class, p99_ms, min_rps"),
 ])
 def test_a_bad_value_names_the_file_and_the_key(tmp_path: Path, document: object, key: str,
                                                 message: str) -> None:

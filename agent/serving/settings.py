@@ -18,7 +18,7 @@ import yaml
 
 from agent import yamlfile
 from agent.inference.devices import DEVICE, DEVICE_HELP
-from agent.validation import SettingsError, choice, integer, shown, text, validate
+from agent.validation import SettingsError, choice, integer, number, shown, text, validate
 
 PRECISIONS = ("fp32", "fp16", "int8")  # checked per instance device as it is built
 # A run still going after this is cancelled (max_run_ms absent): far above any run an edge
@@ -32,6 +32,8 @@ DEFAULT_MAX_RUN_MS = 10_000
 # seconds to build (4 x 1024 threads: 25-48 s each, a restart loop).
 THREADS_PER_CPU = 2
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# QoS classes, most protected first: the order in which models yield when the device is short
+QOS_CLASSES = ("latency_critical", "throughput", "best_effort")
 BOOL = choice(True, False)
 
 
@@ -48,6 +50,26 @@ class Instance:
     count: int = 1
     device: str = "auto"
     threads: int | None = None
+
+
+@dataclass(frozen=True)
+class Qos:
+    """A model's service-level objective (``qos:``): its class orders who yields when the
+    device is short; ``p99_ms`` and ``min_rps`` (None: not set) are what the controller and
+    ``model tune`` hold it to."""
+
+    service_class: str
+    p99_ms: float | None = None
+    min_rps: float | None = None
+
+    def to_yaml(self) -> dict[str, Any]:
+        """The ``qos:`` mapping as config.yaml spells it (keys that are set only)."""
+        shape: dict[str, Any] = {"class": self.service_class}
+        if self.p99_ms is not None:
+            shape["p99_ms"] = self.p99_ms
+        if self.min_rps is not None:
+            shape["min_rps"] = self.min_rps
+        return shape
 
 
 @dataclass(frozen=True)
@@ -98,6 +120,7 @@ class ModelSettings:
     # the most elements one input of one request may hold (None: from the model's shapes,
     # versions.input_caps)
     max_input_elements: int | None = None
+    qos: Qos | None = None  # None: no objective; the model is served as before
 
 
 def _positive_version(value: Any) -> str | None:
@@ -130,6 +153,8 @@ SCHEMA: dict[str, Any] = {
     "sha256": ("map", _positive_version, text(HEX64, "64 lower-case hex digits")),
     "max_run_ms": integer(1, 3_600_000),
     "max_input_elements": integer(1, 1 << 31),
+    "qos": {"class": choice(*QOS_CLASSES), "p99_ms": number(0.01, 3_600_000),
+            "min_rps": number(0.001, 1_000_000)},
 }
 
 
@@ -180,6 +205,7 @@ def parse_settings(data: Any, file: str) -> ModelSettings:
         sha256=dict(data.get("sha256", {})),
         max_run_ms=data.get("max_run_ms", DEFAULT_MAX_RUN_MS),
         max_input_elements=data.get("max_input_elements"),
+        qos=_qos(data["qos"], file) if "qos" in data else None,
     )
 
 
@@ -233,6 +259,13 @@ def _policy(value: Any, file: str) -> VersionPolicy:
         raise ModelSettingsError(file, f"{key}.specific", "an empty list: name at least one "
                                  "version")
     return VersionPolicy("specific", specific=tuple(sorted(set(value["specific"]))))
+
+
+def _qos(value: dict[str, Any], file: str) -> Qos:
+    """SCHEMA checked each key; ``class`` is the one a ``qos:`` mapping cannot leave out."""
+    if "class" not in value:
+        raise ModelSettingsError(file, "qos.class", "missing: one of " + ", ".join(QOS_CLASSES))
+    return Qos(value["class"], value.get("p99_ms"), value.get("min_rps"))
 
 
 def _check_batching(dynamic: dict[str, Any], batch: int | None, file: str) -> None:

@@ -119,6 +119,9 @@ def config_view(name: str, served: Served) -> ModelConfigView:
     if settings.dynamic_batching is not None:
         parameters["dynamic_batching"] = ("active" if version.policy.batching else
                                           "queue only (max_batch_size 0)")
+    if settings.qos is not None:
+        parameters.update({f"qos.{key}": str(value)
+                           for key, value in settings.qos.to_yaml().items()})
     batched = version.max_batch_size > 0
     return ModelConfigView(
         name=name,
