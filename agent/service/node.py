@@ -259,10 +259,10 @@ class Service:
                 FunctionCollector("inference", self.inference.metrics),
                 FunctionCollector("tuning", self.tuning.metrics),
                 FunctionCollector("outbox", self.outbox.stats),
-                FunctionCollector("qos", lambda: self.qos.metrics() if self.qos else None),
                 # the controller comes after the sampler (its commands act on it)
                 FunctionCollector("control", lambda: self.controller.metrics()
-                                  if self.controller is not None else None)]
+                                  if self.controller is not None else None),
+                FunctionCollector("qos", lambda: self.qos.metrics() if self.qos else None)]
 
     # -- what the link announces, events -------------------------------------------------------
 
