@@ -20,14 +20,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.control.qos import Action, Decision, Levers, Objective, QosController, Unmet
 from agent.service.qos_inputs import Served, Windows, lever_request
 
 if TYPE_CHECKING:
     from agent.config.sections import QosConfig
-    from agent.service.dataplane import Supervisor
     from agent.service.parts import Ending
     from agent.serving.http_client import HttpClient
 
@@ -36,10 +35,23 @@ logger = logging.getLogger(__name__)
 ObjectiveLookup = Callable[[Iterable[str]], dict[str, Objective]]
 
 
+class DataPlane(Protocol):
+    """What the loop needs of the supervisor (dataplane.Supervisor)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    def client(self, timeout_s: float = 5.0) -> HttpClient: ...
+
+    def base_url(self) -> str: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
 class QosLoop:
     """One thread, one decision per window; nothing it meets ends it."""
 
-    def __init__(self, config: QosConfig, supervisor: Supervisor,
+    def __init__(self, config: QosConfig, supervisor: DataPlane,
                  objectives: ObjectiveLookup, on_event: Callable[..., None],
                  controller: QosController | None = None) -> None:
         self.config, self.supervisor = config, supervisor
