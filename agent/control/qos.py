@@ -14,8 +14,9 @@ queued meanwhile, so a loaded model keeps its batches; a smaller preferred batch
 (and with no delay it makes nobody wait anyway, so it moves only while a delay is left).
 
 Hysteresis, so that it does not oscillate: a model acts only after ``violate_windows``
-violating windows in a row, and each further step waits one window to see the last one's
-effect (an instant lever shows in the next window); it relaxes only after
+violating windows in a row; the window a move falls in is not judged (it mixes both
+settings), and each further step then waits one window to see the last one's effect (an
+instant lever shows at once); it relaxes only after
 ``relax_windows`` windows in a row in which every objective holds with ``margin``; a lever
 is not relaxed within ``hold_windows`` of its last move; a relaxation is a probe: one
 violating window undoes it at once, and doubles the wait before the next relaxation (up to
@@ -113,6 +114,9 @@ class Hysteresis:
     max_relax_windows: int = 300
     margin: float = 0.7  # "holds with margin": p99 at most this share of the objective
     min_count: int = 1  # a window with fewer calls says nothing about latency
+    # windows not judged after a move: the one the move fell in mixes both settings (with
+    # twenty calls a window, one request that waited under the old delay is the p99)
+    settle_windows: int = 1
 
 
 @dataclass
@@ -144,6 +148,7 @@ class QosController:
         self._comfortable = 0
         self._relax_needed = self.h.relax_windows
         self._last_relax: int | None = None
+        self._settle_until = 0  # the last window after a move that is not judged
 
     def decide(self, figures: Mapping[str, Figures], objectives: Mapping[str, Objective],
                levers: Mapping[str, Levers], baseline: Mapping[str, Levers]) -> Decision:
@@ -152,6 +157,9 @@ class QosController:
         configured."""
         self.window += 1
         decision = Decision()
+        if self.window <= self._settle_until:
+            decision.unmet = self._unmet(objectives)
+            return decision
         held = [m for m in sorted(objectives, key=lambda m: (objectives[m].rank, m))
                 if objectives[m].p99_ms is not None and m in levers]
         violated, comfortable = [], True
@@ -186,9 +194,14 @@ class QosController:
                 decision.actions.append(relaxed)
                 for model in held:  # one violating window undoes this probe
                     self._tracks[model].violating = self.h.violate_windows - 1
-        decision.unmet = {m: t.unmet for m, t in self._tracks.items()
-                          if t.unmet is not None and m in held}
+        if decision.actions:
+            self._settle_until = self.window + self.h.settle_windows
+        decision.unmet = self._unmet(objectives)
         return decision
+
+    def _unmet(self, objectives: Mapping[str, Objective]) -> dict[str, Unmet]:
+        return {m: t.unmet for m, t in self._tracks.items()
+                if t.unmet is not None and m in objectives}
 
     def _judge(self, model: str, window: Figures | None, objective: Objective) -> str:
         """violated | comfortable | holding | idle, with the model's counts kept."""
