@@ -10,6 +10,7 @@ import os
 import resource
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,19 @@ def modules_loaded_by(statement: str, *prefixes: str) -> list[str]:
     assert result.returncode == 0, result.stderr
     loaded: list[str] = ast.literal_eval(result.stderr.strip().splitlines()[-1])
     return loaded
+
+
+HALF_CORE_HOG = ("import time\nwhile True:\n    end = time.perf_counter() + 0.005\n"
+                 "    while time.perf_counter() < end:\n        pass\n    time.sleep(0.005)\n")
+
+
+@contextlib.contextmanager
+def half_core_hog() -> Iterator[subprocess.Popen[bytes]]:
+    """A process taking half a core (spin 5 ms, sleep 5 ms) while the block runs: a stand-in
+    for a co-located app or a thermal throttle; killed (and reaped) after."""
+    process = subprocess.Popen([sys.executable, "-c", HALF_CORE_HOG])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()

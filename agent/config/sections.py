@@ -265,6 +265,16 @@ class ModelBuildConfig:
 
 
 @dataclass(frozen=True)
+class QosConfig:
+    """The QoS controller while serving: ``off``; ``advise`` reports the lever moves it would
+    make (``qos_action`` events) without making them; ``control`` makes them.  Each model's
+    objective is its config.yaml ``qos``."""
+
+    mode: str = setting(choice("off", "advise", "control"), "off")
+    window_s: float = setting(number(0.1, 3600), 1.0, convert=float)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole file; no file (or an empty one) is the built-in demo."""
 
@@ -283,6 +293,7 @@ class Config:
     hotplug: HotplugConfig = section(HotplugConfig)
     home_assistant: HomeAssistantConfig = section(HomeAssistantConfig)
     model_build: ModelBuildConfig = section(ModelBuildConfig)
+    qos: QosConfig = section(QosConfig)
     source: str = "built-in defaults"  # the file it came from, for messages
     # The merged document as the file spells it: overrides are merged into it and built again.
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

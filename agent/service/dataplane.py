@@ -131,11 +131,11 @@ class Supervisor:
 
         tls = self.config.serve.tls
         if tls is None:
-            return HttpClient(self._base_url(), token=self.token(), timeout_s=timeout_s)
-        return HttpClient(self._base_url(), token=self.token(), timeout_s=timeout_s,
+            return HttpClient(self.base_url(), token=self.token(), timeout_s=timeout_s)
+        return HttpClient(self.base_url(), token=self.token(), timeout_s=timeout_s,
                           ssl_context=own_child_tls(tls.cert, tls.key, tls.client_ca))
 
-    def _base_url(self) -> str:
+    def base_url(self) -> str:
         address = self.addresses.get("http") or self.config.serve.http
         return f"{'https' if self.config.serve.tls is not None else 'http'}://{address}"
 
@@ -278,7 +278,7 @@ class Supervisor:
                         self._send_resched()
                     # listening: asked for readiness now, not a POLL_S later (start and a
                     # restart wait for the first ready)
-                if client is None or client.base_url != self._base_url():  # a new process
+                if client is None or client.base_url != self.base_url():  # a new process
                     client = self.client(timeout_s=2.0)
                 if self._poll(client):
                     last_answer = time.monotonic()

@@ -41,6 +41,8 @@ from agent.service.hotplug import Hotplug
 from agent.service.inference import Inference
 from agent.service.memory_events import MemoryEventsWatch
 from agent.service.parts import Ending, Part, Wrapped
+from agent.service.qos import QosLoop
+from agent.service.qos_inputs import Objectives
 from agent.service.selftest import Subject, run_checks
 from agent.service.systemd import Notifier
 from agent.service.tuning import Tuning
@@ -96,6 +98,7 @@ class Service:
         self.hotplug: Hotplug | None = None
         self.placement: Placement | None = None  # where the data plane's cgroup is
         self.memory_watch: MemoryEventsWatch | None = None
+        self.qos: QosLoop | None = None  # qos.mode advise or control
         self.parts: list[Part] = []  # in start order
         self.late: list[Part] = []  # of those, the ones stopped after all the others
         self.liveness = health.Liveness(lambda: self.link)
@@ -140,6 +143,10 @@ class Service:
                              EXTEND_TIMEOUT_USEC=MODEL_LOAD_ALLOWANCE_S * 1_000_000)
         inference = self.inference  # waited for last: the node is on the broker meanwhile
         self._start(Wrapped(inference.launch, inference.stop, inference.problems))
+        if config.qos.mode != "off" and inference.enabled:
+            self.qos = QosLoop(config.qos, inference.supervisor,
+                               Objectives(inference.repository), self.event)
+            self._start(self.qos)
         self.sampler = Sampler(self._collectors(), self.outbox, self.sequence,
                                protocol.topic(self.config.topic_root, protocol.TELEMETRY),
                                self.config.telemetry.interval_s,
@@ -254,7 +261,8 @@ class Service:
                 FunctionCollector("outbox", self.outbox.stats),
                 # the controller comes after the sampler (its commands act on it)
                 FunctionCollector("control", lambda: self.controller.metrics()
-                                  if self.controller is not None else None)]
+                                  if self.controller is not None else None),
+                FunctionCollector("qos", lambda: self.qos.metrics() if self.qos else None)]
 
     # -- what the link announces, events -------------------------------------------------------
 
@@ -262,7 +270,8 @@ class Service:
         return health.degraded(self.parts, self.outbox.last_error if self.outbox else None)
 
     def warnings(self) -> list[str]:
-        return health.warnings(self.inference.unused if self.inference is not None else [])
+        return [*health.warnings(self.inference.unused if self.inference is not None else []),
+                *(self.qos.warnings() if self.qos is not None else [])]
 
     def subject(self) -> Subject:
         """This agent as the selftest checks see it."""

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from agent.serving.errors import ServeError
+
+if TYPE_CHECKING:
+    from agent.serving.levers import LeverChange
 
 PLATFORM = "onnxruntime_onnx"  # Triton's name for what serves an ONNX model
 # The protocol's datatypes this server carries, little-endian as the protocol fixes.
@@ -176,4 +179,9 @@ class Models(Protocol):
 
     def statistics(self, name: str, version: str) -> list[dict[str, Any]]:
         """Triton's ``model_stats`` entries ("" name: every model), plus ours."""
+        ...
+
+    def set_levers(self, name: str, change: LeverChange) -> dict[str, Any]:
+        """The QoS controller's instant levers on the model's serving versions (levers.py):
+        ``{version: the levers now served}``."""
         ...

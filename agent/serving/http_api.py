@@ -39,6 +39,7 @@ from agent.serving.errors import ServeError, invalid
 from agent.serving.http_body import compression_refused, read_body, too_big
 from agent.serving.http_listener import ConnectionLimits, in_request
 from agent.serving.json_body import loads
+from agent.serving.levers import parse_change
 from agent.serving.shm import (
     DEFAULT_PREFIX,
     CallerRegions,
@@ -49,7 +50,7 @@ from agent.serving.shm import (
 log = logging.getLogger(__name__)
 
 # the routes that always need the token
-CONTROL_ROUTES = frozenset({"load", "unload", "shm_register", "shm_unregister",
+CONTROL_ROUTES = frozenset({"load", "unload", "levers", "shm_register", "shm_unregister",
                             "shm_unregister_one"})
 # the budget reservation of the request this task answers (aiohttp runs each in a task)
 _RESERVATION: ContextVar[Reservation] = ContextVar("reservation")
@@ -236,6 +237,13 @@ class _Api:
     async def unload(self, request: web.Request) -> web.StreamResponse:
         return await self._control(request, self.models.unload)
 
+    async def levers(self, request: web.Request) -> web.StreamResponse:
+        """The control plane's QoS controller moving a model's instant levers (token only)."""
+        change = parse_change(loads(await self._body(request), "the levers request",
+                                    _RESERVATION.get()))
+        return json_response({"versions": self.models.set_levers(request.match_info["model"],
+                                                                 change)})
+
     async def shm_status(self, request: web.Request) -> web.StreamResponse:
         return json_response(self.regions.status(request.match_info.get("region", "")))
 
@@ -304,6 +312,7 @@ def make_app(models: Models, access: Access, *, max_request_bytes: int,
     route("POST", "/v2/repository/index", api.index)
     route("POST", "/v2/repository/models/{model}/load", api.load, name="load")
     route("POST", "/v2/repository/models/{model}/unload", api.unload, name="unload")
+    route("POST", "/v2/repository/models/{model}/levers", api.levers, name="levers")
     shm, region = "/v2/systemsharedmemory", "/v2/systemsharedmemory/region/{region}"
     route("GET", shm + "/status", api.shm_status)
     route("GET", region + "/status", api.shm_status)

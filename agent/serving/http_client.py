@@ -278,6 +278,15 @@ class HttpClient:
         self._json("POST", f"/v2/repository/models/{_quote(model)}/unload",
                    {"parameters": {}}, timeout_s)
 
+    def set_levers(self, model: str, levers: Mapping[str, Any]) -> dict[str, Any]:
+        """The QoS controller's instant levers on ``model`` (needs the token): each serving
+        version's levers as the data plane now serves them."""
+        document = self._json("POST", f"/v2/repository/models/{_quote(model)}/levers",
+                              dict(levers))
+        if not isinstance(document, dict) or not isinstance(document.get("versions"), dict):
+            raise _malformed("levers", document)
+        return document["versions"]  # type: ignore[no-any-return]
+
     def register_shm(self, name: str, key: str, byte_size: int, offset: int = 0) -> None:
         """Register ``byte_size`` bytes from ``offset`` of the POSIX shared memory object
         ``key`` as region ``name`` (needs the token)."""

@@ -152,6 +152,15 @@ class PendingQueue:
         self.refused += 1
         raise unavailable(f"queue of {self.label} is full ({self.policy.max_queue})")
 
+    def retune(self, policy: SchedulePolicy) -> None:
+        """A new policy, live (the QoS controller's levers): every waiting worker cuts again
+        by it, so a shorter queue delay frees a batch that waited for company at once."""
+        with self._ready:
+            if policy.levels != self.policy.levels:
+                raise ValueError("retune keeps the priority levels")
+            self.policy = policy
+            self._ready.notify_all()
+
     def claim(self) -> int | None:
         """An idle worker's instance for the caller to run on, when nothing is queued and
         the version does not batch (a batch would wait for company); None otherwise."""

@@ -34,6 +34,7 @@ from agent.serving.core import (
     ModelMetadata,
 )
 from agent.serving.errors import ServeError, invalid, not_found, unavailable
+from agent.serving.levers import LeverChange
 from agent.serving.loading import load_in_turn
 from agent.serving.pending import Retired
 from agent.serving.probe import Prober
@@ -46,7 +47,7 @@ from agent.serving.repository import (
     valid_name,
 )
 from agent.serving.settings import instances_problem
-from agent.serving.state import Served, Slot, config_view, index_rows
+from agent.serving.state import Served, Slot, config_view, index_rows, versions_of
 from agent.serving.versions import SessionFactory, Version, build, version_key
 
 logger = logging.getLogger(__name__)
@@ -389,12 +390,11 @@ class ModelRegistry:
 
     def statistics(self, name: str, version: str) -> list[dict[str, Any]]:
         if not name:
-            every = [self._slots[n].served for n in sorted(self._slots)]
-            return [v.statistics() for served in every if served is not None
-                    for _, v in sorted(served.versions.items())]
-        served = self._slot(name).served
-        if served is None:
-            return []
-        if version:
-            return [served.pick(name, version).statistics()]
-        return [v.statistics() for _, v in sorted(served.versions.items())]
+            return [v.statistics() for n in sorted(self._slots)
+                    for v in versions_of(self._slots[n], n, "")]
+        return [v.statistics() for v in versions_of(self._slot(name), name, version)]
+
+    def set_levers(self, name: str, change: LeverChange) -> dict[str, Any]:
+        """The QoS controller's levers on each serving version: ``{version: levers}``."""
+        served = self._served(name)
+        return {str(n): v.set_levers(change) for n, v in sorted(served.versions.items())}

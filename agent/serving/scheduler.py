@@ -27,7 +27,8 @@ import numpy as np
 
 from agent.serving.batching import combine, split
 from agent.serving.counters import Counters, Run
-from agent.serving.errors import ServeError, invalid
+from agent.serving.errors import ServeError, invalid, unavailable
+from agent.serving.levers import Admission
 from agent.serving.pending import Pending, PendingQueue, deadline_exceeded
 from agent.serving.policy import SchedulePolicy
 from agent.serving.tensors import ort_message
@@ -64,6 +65,7 @@ class Scheduler:
         self._controls = [session.run_options() for session in self._sessions]
         self._runs: list[Watch | None] = [None] * len(sessions)  # each instance's run
         self.cancelled = 0  # runs the watchdog cut short
+        self.admission = Admission()  # the QoS controller's cap (none until it sets one)
         self._threads = [threading.Thread(target=self._work, args=(index, session),
                                           name=f"{thread_name}-{index}",
                                           daemon=True)
@@ -74,7 +76,11 @@ class Scheduler:
     def submit(self, item: Pending) -> dict[str, np.ndarray]:
         """Queue ``item`` and wait for its outputs; past its deadline while still queued it
         is taken back and answered DEADLINE_EXCEEDED (a run in progress is cancelled by
-        the watchdog, which answers it)."""
+        the watchdog, which answers it); UNAVAILABLE at once above the admission cap."""
+        if not self.admission.admit():
+            raise unavailable(f"{self.label} admits at most {self.admission.rate:g} "
+                              "requests/s now (the QoS controller holds it for a model of "
+                              "a higher class); try again")
         instance = self.queue.claim()
         if instance is not None:
             try:

@@ -134,3 +134,14 @@ def config_view(name: str, served: Served) -> ModelConfigView:
         version_policy=settings.version_policy.to_view(),
         parameters=parameters,
     )
+
+
+def versions_of(slot: Slot, name: str, version: str) -> list[Version]:
+    """The versions a statistics request names: every one serving (``version`` ""), else
+    the one named (NOT_FOUND when it does not serve); none when nothing serves."""
+    served = slot.served
+    if served is None:
+        return []
+    if version:
+        return [served.pick(name, version)]
+    return [v for _, v in sorted(served.versions.items())]

@@ -32,6 +32,7 @@ from agent.serving.batching import signature
 from agent.serving.core import DATATYPES, InferRequest, InferResult, Tensor, TensorSpec
 from agent.serving.counters import Counters
 from agent.serving.errors import invalid
+from agent.serving.levers import LeverChange, retuned, view
 from agent.serving.pending import Pending, Retired
 from agent.serving.policy import SchedulePolicy
 from agent.serving.scheduler import Scheduler
@@ -262,6 +263,15 @@ class Version:
                           f"{self.max_batch_size}")
         return batch
 
+    def set_levers(self, change: LeverChange) -> dict[str, Any]:
+        """The QoS controller's instant levers, live (levers.py); the levers now served.
+        ``policy`` stays config.yaml's: the statistics show both."""
+        queue = self.scheduler.queue
+        queue.retune(retuned(queue.policy, change, self.label))
+        if change.admit:
+            self.scheduler.admission.set_rate(change.admit_rps)
+        return view(queue.policy, self.scheduler.admission)
+
     def close(self) -> None:
         """Stop taking requests; the queued ones are still served, then the workers exit
         and the backends are released (an NPU context is not freed under a run)."""
@@ -310,6 +320,8 @@ class Version:
                       "wait_ms": self.counters.queue_snapshot()["latency_ms"],
                       "window": self.counters.queue_window()},
             "sha256": self.digest,
+            "levers": view(queue.policy, self.scheduler.admission),
+            "configured": view(self.policy),  # config.yaml's, which a relaxation returns to
         }
         return entry
 

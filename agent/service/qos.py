@@ -1,0 +1,174 @@
+"""The QoS controller while serving (``qos.mode`` advise or control): every ``window_s`` it
+reads the data plane's statistics, turns them into each model's window (qos_inputs), lets
+the decision core (agent.control.qos) decide, and in ``control`` mode applies each action
+through the data plane's token-guarded levers route.  The control plane decides; the data
+plane only executes.
+
+Every action is a ``qos_action`` event (model, the objective it serves, the window figures,
+lever, before -> after, why, and in control mode the milliseconds from the decision to the
+data plane's answer that it applied); a model that cannot meet its objective with every
+lever at its limit is a ``qos_unmet`` event once, a line in status's warnings and
+``qos_unmet`` in telemetry's ``qos`` group for as long as it lasts.  ``advise`` moves nothing:
+it walks the same steps on the levers it would have set, so its events read as the sequence
+``control`` would apply.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agent.control.qos import Action, Decision, Levers, Objective, QosController, Unmet
+from agent.service.qos_inputs import Served, Windows, lever_request
+
+if TYPE_CHECKING:
+    from agent.config.sections import QosConfig
+    from agent.service.parts import Ending
+    from agent.serving.http_client import HttpClient
+
+logger = logging.getLogger(__name__)
+
+ObjectiveLookup = Callable[[Iterable[str]], dict[str, Objective]]
+
+
+class DataPlane(Protocol):
+    """What the loop needs of the supervisor (dataplane.Supervisor)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    def client(self, timeout_s: float = 5.0) -> HttpClient: ...
+
+    def base_url(self) -> str: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class QosLoop:
+    """One thread, one decision per window; nothing it meets ends it."""
+
+    def __init__(self, config: QosConfig, supervisor: DataPlane,
+                 objectives: ObjectiveLookup, on_event: Callable[..., None],
+                 controller: QosController | None = None) -> None:
+        self.config, self.supervisor = config, supervisor
+        self.objectives, self.on_event = objectives, on_event
+        self.controller = controller or QosController()
+        self.windows = Windows()
+        self.actions = 0
+        self.last_action: dict[str, Any] | None = None
+        self.unmet: dict[str, Unmet] = {}
+        self.served: dict[str, Served] = {}
+        self._objectives: dict[str, Objective] = {}
+        self._advised: dict[str, Levers] = {}  # advise: the levers it would have set
+        self._client: HttpClient | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="qos", daemon=True)
+        self._thread.start()
+
+    def stop(self, ending: Ending | None = None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._client is not None:
+            self._client.close()
+
+    def problems(self) -> list[str]:
+        return []  # an unmet objective is a warning: the device, not a fault, falls short
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.window_s):
+            try:
+                self.step()
+            except Exception:  # the next window tries again
+                logger.exception("qos: a window failed")
+                self._client = None
+
+    def step(self) -> Decision | None:
+        """One window: read, decide, apply; None when the data plane is not ready."""
+        from agent.serving.errors import ServeError
+
+        if not self.supervisor.ready:
+            return None
+        if self._client is None or self._client.base_url != self.supervisor.base_url():
+            self._client = self.supervisor.client(timeout_s=2.0)
+        client = self._client
+        try:
+            stats = client.statistics()
+        except ServeError as error:
+            logger.debug("qos: no statistics: %s", error)
+            return None
+        self.served = served = self.windows.advance(self.supervisor.status()["pid"], stats)
+        self._objectives = objectives = self.objectives(list(served))
+        levers = {m: self._advised.get(m, s.levers) for m, s in served.items()}
+        decision = self.controller.decide({m: s.figures for m, s in served.items()},
+                                          objectives, levers,
+                                          {m: s.configured for m, s in served.items()})
+        decided = time.perf_counter()
+        for action in decision.actions:
+            self._act(client, action, served, decided)
+        self._report_unmet(decision.unmet)
+        return decision
+
+    def _act(self, client: HttpClient, action: Action, served: Mapping[str, Served],
+             decided: float) -> None:
+        from agent.serving.errors import ServeError
+
+        applied: dict[str, Any] = {}
+        if self.config.mode == "control":
+            try:
+                client.set_levers(action.model, lever_request(served[action.model],
+                                                              action.lever, action.after))
+                applied = {"applied": True,
+                           "applied_ms": round((time.perf_counter() - decided) * 1000, 3)}
+            except ServeError as error:  # a model unloaded meanwhile: the next window sees
+                applied = {"applied": False, "error": error.message}
+        else:
+            current = self._advised.get(action.model, served[action.model].levers)
+            self._advised[action.model] = current.set(action.lever, action.after)
+            applied = {"applied": False}
+        self.actions += 1
+        figures = {m: asdict(served[m].figures) for m in {action.model, action.serves}}
+        self.last_action = {"model": action.model, "serves": action.serves,
+                            "lever": action.lever, "before": action.before,
+                            "after": action.after, "why": action.why,
+                            "mode": self.config.mode, **applied}
+        self.on_event("qos_action", **self.last_action, figures=figures)
+
+    def _report_unmet(self, unmet: Mapping[str, Unmet]) -> None:
+        for model, now in unmet.items():
+            if model not in self.unmet:
+                self.on_event("qos_unmet", model=model, p99_ms=now.p99_ms,
+                              best_p99_ms=now.best_p99_ms, mode=self.config.mode)
+        self.unmet = dict(unmet)
+
+    # -- what the rest of the agent reads -------------------------------------------------------
+
+    def warnings(self) -> list[str]:
+        return [f"qos: model {m} misses its p99 objective of {u.p99_ms:g} ms with every "
+                f"lever at its limit (best {u.best_p99_ms:g} ms)"
+                for m, u in sorted(self.unmet.items())]
+
+    def metrics(self) -> dict[str, Any]:
+        """Telemetry's ``qos`` group: each model with an objective, its window, its levers
+        and ``qos_unmet`` while it lasts."""
+        models = {}
+        for model, objective in sorted(self._objectives.items()):
+            served = self.served.get(model)
+            entry: dict[str, Any] = {"class": objective.service_class,
+                                     "p99_ms": objective.p99_ms, "min_rps": objective.min_rps}
+            if served is not None:
+                entry.update(window=asdict(served.figures), levers=asdict(
+                    self._advised.get(model, served.levers)))
+            if model in self.unmet:
+                entry["qos_unmet"] = {"best_p99_ms": self.unmet[model].best_p99_ms}
+            models[model] = entry
+        return {"mode": self.config.mode, "window_s": self.config.window_s,
+                "actions": self.actions, "last_action": self.last_action, "models": models}
+

@@ -1,0 +1,133 @@
+"""The service's QoS loop, one window at a time, against a real registry behind the real HTTP
+front end (the supervisor reduced to what the loop asks of it: readiness, a client with the
+token, the address and the pid): control applies each step to the data plane, an objective
+no lever can reach is unmet once (event, warning, telemetry) and then nothing moves, advise
+moves nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_models
+import pytest
+import yaml
+from http_helpers import HttpServer
+from serving_helpers import cpu_factory
+from test_serve_registry import put
+
+from agent.config import from_dict
+from agent.config.sections import QosConfig
+from agent.control.qos import Hysteresis, QosController
+from agent.service.qos import QosLoop
+from agent.service.qos_inputs import Objectives
+from agent.serving.access import Access
+from agent.serving.core import InferRequest, Tensor
+from agent.serving.http_client import HttpClient
+from agent.serving.registry import ModelRegistry
+
+TOKEN = "qos-loop-token"
+X = (Tensor("x", np.full((1, 64), 0.5, np.float32)),)
+
+
+class Plane:
+    """What QosLoop reads of the supervisor, over a real data plane."""
+
+    def __init__(self, server: HttpServer, token: str) -> None:
+        self.url, self.token = f"http://{server.url}", token
+        self.ready = True
+
+    def client(self, timeout_s: float = 5.0) -> HttpClient:
+        return HttpClient(self.url, token=self.token, timeout_s=timeout_s)
+
+    def base_url(self) -> str:
+        return self.url
+
+    def status(self) -> dict[str, Any]:
+        return {"pid": 1}
+
+
+@pytest.fixture()
+def plane(tmp_path: Path) -> Iterator[tuple[ModelRegistry, Plane, Path]]:
+    repo = tmp_path / "repository"
+    put(repo, "lc", 1, onnx_models.dynamic_batch_mlp)
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(0o600)
+    (repo / "lc" / "config.yaml").write_text(yaml.safe_dump({
+        "max_batch_size": 8,
+        "dynamic_batching": {"preferred_batch_size": [8], "max_queue_delay_us": 4000},
+        # no request takes 10 us: every lever goes to its limit and the objective stays unmet
+        "qos": {"class": "latency_critical", "p99_ms": 0.01}}))
+    registry = ModelRegistry(repo, {}, cpu_factory, probe_interval_s=3600)
+    registry.start()
+    server = HttpServer(registry, Access([token], everything=False))
+    try:
+        yield registry, Plane(server, TOKEN), repo
+    finally:
+        server.stop()
+        registry.stop()
+
+
+def qos(mode: str) -> QosConfig:
+    return from_dict({"qos": {"mode": mode}}, "agent.yaml").qos
+
+
+def windows(loop: QosLoop, registry: ModelRegistry, count: int) -> None:
+    for _ in range(count):
+        for _ in range(3):
+            registry.infer(InferRequest("lc", "", X))
+        loop.step()
+
+
+def test_control_applies_each_step_then_says_unmet_once_and_stops(
+        plane: tuple[ModelRegistry, Plane, Path]) -> None:
+    registry, supervisor, repo = plane
+    events: list[tuple[str, dict[str, Any]]] = []
+    loop = QosLoop(qos("control"), supervisor,
+                   Objectives(repo), lambda kind, **fields: events.append((kind, fields)),
+                   QosController(Hysteresis(violate_windows=2)))
+    try:
+        windows(loop, registry, 12)
+        actions = [f for kind, f in events if kind == "qos_action"]
+        assert [(a["before"], a["after"]) for a in actions] == [(4000, 1000), (1000, 250),
+                                                                (250, 0)]
+        assert all(a["applied"] and a["lever"] == "max_queue_delay_us" for a in actions)
+        levers = registry.statistics("lc", "1")[0]["edge_agent"]["levers"]
+        assert levers["max_queue_delay_us"] == 0
+        unmet = [f for kind, f in events if kind == "qos_unmet"]
+        assert len(unmet) == 1 and unmet[0]["model"] == "lc" and unmet[0]["p99_ms"] == 0.01
+        assert unmet[0]["best_p99_ms"] > 0.01
+        assert loop.warnings() == [
+            f"qos: model lc misses its p99 objective of 0.01 ms with every lever at its limit "
+            f"(best {loop.unmet['lc'].best_p99_ms:g} ms)"]
+        metrics = loop.metrics()
+        assert metrics["actions"] == 3 and metrics["mode"] == "control"
+        assert metrics["models"]["lc"]["qos_unmet"]["best_p99_ms"] > 0.01
+        assert metrics["models"]["lc"]["levers"]["max_queue_delay_us"] == 0
+        before = len(events)
+        windows(loop, registry, 10)
+        assert len(events) == before, "it moved or spoke again after unmet"
+    finally:
+        loop.stop()
+
+
+def test_advise_reports_the_same_steps_and_moves_nothing(
+        plane: tuple[ModelRegistry, Plane, Path]) -> None:
+    registry, supervisor, repo = plane
+    events: list[tuple[str, dict[str, Any]]] = []
+    loop = QosLoop(qos("advise"), supervisor,
+                   Objectives(repo), lambda kind, **fields: events.append((kind, fields)))
+    try:
+        windows(loop, registry, 12)
+        actions = [f for kind, f in events if kind == "qos_action"]
+        assert [(a["before"], a["after"], a["applied"]) for a in actions] == [
+            (4000, 1000, False), (1000, 250, False), (250, 0, False)]
+        assert registry.statistics("lc", "1")[0]["edge_agent"]["levers"][
+            "max_queue_delay_us"] == 4000
+        assert [kind for kind, _ in events].count("qos_unmet") == 1
+        assert loop.metrics()["models"]["lc"]["levers"]["max_queue_delay_us"] == 0  # advised
+    finally:
+        loop.stop()
