@@ -121,6 +121,19 @@ def add_state_dir(parser: argparse.ArgumentParser, holds: str) -> None:
                         help=f"{holds} (default: {STATE_DIR_RULE})")
 
 
+def add_repository_choice(parser: argparse.ArgumentParser, config_uses: str) -> None:
+    """``--repository DIR | --config FILE`` and ``--state-dir``: where a ``model`` command
+    finds the repository, named alike by every command that writes into it."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--repository", type=Path, metavar="DIR",
+                       help="the model repository (default: the config's)")
+    where.add_argument("--config", metavar="FILE",
+                       help=f"agent.yaml whose {config_uses} (default: "
+                       "/etc/edge-agent/agent.yaml if present, else built-in defaults)")
+    add_state_dir(parser, "the agent's state (the default repository is "
+                  "<state-dir>/repository)")
+
+
 def _finite(text: str, above_zero: bool) -> float:
     try:
         value = float(text)

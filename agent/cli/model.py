@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.cli.common import UsageError, add_state_dir, emit
+from agent.cli.common import UsageError, add_repository_choice, emit
 
 if TYPE_CHECKING:
     from agent.config import Config
@@ -41,13 +41,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                      "judged)")
     sub.add_argument("--preprocess", metavar="K=V,...",
                      help="for images: mean=R:G:B,std=R:G:B (0..255 units),order=rgb|bgr")
-    where = sub.add_mutually_exclusive_group()
-    where.add_argument("--repository", type=Path, metavar="DIR",
-                       help="the model repository (default: the config's)")
-    where.add_argument("--config", metavar="FILE",
-                       help="agent.yaml whose repository and converter are used (default: "
-                       "/etc/edge-agent/agent.yaml if present, else built-in defaults)")
-    add_state_dir(sub, "the agent's state (the default repository is <state-dir>/repository)")
+    add_repository_choice(sub, "repository and converter are used")
     sub.add_argument("--rknn-python", metavar="PATH",
                      help="the rknn-toolkit2 converter's python (default: the config's "
                      "model_build.rknn_python)")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.cli.common import UsageError, add_state_dir, emit, positive_float, render_table
+from agent.cli.common import UsageError, add_repository_choice, emit, positive_float, render_table
 
 if TYPE_CHECKING:
     from agent.config import Config
@@ -40,13 +40,7 @@ def register_tune(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
                      help="seconds of load per measurement (default: 1)")
     sub.add_argument("--rollback", action="store_true",
                      help="put back the config.yaml the model had before model tune")
-    where = sub.add_mutually_exclusive_group()
-    where.add_argument("--repository", type=Path, metavar="DIR",
-                       help="the model repository (default: the config's)")
-    where.add_argument("--config", metavar="FILE",
-                       help="agent.yaml whose repository is used (default: "
-                       "/etc/edge-agent/agent.yaml if present, else built-in defaults)")
-    add_state_dir(sub, "the agent's state (the default repository is <state-dir>/repository)")
+    add_repository_choice(sub, "repository is used")
     sub.add_argument("--json", action="store_true", help="print the report as JSON")
     sub.set_defaults(handler=tune_command, root=None)
 
