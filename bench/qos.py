@@ -402,7 +402,8 @@ def controller_run(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np
 
     loop = QosLoop(from_dict({"qos": {"mode": "control", "window_s": 1.0}}, "bench").qos,
                    Plane(), Objectives(repo),
-                   lambda kind, **fields: events.append({"kind": kind, **fields}))
+                   lambda kind, **fields: events.append({"kind": kind, "at": time.monotonic(),
+                                                         **fields}))
     loop.start()
     try:
         phases, windows = run_trace(url, pid, feeds, args.lc_rps, args.be_rps, trace,
@@ -412,6 +413,12 @@ def controller_run(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np
     total = show("controller (qos.mode: control, 1-s windows)",
                  judge(phases, windows, objective))
     actions = [e for e in events if e["kind"] == "qos_action"]
+    for event in events:  # what the controller did, when, in the trace
+        phase = next((p for p in reversed(phases) if p.start <= event["at"]), phases[0])
+        moved = (f"{event['model']} {event['lever']} {event['before']} -> {event['after']}"
+                 if event["kind"] == "qos_action" else f"lc best p99 {event['best_p99_ms']:.1f}"
+                 " ms")
+        print(f"    {phase.name:8} +{event['at'] - phase.start:5.1f} s  {event['kind']}: {moved}")
     print(f"  {len(actions)} qos_action events; by lever: " + ", ".join(
         f"{lever} {sum(a['lever'] == lever for a in actions)}"
         for lever in sorted({a["lever"] for a in actions})))
