@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from agent.service.node import Service
 from agent.serving import settings
 
 BOARD = "jetson-agx-orin-jp6"
+REPO = Path(__file__).resolve().parents[1]
 # an operator's file: the keys set-qos does not touch must come through as they were
 ORIGINAL = b"# tuned by hand\nmax_batch_size: 0\ninstances:\n- {count: 1, threads: 1}\n"
 LATENCY = {"class": "latency_critical", "p99_ms": 20}
@@ -202,3 +205,25 @@ def test_the_commands_qos_schema_has_the_bounds_a_config_yaml_has() -> None:
                 accepted = False
             assert accepted is fits
     assert "set-qos" in schemas.COMMANDS
+
+
+def test_the_operator_cli_sets_qos_with_its_arg_form(tmp_path: Path, node: Service,
+                                                      broker: Broker, key: Ed25519PrivateKey
+                                                      ) -> None:
+    """The README's ``fleet send NODE set-qos --arg model=M --arg qos.class=...`` as run."""
+    from agent.control.envelope import private_key_pem
+
+    key_file = tmp_path / "operator.key"
+    key_file.write_bytes(private_key_pem(key))
+    sent = subprocess.run(
+        [sys.executable, "-m", "agent", "fleet", "send", "orin-1", "set-qos", "--key",
+         str(key_file), "--arg", "model=m", "--arg", "qos.class=best_effort", "--arg",
+         "qos.min_rps=2.5", "--broker", f"{broker.host}:{broker.port}", "--fleet", FLEET,
+         "--json"], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    [result] = json.loads(sent.stdout)["results"]
+    assert result["status"] == "succeeded", result
+    assert result["result"]["after"] == {"class": "best_effort", "min_rps": 2.5}
+    assert yaml.safe_load((model_dir(node) / "config.yaml").read_text())["qos"] == {
+        "class": "best_effort", "min_rps": 2.5}
+    assert served_parameters(node, "m")["qos.class"] == "best_effort"
