@@ -184,6 +184,15 @@ def test_desired_state_applies_a_models_qos_and_applying_it_again_writes_nothing
         assert again["models"] == {"m": {"qos": wanted, "written": False}}
         assert file_identity(directory / "config.yaml") == before
         assert file_identity(directory / configfile.PREVIOUS) == previous
+
+        # a built-in model cannot hold one: the state fails with the reason, m stays
+        third = sign(key, "desired", "node:orin-1", {"models": {"demo": {"qos": wanted}}},
+                     ttl_s=3600, now=first["issued_at"] / 1000 + 2)
+        operator.publish(topic, json.dumps(third).encode(), retain=True)
+        failed = reported_for(operator, third["id"])
+        assert failed["status"] == "failed" and "model demo: built in" in failed["message"]
+        assert "models" not in failed
+        assert file_identity(directory / "config.yaml") == before
     finally:
         operator.publish(topic, b"", retain=True)
 
