@@ -133,6 +133,27 @@ def test_desired_json_names_what_it_published(broker: Broker, key_file: Path) ->
     assert clear["clear"] is True
 
 
+def test_desired_qos_names_models_by_their_whole_name_and_refuses_what_is_not_json(
+        broker: Broker, key_file: Path) -> None:
+    topic = f"edge/v1/{FLEET}/orin-9/desired"
+    done = fleet(broker, "desired", "orin-9", "--key", str(key_file), "--qos",
+                 'det.v2={"class": "latency_critical", "p99_ms": 20}', "--qos", "old=null")
+    assert done.returncode == 0, done.stderr
+    [envelope] = retained(broker, topic)
+    assert envelope["args"] == {"models": {
+        "det.v2": {"qos": {"class": "latency_critical", "p99_ms": 20}},
+        "old": {"qos": None}}}
+    for bad, why in (("det", "expected MODEL=JSON"),
+                     ("det=fast", "--qos det=fast: the value is not JSON"),
+                     ("det=NaN", "NaN is not a finite number")):
+        refused = fleet(broker, "desired", "orin-9", "--key", str(key_file), "--qos", bad)
+        assert refused.returncode == 2 and why in refused.stderr, refused.stderr
+    both = fleet(broker, "desired", "orin-9", "--key", str(key_file), "--clear", "--qos",
+                 "det=null")
+    assert both.returncode == 2 and "--clear takes no" in both.stderr
+    assert retained(broker, topic) == [envelope]  # nothing refused was published
+
+
 # -- a broker that cannot be used --------------------------------------------------------------
 
 

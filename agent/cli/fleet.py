@@ -73,6 +73,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             sub.add_argument("--profile", help="a profile name, or none to roll back")
             sub.add_argument("--model")
             sub.add_argument("--sha256")
+            sub.add_argument("--qos", action="append", metavar="MODEL=JSON",
+                             help='a model\'s qos {"class", "p99_ms", "min_rps"}, or null: none')
             sub.add_argument("--clear", action="store_true", help="remove the desired state "
                              "(a signed clear, retained in its place)")
             sub.add_argument("--ttl", type=positive_float, default=365 * 86400.0)
@@ -271,10 +273,20 @@ def desired(args: argparse.Namespace) -> int:
         wanted["model"] = args.model
     if args.sha256:
         wanted["sha256"] = args.sha256
+    for item in args.qos or []:  # MODEL=JSON: a model name may hold dots, so not --arg's form
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--qos {item}: expected MODEL=JSON")
+        try:
+            wanted.setdefault("models", {})[name] = {"qos": finite_json(text)}
+        except NotFinite as error:
+            raise UsageError(f"--qos {item}: {error}") from None
+        except ValueError as error:
+            raise UsageError(f"--qos {item}: the value is not JSON ({error})") from None
     if not wanted and not args.clear:
-        raise UsageError("give --profile and/or --model (or --clear)")
+        raise UsageError("give --profile, --model and/or --qos (or --clear)")
     if wanted and args.clear:
-        raise UsageError("--clear takes no --profile, --model or --sha256")
+        raise UsageError("--clear takes no --profile, --model, --sha256 or --qos")
     key = _private_key(args.key)
     bus = connect(args, [])
     try:

@@ -26,6 +26,15 @@ MODEL_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$"
 BUILD_TARGETS = ["cpu", "tensorrt", "openvino", "rknn:rk3588", "rknn:rk3576", "rknn:rk3566"]
 BUILD_PRECISIONS = ["int8", "fp16"]
 RATIO = {"type": "number", "minimum": 0, "maximum": 1}
+# A model's qos: as agent.serving.settings checks it in a config.yaml (QOS_CLASSES,
+# QOS_P99_MS, QOS_MIN_RPS; repeated here, below that layer; a test holds them equal), or
+# null: the model has no objective.  One schema, not a oneOf: a refusal names the key.
+QOS_OR_NONE = {"type": ["object", "null"], "additionalProperties": False, "required": ["class"],
+               "properties": {
+                   "class": {"enum": ["latency_critical", "throughput", "best_effort"]},
+                   "p99_ms": {"type": "number", "minimum": 0.01, "maximum": 3_600_000},
+                   "min_rps": {"type": "number", "minimum": 0.001, "maximum": 1_000_000}}}
+MAX_DESIRED_MODELS = 64
 PIXEL_TRIPLE = {"type": "array", "minItems": 3, "maxItems": 3,
                 "items": {"type": "number", "minimum": -255, "maximum": 255}}
 
@@ -68,6 +77,8 @@ ARGS: dict[str, dict[str, Any]] = {
                                               "maximum": 255}},
                                           "order": {"enum": ["rgb", "bgr"]}}},
             "guard": MODEL_GUARD}},
+    "set-qos": {"type": "object", "additionalProperties": False, "required": ["model", "qos"],
+                "properties": {"model": MODEL_NAME, "qos": QOS_OR_NONE}},
     "set-telemetry": {
         "type": "object", "additionalProperties": False, "minProperties": 1,
         "properties": {"interval_s": {"type": "number", "minimum": 0.05, "maximum": 86400},
@@ -81,7 +92,14 @@ ARGS: dict[str, dict[str, Any]] = {
 COMMANDS = tuple(ARGS)
 DESIRED = {"type": "object", "additionalProperties": False, "minProperties": 1,
            "properties": {"profile": {"oneOf": [NAME, {"type": "null"}]},
-                          "model": PATH, "sha256": SHA256}}
+                          "model": PATH, "sha256": SHA256,
+                          # per model: what set-qos sets, converged the same way
+                          "models": {"type": "object", "maxProperties": MAX_DESIRED_MODELS,
+                                     "propertyNames": MODEL_NAME,
+                                     "additionalProperties": {
+                                         "type": "object", "additionalProperties": False,
+                                         "minProperties": 1,
+                                         "properties": {"qos": QOS_OR_NONE}}}}}
 
 MILLISECONDS = {"type": "integer", "minimum": 0, "maximum": 2 ** 53 - 1}  # exact in any JSON
 ENVELOPE = {

@@ -1,4 +1,5 @@
-"""The model's config.yaml replaced by ``model tune``, and put back by ``--rollback``.
+"""The model's config.yaml replaced by ``model tune`` (and by the fleet's ``set-qos`` and
+desired state's per-model ``qos``), and put back by ``model tune --rollback``.
 
 The tuning journal holds a profile's kernel settings, keyed by boot id and rolled back as
 one profile; a model file is neither, so it is not written through it.  Instead the file is
@@ -38,14 +39,16 @@ def read_current(directory: Path) -> bytes | None:
     return _files(directory).read(f"/{CONFIG_FILE}") if directory.is_dir() else None
 
 
-def write_tuned(directory: Path, data: bytes, expected: bytes | None) -> None:
+def write_tuned(directory: Path, data: bytes, expected: bytes | None,
+                during: str = "model tune measured") -> None:
     """``directory``/config.yaml holds ``data``; its original is kept first (once).
     ``expected``: what the file held when the tune read it; a file changed since (an
-    operator's edit during the minutes a search takes) is not overwritten."""
+    operator's edit during the minutes a search takes) is not overwritten; ``during``
+    names what read it, in that refusal."""
     directory.mkdir(parents=True, exist_ok=True)
     files = _files(directory)
     if files.read(f"/{CONFIG_FILE}") != expected:
-        raise ChangedError(f"{directory / CONFIG_FILE}: changed while model tune measured; "
+        raise ChangedError(f"{directory / CONFIG_FILE}: changed while {during}; "
                            "nothing written (run it again)")
     if files.read(f"/{PREVIOUS}") is None and files.read(f"/{ABSENT}") is None:
         original = files.read(f"/{CONFIG_FILE}")

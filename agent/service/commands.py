@@ -21,6 +21,8 @@ from agent.service import builds
 from agent.service.buildmodel import build_model
 from agent.service.collaborators import Collaborators
 from agent.service.health import guard_problem
+from agent.service.serve import builtin_models
+from agent.service.setqos import set_qos
 from agent.tuning.engine import TuningError
 from agent.tuning.errors import ProfileError
 
@@ -44,7 +46,7 @@ class ServiceCommands:
                 "rollback-profile": self.rollback_profile, "set-model": self.set_model,
                 "set-telemetry": self.set_telemetry, "rebirth": self.rebirth,
                 "restart-inference": self.restart_inference, "selftest": self.selftest,
-                "build-model": self.build_model}
+                "build-model": self.build_model, "set-qos": self.set_qos}
 
     def _guard(self, args: dict[str, Any]) -> dict[str, Any]:
         """The thresholds of a guarded change; CommandFailed ``bad_args`` before anything
@@ -210,6 +212,11 @@ class ServiceCommands:
         return {**installed, "canary": "passed",
                 **({"build": builds.figures(report)} if report is not None else {})}
 
+    def set_qos(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
+        """Write a model's objective into its config.yaml and load it again (service.setqos)."""
+        inference = self.parts.inference
+        return set_qos(inference, builtin_models(inference.config), args["model"], args["qos"])
+
     def build_model(self, args: dict[str, Any], progress: Progress) -> Job:
         """Build and install a model on this node, as a job beside the command worker."""
         return build_model(self.parts, args, self._guard(args))
@@ -220,6 +227,7 @@ class ServiceCommands:
         """Bring the node to a desired state and report what it runs, retained."""
         args, tuning, inference = envelope["args"], self.parts.tuning, self.parts.inference
         status, message = "converged", None
+        models: dict[str, dict[str, Any]] = {}  # set-qos's results: what it holds, if written
         try:
             wanted = args.get("profile")
             if wanted and not (tuning.applied and tuning.profile == wanted):
@@ -232,12 +240,18 @@ class ServiceCommands:
                 self.set_model({"model": model, **({"sha256": args["sha256"]}
                                                    if "sha256" in args else {})},
                                lambda step: None)
+            for name, spec in sorted(args.get("models", {}).items()):
+                if "qos" in spec:
+                    models[name] = self.set_qos({"model": name, "qos": spec["qos"]},
+                                                lambda step: None)
         except CommandFailed as failure:
             status, message = "failed", str(failure)
         reported = {"schema": "reported/1", "desired_id": envelope["id"],
                     "desired_issued_at": envelope["issued_at"], "status": status,
                     "message": message,
                     "profile": tuning.profile if tuning.applied else None,
-                    "model": inference.model_path, "ts": int(time.time() * 1000)}
+                    "model": inference.model_path, "ts": int(time.time() * 1000),
+                    **({"models": {name: {"qos": done["after"], "written": done["written"]}
+                                   for name, done in models.items()}} if models else {})}
         self.parts.link().publish_now(protocol.REPORTED, reported, retain=True)
         return reported

@@ -34,6 +34,8 @@ THREADS_PER_CPU = 2
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # QoS classes, most protected first: the order in which models yield when the device is short
 QOS_CLASSES = ("latency_critical", "throughput", "best_effort")
+QOS_P99_MS = (0.01, 3_600_000)  # the bounds of qos.p99_ms and qos.min_rps (control.schemas
+QOS_MIN_RPS = (0.001, 1_000_000)  # repeats them for set-qos: it sits below this layer)
 BOOL = choice(True, False)
 
 
@@ -153,8 +155,8 @@ SCHEMA: dict[str, Any] = {
     "sha256": ("map", _positive_version, text(HEX64, "64 lower-case hex digits")),
     "max_run_ms": integer(1, 3_600_000),
     "max_input_elements": integer(1, 1 << 31),
-    "qos": {"class": choice(*QOS_CLASSES), "p99_ms": number(0.01, 3_600_000),
-            "min_rps": number(0.001, 1_000_000)},
+    "qos": {"class": choice(*QOS_CLASSES), "p99_ms": number(*QOS_P99_MS),
+            "min_rps": number(*QOS_MIN_RPS)},
 }
 
 

@@ -1,0 +1,238 @@
+"""A model's ``qos:`` set from the fleet, through a real Mosquitto into a running agent: the
+signed ``set-qos`` command and desired state's ``models`` write the model's config.yaml (the
+original kept for ``model tune --rollback``), the data plane serves the new objective, and
+what cannot be set is refused with its reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from control_helpers import FLEET, Operator, node_config, running_node, sign
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from mqtt_helpers import Broker, wait_until
+from onnx_models import mlp
+from tuning_helpers import copy_board
+
+from agent.control import schemas
+from agent.modeltune import configfile
+from agent.service.node import Service
+from agent.serving import settings
+
+BOARD = "jetson-agx-orin-jp6"
+REPO = Path(__file__).resolve().parents[1]
+# an operator's file: the keys set-qos does not touch must come through as they were
+ORIGINAL = b"# tuned by hand\nmax_batch_size: 0\ninstances:\n- {count: 1, threads: 1}\n"
+LATENCY = {"class": "latency_critical", "p99_ms": 20}
+
+
+@pytest.fixture()
+def node(tmp_path: Path, broker: Broker, key: Ed25519PrivateKey) -> Iterator[Service]:
+    version = tmp_path / "state" / "repository" / "m" / "1"
+    version.mkdir(parents=True)
+    mlp(version / "model.onnx")
+    (version.parent / "config.yaml").write_bytes(ORIGINAL)
+    config = node_config(tmp_path, copy_board(BOARD, tmp_path), broker, key)
+    with running_node(config) as service:
+        assert service.inference is not None
+        assert wait_until(lambda: {"name": "m", "versions": ["1"]}
+                          in service.inference.served_models(), 60)  # type: ignore[union-attr]
+        yield service
+
+
+def model_dir(node: Service) -> Path:
+    return Path(node.config.state_dir) / "repository" / "m"
+
+
+def served_parameters(node: Service, model: str) -> dict[str, str]:
+    """The data plane's config view of ``model``: its parameters (``qos.*`` among them)."""
+    assert node.inference is not None
+    status, _, body = node.inference.supervisor.client().request(
+        "GET", f"/v2/models/{model}/config")
+    assert status == 200, body
+    parameters = json.loads(body)["parameters"]
+    return {key: value["string_value"] for key, value in parameters.items()}
+
+
+def file_identity(path: Path) -> tuple[int, int, bytes]:
+    info = os.stat(path)
+    return info.st_ino, info.st_mtime_ns, path.read_bytes()
+
+
+def test_set_qos_writes_the_key_the_data_plane_serves_it_and_null_removes_it(
+        node: Service, operator: Operator) -> None:
+    directory = model_dir(node)
+    assert not any(key.startswith("qos.") for key in served_parameters(node, "m"))
+    reply = operator.final(operator.send("orin-1", "set-qos",
+                                         {"model": "m", "qos": LATENCY})["id"], seconds=60)
+    assert reply["status"] == "succeeded", reply
+    assert reply["result"] == {"model": "m", "file": str(directory / "config.yaml"),
+                               "before": None, "after": LATENCY, "written": True,
+                               "reloaded": True}
+    written = yaml.safe_load((directory / "config.yaml").read_text())
+    assert written == {"max_batch_size": 0, "instances": [{"count": 1, "threads": 1}],
+                       "qos": LATENCY}
+    assert (directory / configfile.PREVIOUS).read_bytes() == ORIGINAL  # kept for rollback
+    parameters = served_parameters(node, "m")
+    assert (parameters["qos.class"], float(parameters["qos.p99_ms"])) == ("latency_critical",
+                                                                          20.0)
+    assert "qos.min_rps" not in parameters
+
+    # the same again: nothing written, nothing loaded
+    before = file_identity(directory / "config.yaml")
+    again = operator.final(operator.send("orin-1", "set-qos",
+                                         {"model": "m", "qos": LATENCY})["id"], seconds=60)
+    assert again["status"] == "succeeded", again
+    assert (again["result"]["written"], again["result"]["reloaded"]) == (False, False)
+    assert again["result"]["before"] == again["result"]["after"] == LATENCY
+    assert file_identity(directory / "config.yaml") == before
+
+    # a class the schema does not know: refused with the key and the allowed values
+    bad = operator.final(operator.send("orin-1", "set-qos", {
+        "model": "m", "qos": {"class": "fastest", "p99_ms": 5}})["id"])
+    assert (bad["status"], bad["code"]) == ("rejected", "bad_args"), bad
+    assert "qos.class must be one of ['latency_critical', 'throughput', 'best_effort']" in \
+        bad["message"]
+    assert file_identity(directory / "config.yaml") == before
+
+    # null: no objective any more; the rest of the file stays
+    removed = operator.final(operator.send("orin-1", "set-qos",
+                                           {"model": "m", "qos": None})["id"], seconds=60)
+    assert removed["status"] == "succeeded", removed
+    assert (removed["result"]["before"], removed["result"]["after"]) == (LATENCY, None)
+    assert removed["result"]["written"] and removed["result"]["reloaded"]
+    assert yaml.safe_load((directory / "config.yaml").read_text()) == {
+        "max_batch_size": 0, "instances": [{"count": 1, "threads": 1}]}
+    assert not any(key.startswith("qos.") for key in served_parameters(node, "m"))
+    # model tune --rollback puts back the operator's file byte for byte, comment and all
+    configfile.rollback(directory)
+    assert (directory / "config.yaml").read_bytes() == ORIGINAL
+
+
+def test_set_qos_refuses_a_built_in_model_and_an_unknown_one_and_writes_nothing(
+        node: Service, operator: Operator) -> None:
+    repository = model_dir(node).parent
+    builtin = operator.final(operator.send("orin-1", "set-qos",
+                                           {"model": "demo", "qos": LATENCY})["id"])
+    assert (builtin["status"], builtin["code"]) == ("failed", "builtin_model"), builtin
+    assert "model demo: built in" in builtin["message"]
+    assert "no config.yaml to set qos in" in builtin["message"]
+    unknown = operator.final(operator.send("orin-1", "set-qos",
+                                           {"model": "nope", "qos": None})["id"])
+    assert (unknown["status"], unknown["code"]) == ("failed", "not_found"), unknown
+    assert sorted(p.name for p in repository.iterdir()) == ["m"]  # no directory made
+    assert not any(key.startswith("qos.") for key in served_parameters(node, "demo"))
+
+
+def test_a_broken_config_yaml_is_refused_naming_its_key_and_left_as_it_is(
+        node: Service, operator: Operator) -> None:
+    path = model_dir(node) / "config.yaml"
+    broken = ORIGINAL + b"precision: fp64\n"
+    path.write_bytes(broken)
+    reply = operator.final(operator.send("orin-1", "set-qos",
+                                         {"model": "m", "qos": LATENCY})["id"])
+    assert (reply["status"], reply["code"]) == ("failed", "bad_config"), reply
+    assert f"{path}: precision: 'fp64' is not allowed" in reply["message"]
+    assert path.read_bytes() == broken
+    assert not (path.parent / configfile.PREVIOUS).exists()
+
+
+def reported_for(operator: Operator, desired_id: str) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        return next((r for r in operator.replies if r.get("schema") == "reported/1"
+                     and r.get("desired_id") == desired_id), None)
+
+    assert wait_until(lambda: found() is not None, 60), operator.replies[-3:]
+    result = found()
+    assert result is not None
+    return result
+
+
+def test_desired_state_applies_a_models_qos_and_applying_it_again_writes_nothing(
+        node: Service, operator: Operator, key: Ed25519PrivateKey) -> None:
+    directory = model_dir(node)
+    topic = f"edge/v1/{FLEET}/orin-1/desired"
+    operator.client.subscribe(f"edge/v1/{FLEET}/orin-1/reported", qos=1)
+    wanted = {"class": "throughput", "p99_ms": 50, "min_rps": 100}
+    try:
+        first = sign(key, "desired", "node:orin-1", {"models": {"m": {"qos": wanted}}},
+                     ttl_s=3600)
+        operator.publish(topic, json.dumps(first).encode(), retain=True)
+        reported = reported_for(operator, first["id"])
+        assert reported["status"] == "converged", reported["message"]
+        assert reported["models"] == {"m": {"qos": wanted, "written": True}}
+        assert yaml.safe_load((directory / "config.yaml").read_text())["qos"] == wanted
+        parameters = served_parameters(node, "m")
+        assert (parameters["qos.class"], float(parameters["qos.min_rps"])) == ("throughput",
+                                                                               100.0)
+        before = file_identity(directory / "config.yaml")
+        previous = file_identity(directory / configfile.PREVIOUS)
+
+        # the same state again, newly signed: converged, nothing written
+        second = sign(key, "desired", "node:orin-1", {"models": {"m": {"qos": wanted}}},
+                      ttl_s=3600, now=first["issued_at"] / 1000 + 1)  # ordered after it
+        operator.publish(topic, json.dumps(second).encode(), retain=True)
+        again = reported_for(operator, second["id"])
+        assert again["status"] == "converged", again["message"]
+        assert again["models"] == {"m": {"qos": wanted, "written": False}}
+        assert file_identity(directory / "config.yaml") == before
+        assert file_identity(directory / configfile.PREVIOUS) == previous
+
+        # a built-in model cannot hold one: the state fails with the reason, m stays
+        third = sign(key, "desired", "node:orin-1", {"models": {"demo": {"qos": wanted}}},
+                     ttl_s=3600, now=first["issued_at"] / 1000 + 2)
+        operator.publish(topic, json.dumps(third).encode(), retain=True)
+        failed = reported_for(operator, third["id"])
+        assert failed["status"] == "failed" and "model demo: built in" in failed["message"]
+        assert "models" not in failed
+        assert file_identity(directory / "config.yaml") == before
+    finally:
+        operator.publish(topic, b"", retain=True)
+
+
+def test_the_commands_qos_schema_has_the_bounds_a_config_yaml_has() -> None:
+    """control.schemas repeats settings' classes and bounds (it sits below that layer)."""
+    rule = schemas.QOS_OR_NONE["properties"]
+    assert tuple(rule["class"]["enum"]) == settings.QOS_CLASSES
+    for key, bounds in (("p99_ms", settings.QOS_P99_MS), ("min_rps", settings.QOS_MIN_RPS)):
+        assert (rule[key]["minimum"], rule[key]["maximum"]) == bounds
+        for value, fits in ((bounds[0], True), (bounds[1], True), (bounds[0] / 2, False),
+                            (bounds[1] * 2, False)):
+            qos = {"class": "best_effort", key: value}
+            assert (schemas.check("set-qos", {"model": "m", "qos": qos}) is None) is fits
+            try:
+                settings.parse_settings({"qos": qos}, "config.yaml")
+                accepted = True
+            except settings.ModelSettingsError:
+                accepted = False
+            assert accepted is fits
+    assert "set-qos" in schemas.COMMANDS
+
+
+def test_the_operator_cli_sets_qos_with_its_arg_form(tmp_path: Path, node: Service,
+                                                      broker: Broker, key: Ed25519PrivateKey
+                                                      ) -> None:
+    """The README's ``fleet send NODE set-qos --arg model=M --arg qos.class=...`` as run."""
+    from agent.control.envelope import private_key_pem
+
+    key_file = tmp_path / "operator.key"
+    key_file.write_bytes(private_key_pem(key))
+    sent = subprocess.run(
+        [sys.executable, "-m", "agent", "fleet", "send", "orin-1", "set-qos", "--key",
+         str(key_file), "--arg", "model=m", "--arg", "qos.class=best_effort", "--arg",
+         "qos.min_rps=2.5", "--broker", f"{broker.host}:{broker.port}", "--fleet", FLEET,
+         "--json"], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    [result] = json.loads(sent.stdout)["results"]
+    assert result["status"] == "succeeded", result
+    assert result["result"]["after"] == {"class": "best_effort", "min_rps": 2.5}
+    assert yaml.safe_load((model_dir(node) / "config.yaml").read_text())["qos"] == {
+        "class": "best_effort", "min_rps": 2.5}
+    assert served_parameters(node, "m")["qos.class"] == "best_effort"
