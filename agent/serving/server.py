@@ -249,10 +249,11 @@ class DataPlane:
         self._trimmer = loop.create_task(self._trim_when_idle())
         if self.settings.ready_file is not None:
             write_ready(self.settings.ready_file, self.addresses)
+        others = "".join(f", {label} {self.addresses[key]}" for key, label in
+                         (("metrics", "metrics"), ("local", "local"), ("frigate", "Frigate"))
+                         if key in self.addresses)
         logger.info("listening (HTTP %s, gRPC %s%s); loading the models",
-                    self.addresses["http"], self.addresses["grpc"],
-                    f", metrics {self.addresses['metrics']}" if "metrics" in self.addresses
-                    else "")
+                    self.addresses["http"], self.addresses["grpc"], others)
         await loop.run_in_executor(None, self.registry.start_loading)
 
     async def _listen(self) -> None:
