@@ -9,6 +9,8 @@ import ctypes
 import functools
 import os
 import signal
+import subprocess
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -61,3 +63,16 @@ def release_freed_memory() -> None:
     burst, so a process that keeps freed buffers does not keep a burst's RSS."""
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing is kept
         _libc().malloc_trim(0)
+
+
+def stop_child(process: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM ``process`` (a child this agent started), SIGKILL it if it has not ended
+    within ``grace_s``, and reap it either way; nothing for one that already ended."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.kernel.process import stop_child
 from agent.service.building import EXTEND_S, BuildWatch
 from agent.service.systemd import Notifier
 from agent.serving.building import BUILDING_FILE
@@ -214,15 +215,8 @@ class Supervisor:
         self.state = "stopped"
 
     def _terminate(self) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(STOP_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if self.process is not None:
+            stop_child(self.process, STOP_S)
 
     def restart(self) -> None:
         """``restart-inference``: a fresh process, waited for like the first."""

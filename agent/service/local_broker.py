@@ -22,11 +22,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from agent.kernel.process import stop_child
 from agent.serving.access import is_loopback
 
 logger = logging.getLogger(__name__)
 
 STARTUP_S = 10.0  # how long Mosquitto may take to accept, on a loaded board
+STOP_S = 10.0  # SIGTERM, then SIGKILL
 SYSTEMD_DIR = Path("/run/systemd/system")  # exists when systemd is the init system
 
 
@@ -101,7 +103,7 @@ def local_broker(mode: str | bool, host: str, port: int) -> Iterator[int | None]
                     address, port, process.pid)
         yield process.pid
     finally:
-        _stop(process)
+        stop_child(process, STOP_S)
 
 
 def _started(mosquitto: str, address: str, port: int) -> subprocess.Popen[bytes]:
@@ -125,18 +127,9 @@ def _started(mosquitto: str, address: str, port: int) -> subprocess.Popen[bytes]
         try:
             _wait_accepting(process, address, port, log)
         except BaseException:
-            _stop(process)
+            stop_child(process, STOP_S)
             raise
     return process
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _wait_accepting(process: subprocess.Popen[bytes], address: str, port: int,
