@@ -6,91 +6,18 @@ limits with ``qos_unmet``, and never moves a lever past its bounds."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+
+from qos_sim import BE, LC, held, run, two_models
 
 from agent.control.qos import (
     ADMIT,
     ADMIT_FLOOR_RPS,
     DELAY,
     PREFERRED,
-    Action,
-    Decision,
-    Figures,
     Levers,
     Objective,
     QosController,
 )
-
-LC, BE = "lc", "be"
-
-
-@dataclass
-class Sim:
-    """p99 = cost / (1 - u) + the batching wait (the queue delay, or the time the
-    preferred batch takes to fill, whichever is less), u the CPU's load from every model's
-    admitted rate; a request above a model's admission cap is refused."""
-
-    cost_ms: dict[str, float]
-    demand: dict[str, float]
-    levers: dict[str, Levers]
-    cores: float = 1.0
-    cliff: float = 1.0  # a load above it costs every model 50 ms more (memory saturates)
-    # the window a move falls in still holds a request served as before it (the worse p99)
-    mixed: bool = False
-    applied: list[Action] = field(default_factory=list)
-    _before: dict[str, Figures] = field(default_factory=dict)
-
-    def window(self) -> dict[str, Figures]:
-        admitted = {m: min(d, self.levers[m].admit_rps or d) for m, d in self.demand.items()}
-        load = min(0.98, sum(admitted[m] * self.cost_ms[m] / 1000 for m in admitted)
-                   / self.cores)
-        figures: dict[str, Figures] = {}
-        for model, rate in admitted.items():
-            levers = self.levers[model]
-            fill_ms = ((levers.preferred_batch_size - 1) / rate * 1000
-                       if rate and levers.preferred_batch_size > 1 else 0.0)
-            wait = min(levers.max_queue_delay_us / 1000, fill_ms)
-            p99 = self.cost_ms[model] / (1 - load) + wait + (50 if load > self.cliff else 0)
-            figures[model] = Figures(p99_ms=round(p99, 3), queue_ms=wait, rate_rps=rate,
-                                     rejections=round(self.demand[model] - rate),
-                                     count=round(rate))
-        if self.mixed and self._before:
-            figures = {m: max(f, self._before.get(m, f), key=lambda g: g.p99_ms)
-                       for m, f in figures.items()}
-            self._before = {}
-        return figures
-
-    def apply(self, decision: Decision) -> None:
-        if decision.actions and self.mixed:
-            self._before = self.window()
-        for action in decision.actions:
-            self.levers[action.model] = self.levers[action.model].set(action.lever,
-                                                                      action.after)
-            self.applied.append(action)
-
-
-def two_models(lc_demand: float = 50, be_demand: float = 10, lc_p99: float = 12.0
-               ) -> tuple[Sim, dict[str, Objective], dict[str, Levers]]:
-    baseline = {LC: Levers(4000, 8), BE: Levers(2000, 4)}
-    sim = Sim({LC: 5.0, BE: 25.0}, {LC: lc_demand, BE: be_demand}, dict(baseline))
-    objectives = {LC: Objective("latency_critical", p99_ms=lc_p99),
-                  BE: Objective("best_effort", min_rps=5)}
-    return sim, objectives, baseline
-
-
-def run(controller: QosController, sim: Sim, objectives: dict[str, Objective],
-        baseline: dict[str, Levers], windows: int) -> list[tuple[dict[str, Figures], Decision]]:
-    trace = []
-    for _ in range(windows):
-        figures = sim.window()
-        decision = controller.decide(figures, objectives, dict(sim.levers), baseline)
-        sim.apply(decision)
-        trace.append((figures, decision))
-    return trace
-
-
-def held(trace: list[tuple[dict[str, Figures], Decision]], limit: float) -> float:
-    return sum(f[LC].p99_ms <= limit for f, _ in trace) / len(trace)
 
 
 def test_it_converges_on_the_cheapest_lever_and_then_holds() -> None:
@@ -133,7 +60,7 @@ def test_a_step_in_best_effort_traffic_is_met_by_holding_its_admission() -> None
                      if all(g[LC].p99_ms <= 12.0 for g, _ in stepped[i:i + 20]))
     assert converged <= 10, "more than 10 windows to re-converge"
     assert held(stepped[converged:], 12.0) >= 0.99
-    admissions = [a for a in sim.applied if a.lever == ADMIT]
+    admissions = [a for a in sim.applied if a.lever == ADMIT and a.tighten]
     assert admissions and all(a.model == BE and a.serves == LC for a in admissions)
     first_admission = sim.applied.index(admissions[0])
     own = [a for a in sim.applied[:first_admission] if a.model == LC]

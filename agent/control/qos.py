@@ -1,140 +1,68 @@
 """The QoS controller's decisions: from each model's window figures and objective to at most
 one lever change per model per window.  Pure: it reads numbers and returns actions; the
-service layer feeds it the data plane's windows and executes what it returns.
-
-It acts in order of cost.  For a model whose p99 objective is violated: its own queue delay
-first, then its preferred batch size (both cost only that model's batching gain), then
-admission of the models of a lower class (best_effort before throughput: they lose
-throughput, capped in requests per second, never below their own ``min_rps``).  It relaxes in
-the reverse order (admission first: best-effort throughput comes back first), only toward
-what config.yaml configured, never past it.
-
-The queue delay goes first because a batch cut at once (delay 0) still takes every request
-queued meanwhile, so a loaded model keeps its batches; a smaller preferred batch splits them
-(and with no delay it makes nobody wait anyway, so it moves only while a delay is left).
+service layer feeds it the data plane's windows and the device's ladder, and executes what
+it returns.  The steps and their order of cost are in qos_steps.
 
 Hysteresis, so that it does not oscillate: a model acts only after ``violate_windows``
 violating windows in a row; the window a move falls in is not judged (it mixes both
-settings), and each further step then waits one window to see the last one's effect (an
-instant lever shows at once); it relaxes only after
-``relax_windows`` windows in a row in which every objective holds with ``margin``; a lever
-is not relaxed within ``hold_windows`` of its last move; a relaxation is a probe: one
-violating window undoes it at once, and doubles the wait before the next relaxation (up to
-``max_relax_windows``), so a load that sits at the edge settles instead of probing every few
-seconds.  With every lever at its limit a violated model is ``unmet`` (with the best p99
-seen since), and nothing moves for it.
+settings; a relaxation's is, so that one violating window undoes it), nor is any window
+while a model's sessions are being rebuilt, and each further step then waits one window to
+see the last one's effect; it relaxes only after
+``relax_windows`` windows in a row in which every objective holds with ``margin`` (or
+``probe_factor`` times as many in which they hold at all); a lever is not relaxed within
+``hold_windows`` of its last move; a relaxation is a probe: one violating window undoes it at
+once, and doubles the wait before the next relaxation (up to ``max_relax_windows``), so a
+load that sits at the edge settles instead of probing every few seconds.
+
+With every lever at its limit a violated model is ``unmet`` (with the best p99 seen since),
+and nothing moves for it, with one exception: when the levers moved on other models and on
+the device for it took less than ``1 - helped`` off its p99, what it misses for is not
+theirs, and they are given back (one step a window, then nothing moves).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-CLASSES = ("latency_critical", "throughput", "best_effort")  # most protected first
-DELAY = "max_queue_delay_us"
-PREFERRED = "preferred_batch_size"
-ADMIT = "admit_rps"
-ADMIT_STEP = 0.7  # each admission step keeps this share of the rate admitted before
-ADMIT_FLOOR_RPS = 1.0  # a model without min_rps is never held below this
-MIN_DELAY_US = 100  # a queue delay below this is no delay: the step goes to 0
+from agent.control.qos_model import (
+    ADMIT,
+    ADMIT_FLOOR_RPS,
+    CPUS,
+    DELAY,
+    PREFERRED,
+    RUNG,
+    THREADS,
+    Action,
+    Decision,
+    Device,
+    Figures,
+    Hysteresis,
+    Levers,
+    Objective,
+    Unmet,
+    Value,
+)
+from agent.control.qos_steps import DEVICE, Step, rank, relax_steps, tighten_steps
 
-
-@dataclass(frozen=True)
-class Objective:
-    """A model's ``qos`` in config.yaml."""
-
-    service_class: str
-    p99_ms: float | None = None
-    min_rps: float | None = None
-
-    @property
-    def rank(self) -> int:
-        return CLASSES.index(self.service_class)
-
-
-@dataclass(frozen=True)
-class Figures:
-    """One model's window: p99 of its calls, queue wait (p99), calls per second, and
-    requests refused (queue full, shed, expired, not admitted)."""
-
-    p99_ms: float
-    queue_ms: float = 0.0
-    rate_rps: float = 0.0
-    rejections: int = 0
-    count: int = 0
-
-
-@dataclass(frozen=True)
-class Levers:
-    """A model's instant levers as served: queue delay, largest preferred batch (0: the
-    model does not batch), the admission cap (None: every request admitted)."""
-
-    max_queue_delay_us: int
-    preferred_batch_size: int
-    admit_rps: float | None = None
-
-    def get(self, lever: str) -> float | None:
-        return {DELAY: self.max_queue_delay_us, PREFERRED: self.preferred_batch_size,
-                ADMIT: self.admit_rps}[lever]
-
-    def set(self, lever: str, value: float | None) -> Levers:
-        if lever == ADMIT:
-            return replace(self, admit_rps=value)
-        assert value is not None
-        return replace(self, **{lever: int(value)})
-
-
-@dataclass(frozen=True)
-class Action:
-    """One lever moved: on ``model``, for the objective of ``serves``."""
-
-    model: str
-    lever: str
-    before: float | None
-    after: float | None
-    why: str
-    serves: str
-    tighten: bool
-
-
-@dataclass(frozen=True)
-class Unmet:
-    """A model whose objective cannot be met with every lever at its limit."""
-
-    model: str
-    p99_ms: float  # the objective
-    best_p99_ms: float  # the best window seen since the levers ran out
-
-
-@dataclass(frozen=True)
-class Hysteresis:
-    violate_windows: int = 2
-    relax_windows: int = 5
-    hold_windows: int = 3
-    max_relax_windows: int = 300
-    margin: float = 0.7  # "holds with margin": p99 at most this share of the objective
-    min_count: int = 1  # a window with fewer calls says nothing about latency
-    # windows not judged after a move: the one the move fell in mixes both settings (with
-    # twenty calls a window, one request that waited under the old delay is the p99)
-    settle_windows: int = 1
+__all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "RUNG", "THREADS",
+           "Action", "Decision", "Device", "Figures", "Hysteresis", "Levers", "Objective",
+           "QosController", "Unmet"]
 
 
 @dataclass
 class _Track:
     violating: int = 0
     unmet: Unmet | None = None
+    # the p99 when the first lever on another model (or the device) moved for it, in this
+    # run of violations: what a release compares the best p99 since with
+    moved_others_at: float | None = None
 
 
 @dataclass
 class _Moved:
     window: int
     tighten: bool
-
-
-@dataclass
-class Decision:
-    actions: list[Action] = field(default_factory=list)
-    unmet: dict[str, Unmet] = field(default_factory=dict)  # every model unmet now
 
 
 class QosController:
@@ -145,19 +73,27 @@ class QosController:
         self.window = 0
         self._tracks: dict[str, _Track] = {}
         self._moved: dict[tuple[str, str], _Moved] = {}
-        self._comfortable = 0
+        self._comfortable = 0  # windows in a row every objective held with margin
+        self._holding = 0  # windows in a row none was violated
         self._relax_needed = self.h.relax_windows
         self._last_relax: int | None = None
         self._settle_until = 0  # the last window after a move that is not judged
+        self._probing = False  # the last move was a relaxation
+        self._failed: dict[tuple[str, str], int] = {}  # when a lever's probe was undone
 
     def decide(self, figures: Mapping[str, Figures], objectives: Mapping[str, Objective],
-               levers: Mapping[str, Levers], baseline: Mapping[str, Levers]) -> Decision:
-        """This window's actions (at most one per model whose lever moves) and the models
-        unmet; ``levers``/``baseline``: the models served now, as served and as
-        configured."""
+               levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
+               device: Device | None = None, cpus: int = 0) -> Decision:
+        """This window's actions (at most one per model whose lever moves, and at most one
+        on the device) and the models unmet; ``levers``/``baseline``: the models served
+        now, as served and as configured; ``device``: its latency ladder (None: none to
+        move); ``cpus``: the CPUs a model may be confined within (0: no placement)."""
         self.window += 1
         decision = Decision()
-        if self.window <= self._settle_until:
+        if any(lever.rebuilding for lever in levers.values()):  # judged once swapped
+            self._settle_until = max(self._settle_until, self.window + self.h.settle_windows)
+            self._probing = False
+        if self.window <= self._settle_until and not self._probing:
             decision.unmet = self._unmet(objectives)
             return decision
         held = [m for m in sorted(objectives, key=lambda m: (objectives[m].rank, m))
@@ -172,28 +108,48 @@ class QosController:
         moved: set[str] = set()
         for model in violated:
             track = self._tracks[model]
-            if track.violating < self.h.violate_windows or track.unmet is not None:
+            if track.violating < self.h.violate_windows:
                 continue
-            action = self._tighten(model, objectives, levers, figures, moved)
+            action: Action | bool | None
+            if track.unmet is not None:
+                action = self._release(model, objectives, levers, baseline, figures, device)
+            else:
+                action = self._tighten(model, objectives, levers, figures, device, cpus,
+                                       moved)
             if action is False:  # every lever at its limit: say so, and stop moving
                 p99 = figures[model].p99_ms
                 track.unmet = Unmet(model, float(objectives[model].p99_ms or 0), p99)
                 continue
             if not isinstance(action, Action):
                 continue  # its steps are on models moved this window: the next one
-            track.violating = self.h.violate_windows - 1  # the next step: after one window
-            moved.add(action.model)
+            if track.unmet is None:
+                track.violating = self.h.violate_windows - 1  # the next step: in a window
+            if action.model != model and track.moved_others_at is None:
+                track.moved_others_at = figures[model].p99_ms
+            moved.add(action.model if action.lever != RUNG else DEVICE)
             decision.actions.append(action)
         self._after_relax(violated)
         self._comfortable = self._comfortable + 1 if comfortable and held else 0
-        if not decision.actions and self._comfortable >= self._relax_needed:
-            relaxed = self._relax(objectives, levers, baseline, figures)
-            if relaxed is not None:
-                self._comfortable = 0
-                self._last_relax = self.window
-                decision.actions.append(relaxed)
-                for model in held:  # one violating window undoes this probe
-                    self._tracks[model].violating = self.h.violate_windows - 1
+        self._holding = self._holding + 1 if not violated and held else 0
+        relaxed = None
+        if decision.actions:
+            pass
+        elif self._comfortable >= self._relax_needed:
+            relaxed = self._first(relax_steps(objectives, levers, baseline, figures, device),
+                                  levers, device, False, "", set(), False)
+        elif self._holding >= self._relax_needed * self.h.probe_factor:  # not own batching
+            relaxed = self._first(relax_steps(objectives, levers, baseline, figures, device,
+                                              below_rank=-1), levers, device, False, "",
+                                  set(), False)
+        if relaxed is not None:
+            self._comfortable = self._holding = 0
+            self._last_relax = self.window
+            decision.actions.append(relaxed)
+            for model in held:  # one violating window undoes this probe
+                self._tracks[model].violating = self.h.violate_windows - 1
+        # a relaxation is judged at once: a window that violates with it, even mixed with
+        # the old setting, undoes it without a second violating window
+        self._probing = relaxed is not None
         if decision.actions:
             self._settle_until = self.window + self.h.settle_windows
         decision.unmet = self._unmet(objectives)
@@ -215,9 +171,9 @@ class QosController:
                 track.unmet = replace(track.unmet, best_p99_ms=min(track.unmet.best_p99_ms,
                                                                     window.p99_ms))
             return "violated"
-        track.violating = 0
-        if track.unmet is not None:  # it holds again: the levers may move once more
-            track.unmet = None
+        # it holds (again): the levers may move once more, and a new run of violations
+        # judges what the levers on the others do afresh
+        track.violating, track.unmet, track.moved_others_at = 0, None, None
         return "comfortable" if window.p99_ms <= self.h.margin * limit else "holding"
 
     def _after_relax(self, violated: list[str]) -> None:
@@ -231,89 +187,58 @@ class QosController:
         elif self.window - last > self._relax_needed:
             self._last_relax = None  # it held: the next relaxation need not wait longer
 
-    def _may_move(self, model: str, lever: str, tighten: bool) -> bool:
+    def _may_move(self, target: str, lever: str, tighten: bool) -> bool:
         """A lever is not relaxed within ``hold_windows`` of its last move; tightening is
         never held (a relaxation that violates is undone at once: that is a probe that
         failed, not an oscillation)."""
-        last = self._moved.get((model, lever))
+        last = self._moved.get((target, lever))
         return tighten or last is None or self.window - last.window >= self.h.hold_windows
+
+    def _failed_lately(self, target: str, lever: str) -> bool:
+        """A lever whose last relaxation had to be undone is not probed again for as long
+        as a probe waits: the next probe tries the next lever in the order instead."""
+        failed = self._failed.get((target, lever))
+        return failed is not None and (
+            self.window - failed < self._relax_needed * self.h.probe_factor)
 
     def _tighten(self, model: str, objectives: Mapping[str, Objective],
                  levers: Mapping[str, Levers], figures: Mapping[str, Figures],
-                 moved: set[str]) -> Action | bool:
+                 device: Device | None, cpus: int, moved: set[str]) -> Action | bool:
         """The cheapest step toward ``model``'s objective; True when the steps left are on
-        models already moved this window, False when none is left (unmet)."""
-        p99, limit = figures[model].p99_ms, objectives[model].p99_ms
-        why = f"p99 {p99:.1f} ms above the objective {limit:g} ms of {model}"
-        steps: list[tuple[str, str, float | None, str]] = []
-        own = levers[model]
-        if own.max_queue_delay_us > 0:
-            delay = own.max_queue_delay_us // 4
-            steps.append((model, DELAY, 0 if delay < MIN_DELAY_US else delay, why))
-        if own.preferred_batch_size > 1 and own.max_queue_delay_us > 0:  # else it waits not
-            steps.append((model, PREFERRED, own.preferred_batch_size // 2, why))
-        rank = objectives[model].rank
-        for other in sorted((m for m in levers if _rank(objectives, m) > rank),
-                            key=lambda m: (-_rank(objectives, m), m)):
-            floor = _floor(objectives.get(other))
-            current = levers[other].admit_rps
-            rate = figures[other].rate_rps if other in figures else 0.0
-            if current is None and rate <= floor:
-                continue  # asking for no more than its floor: holding it frees nothing
-            capped = round(max(floor, (rate if current is None else current) * ADMIT_STEP), 3)
-            if current is None or capped < current:
-                steps.append((other, ADMIT, capped, f"{why}: admission of {other} "
-                              f"({_class(objectives, other)}) held"))
-        for target, lever, after, reason in steps:
-            if target not in moved and self._may_move(target, lever, True):
-                return self._move(target, lever, levers[target], after, reason, model, True)
-        return bool(steps)
+        models (or the device) already moved this window, False when none is left."""
+        steps = tighten_steps(model, objectives, levers, figures, device, cpus)
+        action = self._first(steps, levers, device, True, model, moved, True)
+        return action if action is not None else bool(steps)
 
-    def _relax(self, objectives: Mapping[str, Objective], levers: Mapping[str, Levers],
-               baseline: Mapping[str, Levers], figures: Mapping[str, Figures]
-               ) -> Action | None:
-        """One step back toward config.yaml: admission of the lowest class first, then each
-        model's preferred batch and queue delay, the least protected model first."""
-        why = "every objective holds with margin"
-        order = sorted(levers, key=lambda m: (-_rank(objectives, m), m))
-        for model in order:
-            current = levers[model].admit_rps
-            if current is not None and self._may_move(model, ADMIT, False):
-                refused = figures[model].rejections if model in figures else 0
-                # nothing refused: the cap does not bind, so none at all
-                after = round(current / ADMIT_STEP, 3) if refused else None
-                return self._move(model, ADMIT, levers[model], after, why, model, False)
-        for lever in (PREFERRED, DELAY):
-            for model in order:
-                if model not in baseline:
-                    continue
-                now, configured = levers[model].get(lever), baseline[model].get(lever)
-                assert now is not None and configured is not None
-                if now < configured and self._may_move(model, lever, False):
-                    floor = 1 if lever == PREFERRED else MIN_DELAY_US
-                    step = min(configured, max(now * 2, floor))
-                    return self._move(model, lever, levers[model], step, why, model, False)
+    def _release(self, model: str, objectives: Mapping[str, Objective],
+                 levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
+                 figures: Mapping[str, Figures], device: Device | None) -> Action | None:
+        """For an unmet model: one step back on what was moved on the others and on the
+        device for it, when that did not help; None when it did, or nothing is left."""
+        track = self._tracks[model]
+        before, unmet = track.moved_others_at, track.unmet
+        if before is None or unmet is None or unmet.best_p99_ms < self.h.helped * before:
+            return None
+        why = (f"{model} misses its objective with every lever at its limit, and what "
+               f"was moved on others for it did not help (p99 {unmet.best_p99_ms:.1f} ms "
+               f"at best, {before:.1f} ms before): given back")
+        steps = relax_steps(objectives, levers, baseline, figures, device, why, rank(
+            objectives, model))
+        return self._first(steps, levers, device, True, model, set(), False)
+
+    def _first(self, steps: list[Step], levers: Mapping[str, Levers], device: Device | None,
+               unheld: bool, serves: str, moved: set[str], tighten: bool) -> Action | None:
+        """The first of ``steps`` that may move now, moved."""
+        for target, lever, after, why in steps:
+            if target not in moved and self._may_move(target, lever, unheld) and (
+                    tighten or unheld or not self._failed_lately(target, lever)):
+                last = self._moved.get((target, lever))
+                if tighten and last is not None and not last.tighten and (
+                        self.window - last.window <= self._relax_needed):
+                    self._failed[(target, lever)] = self.window  # a probe undone
+                self._moved[(target, lever)] = _Moved(self.window, tighten)
+                before: Value = (device.rung if device is not None and target == DEVICE
+                                 else levers[target].get(lever))
+                model = target or serves or "device"
+                return Action(model, lever, before, after, why, serves or model, tighten)
         return None
-
-    def _move(self, model: str, lever: str, levers: Levers, after: float | None, why: str,
-              serves: str, tighten: bool) -> Action:
-        self._moved[(model, lever)] = _Moved(self.window, tighten)
-        return Action(model, lever, levers.get(lever), after, why, serves, tighten)
-
-
-def _rank(objectives: Mapping[str, Objective], model: str) -> int:
-    """A model without a qos is best effort: it yields to every model that has one."""
-    objective = objectives.get(model)
-    return objective.rank if objective is not None else len(CLASSES)
-
-
-def _class(objectives: Mapping[str, Objective], model: str) -> str:
-    objective = objectives.get(model)
-    return objective.service_class if objective is not None else "no qos"
-
-
-def _floor(objective: Objective | None) -> float:
-    """The least admission a model is ever held to: its min_rps."""
-    if objective is not None and objective.min_rps is not None:
-        return max(objective.min_rps, ADMIT_FLOOR_RPS)
-    return ADMIT_FLOOR_RPS

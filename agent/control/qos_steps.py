@@ -1,0 +1,143 @@
+"""The steps the QoS controller may take, in order of cost, each one notch of one lever.
+
+Tightening, for a model whose objective is violated: its own queue delay, then its own
+preferred batch (both cost only its batching gain); then, on every model of a lower class
+(the least protected first), admission (a rate cap, never below its ``min_rps``), then its
+intra-op threads and its CPUs (the data plane rebuilds its sessions off the hot path), then
+the device's latency ladder (a higher CPU frequency floor, PM QoS: through the tuning
+engine, within the profile's bounds, never while the device throttles).  Relaxing walks the
+same levers back in the reverse order, so the costliest comes back first: the device's
+power, then the other models' CPUs, threads and admission (best-effort throughput), then
+the model's own batching; never past what config.yaml (or the profile) set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from agent.control.qos_model import (
+    ADMIT,
+    ADMIT_FLOOR_RPS,
+    ADMIT_STEP,
+    CLASSES,
+    CPUS,
+    DELAY,
+    MIN_DELAY_US,
+    PREFERRED,
+    RUNG,
+    THREADS,
+    Device,
+    Figures,
+    Levers,
+    Objective,
+    Value,
+)
+
+DEVICE = ""  # the target of a step on the device's ladder rather than on a model
+Step = tuple[str, str, Value, str]  # (target model or DEVICE, lever, after, why)
+RELAXED = "every objective holds with margin"
+
+
+def tighten_steps(model: str, objectives: Mapping[str, Objective],
+                  levers: Mapping[str, Levers], figures: Mapping[str, Figures],
+                  device: Device | None, cpus: int) -> list[Step]:
+    """Every step toward ``model``'s objective, cheapest first."""
+    p99, limit = figures[model].p99_ms, objectives[model].p99_ms
+    why = f"p99 {p99:.1f} ms above the objective {limit:g} ms of {model}"
+    steps: list[Step] = []
+    own = levers[model]
+    if own.max_queue_delay_us > 0:
+        delay = own.max_queue_delay_us // 4
+        steps.append((model, DELAY, 0 if delay < MIN_DELAY_US else delay, why))
+    if own.preferred_batch_size > 1 and own.max_queue_delay_us > 0:  # else it waits not
+        steps.append((model, PREFERRED, own.preferred_batch_size // 2, why))
+    lower = below(objectives, levers, rank(objectives, model))
+    for other in lower:
+        floor = admit_floor(objectives.get(other))
+        current = levers[other].admit_rps
+        rate = figures[other].rate_rps if other in figures else 0.0
+        if current is None and rate <= floor:
+            continue  # asking for no more than its floor: holding it frees nothing
+        capped = round(max(floor, (rate if current is None else current) * ADMIT_STEP), 3)
+        if current is None or capped < current:
+            steps.append((other, ADMIT, capped, f"{why}: admission of {other} "
+                          f"({service_class(objectives, other)}) held"))
+    for other in lower:
+        if levers[other].threads > 1 and not levers[other].rebuilding:
+            steps.append((other, THREADS, levers[other].threads // 2,
+                          f"{why}: threads of {other} halved"))
+    if cpus >= 2:
+        kept = tuple(range(cpus // 2, cpus))  # the first half stays free of them
+        for other in lower:
+            if levers[other].cpus is None and not levers[other].rebuilding:
+                steps.append((other, CPUS, kept, f"{why}: {other} confined to CPUs "
+                              f"{kept[0]}-{kept[-1]}"))
+    if device is not None and device.rung < device.rungs - 1 and not device.throttled:
+        steps.append((DEVICE, RUNG, device.rung + 1, f"{why}: the device's latency "
+                      "ladder raised (CPU frequency floor, PM QoS)"))
+    return steps
+
+
+def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers],
+                baseline: Mapping[str, Levers], figures: Mapping[str, Figures],
+                device: Device | None, why: str = RELAXED,
+                below_rank: int | None = None) -> list[Step]:
+    """Every step back toward config.yaml, costliest first; with ``below_rank``, only the
+    levers moved on models of a lower class and on the device (a release, a probe), not
+    any model's own batching."""
+    steps: list[Step] = []
+    if device is not None and device.rung > 0:
+        steps.append((DEVICE, RUNG, device.rung - 1, why))
+    order = (below(objectives, levers, below_rank) if below_rank is not None
+             else below(objectives, levers, -1))
+    for model in order:
+        if model in baseline and levers[model].cpus != baseline[model].cpus:
+            steps.append((model, CPUS, baseline[model].cpus, why))
+    for model in order:
+        threads, limit = levers[model].threads, baseline.get(model, levers[model]).threads
+        if 0 < threads < limit:
+            steps.append((model, THREADS, min(limit, threads * 2), why))
+    for model in order:
+        current = levers[model].admit_rps
+        if current is not None:
+            refused = figures[model].rejections if model in figures else 0
+            # nothing refused: the cap does not bind, so none at all
+            steps.append((model, ADMIT, round(current / ADMIT_STEP, 3) if refused else None,
+                          why))
+    if below_rank is not None:
+        return steps
+    for lever in (PREFERRED, DELAY):
+        for model in order:
+            if model not in baseline:
+                continue
+            served, configured = levers[model].get(lever), baseline[model].get(lever)
+            assert isinstance(served, int) and isinstance(configured, int)
+            if served < configured:
+                floor = 1 if lever == PREFERRED else MIN_DELAY_US
+                steps.append((model, lever, min(configured, max(served * 2, floor)), why))
+    return steps
+
+
+def below(objectives: Mapping[str, Objective], levers: Mapping[str, Levers],
+          than: int) -> list[str]:
+    """The models of a lower class than ``than``, the least protected first."""
+    return sorted((m for m in levers if rank(objectives, m) > than),
+                  key=lambda m: (-rank(objectives, m), m))
+
+
+def rank(objectives: Mapping[str, Objective], model: str) -> int:
+    """A model without a qos is best effort: it yields to every model that has one."""
+    objective = objectives.get(model)
+    return objective.rank if objective is not None else len(CLASSES)
+
+
+def service_class(objectives: Mapping[str, Objective], model: str) -> str:
+    objective = objectives.get(model)
+    return objective.service_class if objective is not None else "no qos"
+
+
+def admit_floor(objective: Objective | None) -> float:
+    """The least admission a model is ever held to: its min_rps."""
+    if objective is not None and objective.min_rps is not None:
+        return max(objective.min_rps, ADMIT_FLOOR_RPS)
+    return ADMIT_FLOOR_RPS

@@ -1,0 +1,121 @@
+"""The QoS controller's slower levers against the simulated data plane and device: a lower
+class's threads and CPUs (rebuilt off the hot path: windows not judged until swapped), the
+device's latency ladder (within its rungs, never while it throttles), relaxation costliest
+first, and levers moved on others given back when they did not help."""
+
+from __future__ import annotations
+
+from qos_sim import BE, CONFIGURED_BE_THREADS, LC, held, run, two_models
+
+from agent.control.qos import ADMIT, CPUS, RUNG, THREADS, Device, QosController
+
+
+def test_after_admission_at_its_floor_the_other_models_threads_then_cpus_then_the_device() -> None:
+    """BE at its min_rps still costs LC more than its objective allows (its threads take the
+    CPU's caches and cores): BE's threads are halved, then it is confined to the second
+    half of the CPUs, then the device's ladder goes up one rung at a time, and never past
+    its last rung."""
+    sim, objectives, baseline = two_models(be_demand=30, lc_p99=12.0,
+                                           be_threads=CONFIGURED_BE_THREADS)
+    sim.interference_ms, sim.device = 40.0, Device(rung=0, rungs=3)
+    trace = run(QosController(), sim, objectives, baseline, 120, cpus=4)
+    kinds = [a.lever for a in sim.applied if a.tighten]
+    assert kinds.index(ADMIT) < kinds.index(THREADS) < kinds.index(CPUS)
+    threads = [a for a in sim.applied if a.lever == THREADS]
+    assert [(a.model, a.before, a.after) for a in threads] == [(BE, 4, 2), (BE, 2, 1)]
+    assert sim.levers[BE].cpus == (2, 3)
+    assert sim.levers[BE].admit_rps == 5
+    assert held(trace[-30:], 12.0) == 1.0
+    rungs = [a for a in sim.applied if a.lever == RUNG]
+    assert all(a.model == LC and a.serves == LC for a in rungs)
+    assert sim.device is not None and 0 <= sim.device.rung <= 2
+
+
+def test_the_ladder_stops_at_its_last_rung_and_never_moves_while_the_device_throttles() -> None:
+    sim, objectives, baseline = two_models(lc_p99=3.0)
+    sim.device = Device(rung=0, rungs=3)
+    controller = QosController()
+    run(controller, sim, objectives, baseline, 100)
+    assert sim.device.rung == 2, "the ladder was not climbed to its top"
+    assert all(a.after in (1, 2) for a in sim.applied if a.lever == RUNG)
+    sim2, objectives2, baseline2 = two_models(lc_p99=3.0)
+    sim2.device = Device(rung=0, rungs=3, throttled=True)
+    trace = run(QosController(), sim2, objectives2, baseline2, 100)
+    assert not [a for a in sim2.applied if a.lever == RUNG]
+    assert set(trace[-1][1].unmet) == {LC}
+
+
+def test_a_rebuild_is_not_judged_until_it_is_swapped_in() -> None:
+    """Threads and CPUs take a rebuild (here 4 windows): no lever moves while one is under
+    way, so one rebuild's effect is judged before the next step."""
+    sim, objectives, baseline = two_models(be_demand=30, be_threads=CONFIGURED_BE_THREADS)
+    sim.interference_ms, sim.rebuilds = 40.0, 4
+    controller = QosController()
+    windows = []
+    for window in range(150):
+        rebuilding = any(levers.rebuilding for levers in sim.levers.values())
+        figures = sim.window()
+        decision = controller.decide(figures, objectives, dict(sim.levers), baseline,
+                                     None, 4)
+        if rebuilding:
+            windows.append(window)
+            assert not decision.actions, "a lever moved while a rebuild was under way"
+        sim.apply(decision)
+    assert len(windows) >= 8, "no rebuild was asked for"
+
+
+def test_relaxation_gives_the_device_back_first_then_cpus_threads_and_admission() -> None:
+    sim, objectives, baseline = two_models(be_demand=30, be_threads=CONFIGURED_BE_THREADS)
+    sim.interference_ms, sim.device = 6.0, Device(rung=0, rungs=2)
+    sim.extra_ms = 4.0
+    controller = QosController()
+    run(controller, sim, objectives, baseline, 150, cpus=2)
+    assert sim.device.rung == 1 and sim.levers[BE].threads == 1
+    sim.demand[BE], sim.extra_ms = 2, 0.0
+    run(controller, sim, objectives, baseline, 600, cpus=2)
+    relaxed = [a.lever for a in sim.applied if not a.tighten]
+    firsts = [relaxed.index(lever) for lever in (RUNG, CPUS, THREADS, ADMIT)]
+    assert firsts == sorted(firsts), relaxed
+    assert sim.levers[BE] == baseline[BE] and sim.device.rung == 0
+
+
+def test_levers_on_others_that_did_not_help_are_given_back_once_unmet() -> None:
+    """LC misses for a cause of its own (``extra_ms``) that BE's traffic does not make: BE
+    is held while the controller tries, and once LC is unmet with no gain from it, BE's
+    admission comes back in full, and then nothing moves."""
+    sim, objectives, baseline = two_models(be_demand=10)
+    sim.cost_ms[BE] = 1.0  # BE is light: holding it frees next to nothing
+    sim.extra_ms = 30.0
+    controller = QosController()
+    trace = run(controller, sim, objectives, baseline, 120)
+    assert any(a.lever == ADMIT and a.tighten for a in sim.applied), "BE was never held"
+    assert sim.levers[BE].admit_rps is None, "BE's admission was not given back"
+    released = [a for a in sim.applied if a.lever == ADMIT and not a.tighten]
+    assert released and all("did not help" in a.why and a.serves == LC for a in released)
+    assert set(trace[-1][1].unmet) == {LC}
+    moves = len(sim.applied)
+    run(controller, sim, objectives, baseline, 200)
+    assert len(sim.applied) == moves, "levers moved after the release"
+
+
+def test_levers_that_helped_stay_held_when_unmet() -> None:
+    """The same, but BE's load is what LC misses by: holding it helped, so it stays held."""
+    sim, objectives, baseline = two_models(lc_p99=3.0)
+    run(QosController(), sim, objectives, baseline, 120)
+    assert sim.levers[BE].admit_rps == 5
+    assert not [a for a in sim.applied if a.lever == ADMIT and not a.tighten]
+
+
+def test_objectives_held_without_margin_still_give_best_effort_back_in_probes() -> None:
+    """After a burst, LC holds at ~85 % of its objective whatever BE does (a cause of its
+    own): the margin is never there, yet BE's cap comes back through probes, spaced further
+    apart each time one fails, and at most 1 % of windows violate."""
+    sim, objectives, baseline = two_models(be_demand=30)
+    controller = QosController()
+    run(controller, sim, objectives, baseline, 60)
+    assert sim.levers[BE].admit_rps is not None
+    sim.demand[BE], sim.cost_ms[BE] = 12, 2.0  # BE now light: its cap costs it for nothing
+    sim.extra_ms = 4.5
+    trace = run(controller, sim, objectives, baseline, 400)
+    assert sim.levers[BE].admit_rps is None, "BE's cap was never given back"
+    assert held(trace, 12.0) >= 0.99
