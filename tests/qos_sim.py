@@ -45,6 +45,8 @@ class Sim:
     device: Device | None = None
     rung_gain: float = 0.1
     applied: list[Action] = field(default_factory=list)
+    refuse: set[str] = field(default_factory=set)  # levers this data plane does not have
+    refused: list[Action] = field(default_factory=list)
     rebuilds: int = 0  # windows a rebuild still takes, once one is asked for
     _before: dict[str, Figures] = field(default_factory=dict)
     _rebuilding: dict[str, int] = field(default_factory=dict)
@@ -125,6 +127,10 @@ def run(controller: QosController, sim: Sim, objectives: dict[str, Objective],
         figures = sim.window()
         decision = controller.decide(figures, objectives, dict(sim.levers), baseline,
                                      sim.device, cpus)
+        for action in [a for a in decision.actions if a.lever in sim.refuse]:
+            controller.refused(action)  # as the service does when the plane says no
+            decision.actions.remove(action)
+            sim.refused.append(action)
         sim.apply(decision)
         trace.append((figures, decision))
     return trace

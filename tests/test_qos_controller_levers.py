@@ -119,3 +119,15 @@ def test_objectives_held_without_margin_still_give_best_effort_back_in_probes() 
     trace = run(controller, sim, objectives, baseline, 400)
     assert sim.levers[BE].admit_rps is None, "BE's cap was never given back"
     assert held(trace, 12.0) >= 0.99
+
+
+def test_a_lever_the_data_plane_refuses_is_not_asked_for_every_window() -> None:
+    """A data plane without placement (or a device whose kernel refuses the floor): the
+    refused lever is left out for a while, so the controller goes on to the next step (here
+    none: unmet) instead of asking again each window."""
+    sim, objectives, baseline = two_models(be_demand=30, be_threads=CONFIGURED_BE_THREADS)
+    sim.interference_ms, sim.refuse = 200.0, {CPUS}
+    trace = run(QosController(), sim, objectives, baseline, 200, cpus=2)
+    assert 1 <= len(sim.refused) <= 200 // 30 + 1, sim.refused
+    assert set(trace[-1][1].unmet) == {LC}
+    assert sim.levers[BE].cpus is None

@@ -80,6 +80,7 @@ class QosController:
         self._settle_until = 0  # the last window after a move that is not judged
         self._probing = False  # the last move was a relaxation
         self._failed: dict[tuple[str, str], int] = {}  # when a lever's probe was undone
+        self._refused: dict[tuple[str, str], int] = {}  # when a lever was refused
 
     def decide(self, figures: Mapping[str, Figures], objectives: Mapping[str, Objective],
                levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
@@ -194,6 +195,18 @@ class QosController:
         last = self._moved.get((target, lever))
         return tighten or last is None or self.window - last.window >= self.h.hold_windows
 
+    def refused(self, action: Action) -> None:
+        """The data plane (or the tuning engine) refused ``action``: that lever is left
+        out of the steps for ``refused_windows``, so a lever this data plane or device does
+        not have reads as one at its limit instead of being asked for every window."""
+        target = DEVICE if action.lever == RUNG else action.model
+        self._refused[(target, action.lever)] = self.window
+        self._moved.pop((target, action.lever), None)
+
+    def _available(self, target: str, lever: str) -> bool:
+        refused = self._refused.get((target, lever))
+        return refused is None or self.window - refused >= self.h.refused_windows
+
     def _failed_lately(self, target: str, lever: str) -> bool:
         """A lever whose last relaxation had to be undone is not probed again for as long
         as a probe waits: the next probe tries the next lever in the order instead."""
@@ -206,7 +219,8 @@ class QosController:
                  device: Device | None, cpus: int, moved: set[str]) -> Action | bool:
         """The cheapest step toward ``model``'s objective; True when the steps left are on
         models (or the device) already moved this window, False when none is left."""
-        steps = tighten_steps(model, objectives, levers, figures, device, cpus)
+        steps = [step for step in tighten_steps(model, objectives, levers, figures, device,
+                                                cpus) if self._available(step[0], step[1])]
         action = self._first(steps, levers, device, True, model, moved, True)
         return action if action is not None else bool(steps)
 

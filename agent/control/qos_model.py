@@ -125,6 +125,7 @@ class Hysteresis:
     # levers moved on other models (and the device) that took less than this share off
     # the p99 they were moved for are given back once that model is unmet: they did not help
     helped: float = 0.9
+    refused_windows: int = 30  # a lever refused is not asked for again for this long
     min_count: int = 1  # a window with fewer calls says nothing about latency
     # windows not judged after a move: the one the move fell in mixes both settings (with
     # twenty calls a window, one request that waited under the old delay is the p99)

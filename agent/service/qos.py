@@ -1,8 +1,10 @@
 """The QoS controller while serving (``qos.mode`` advise or control): every ``window_s`` it
 reads the data plane's statistics, turns them into each model's window (qos_inputs), lets
 the decision core (agent.control.qos) decide, and in ``control`` mode applies each action
-through the data plane's token-guarded levers route.  The control plane decides; the data
-plane only executes.
+through the data plane's token-guarded levers route (threads and CPUs: the data plane
+rebuilds the model's sessions and swaps them in), and the device's latency ladder through
+the tuning engine (``ladder``; restored to the profile's rung when the loop stops).  The
+control plane decides; the data plane and the engine only execute.
 
 Every action is a ``qos_action`` event (model, the objective it serves, the window figures,
 lever, before -> after, why, and in control mode the milliseconds from the decision to the
@@ -16,13 +18,23 @@ it walks the same steps on the levers it would have set, so its events read as t
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.control.qos import Action, Decision, Levers, Objective, QosController, Unmet
+from agent.control.qos import (
+    RUNG,
+    Action,
+    Decision,
+    Device,
+    Levers,
+    Objective,
+    QosController,
+    Unmet,
+)
 from agent.service.qos_inputs import Served, Windows, lever_request
 
 if TYPE_CHECKING:
@@ -48,15 +60,36 @@ class DataPlane(Protocol):
     def status(self) -> dict[str, Any]: ...
 
 
+class Ladder(Protocol):
+    """The device's latency ladder (agent.tuning.latency_knobs.LatencyKnobs): rung 0 is
+    the profile as applied; ``apply`` moves through the tuning engine's journal."""
+
+    @property
+    def rung(self) -> int: ...
+
+    def ladder(self) -> Sequence[object]: ...
+
+    def apply(self, rung: int) -> None: ...
+
+    def restore(self) -> None: ...
+
+
+DeviceReader = Callable[[], Mapping[str, Any]]  # utilisation, frequency, throttled, temperature
+
+
 class QosLoop:
     """One thread, one decision per window; nothing it meets ends it."""
 
     def __init__(self, config: QosConfig, supervisor: DataPlane,
                  objectives: ObjectiveLookup, on_event: Callable[..., None],
-                 controller: QosController | None = None) -> None:
+                 controller: QosController | None = None, ladder: Ladder | None = None,
+                 device: DeviceReader | None = None) -> None:
         self.config, self.supervisor = config, supervisor
         self.objectives, self.on_event = objectives, on_event
         self.controller = controller or QosController()
+        self.ladder, self.device = ladder, device
+        self.device_figures: dict[str, Any] = {}
+        self._advised_rung: int | None = None  # advise: the rung it would have moved to
         self.windows = Windows()
         self.actions = 0
         self.last_action: dict[str, Any] | None = None
@@ -78,6 +111,12 @@ class QosLoop:
             self._thread.join(timeout=10)
         if self._client is not None:
             self._client.close()
+        if self.ladder is not None and self.config.mode == "control":
+            try:  # the profile's own floor again: what the ladder raised was for serving
+                self.ladder.restore()
+            except Exception as error:  # the journal's rollback still restores it
+                logger.warning("qos: restoring the device's latency ladder failed: %s",
+                               error)
 
     def problems(self) -> list[str]:
         return []  # an unmet objective is a warning: the device, not a fault, falls short
@@ -109,37 +148,77 @@ class QosLoop:
         levers = {m: self._advised.get(m, s.levers) for m, s in served.items()}
         decision = self.controller.decide({m: s.figures for m, s in served.items()},
                                           objectives, levers,
-                                          {m: s.configured for m, s in served.items()})
+                                          {m: s.configured for m, s in served.items()},
+                                          self._device(), self._cpus())
         decided = time.perf_counter()
         for action in decision.actions:
             self._act(client, action, served, decided)
         self._report_unmet(decision.unmet)
         return decision
 
+    def _cpus(self) -> int:
+        """The CPUs the data plane may run on: what a model may be confined within."""
+        try:
+            return len(os.sched_getaffinity(int(self.supervisor.status()["pid"])))
+        except (OSError, KeyError, TypeError, ValueError):
+            return 0  # no placement this window
+
+    def _device(self) -> Device | None:
+        """The ladder's place and whether the device throttles (its figures kept for the
+        events and telemetry); None without a ladder to move."""
+        if self.device is not None:
+            self.device_figures = dict(self.device())
+        if self.ladder is None:
+            return None
+        rungs = len(self.ladder.ladder())
+        rung = self._advised_rung if self._advised_rung is not None else self.ladder.rung
+        return Device(rung, rungs, bool(self.device_figures.get("throttled", False)))
+
     def _act(self, client: HttpClient, action: Action, served: Mapping[str, Served],
              decided: float) -> None:
         from agent.serving.errors import ServeError
 
         applied: dict[str, Any] = {}
-        if self.config.mode == "control":
+        if action.lever == RUNG:
+            applied = self._climb(action, decided)
+        elif self.config.mode == "control":
             try:
                 client.set_levers(action.model, lever_request(served[action.model],
                                                               action.lever, action.after))
                 applied = {"applied": True,
                            "applied_ms": round((time.perf_counter() - decided) * 1000, 3)}
-            except ServeError as error:  # a model unloaded meanwhile: the next window sees
+            except ServeError as error:  # unloaded meanwhile, or a lever it does not have
                 applied = {"applied": False, "error": error.message}
+                self.controller.refused(action)
         else:
             current = self._advised.get(action.model, served[action.model].levers)
             self._advised[action.model] = current.set(action.lever, action.after)
             applied = {"applied": False}
         self.actions += 1
-        figures = {m: asdict(served[m].figures) for m in {action.model, action.serves}}
+        figures: dict[str, Any] = {m: asdict(served[m].figures)
+                                   for m in {action.model, action.serves} if m in served}
+        if self.device_figures:
+            figures["device"] = self.device_figures
         self.last_action = {"model": action.model, "serves": action.serves,
                             "lever": action.lever, "before": action.before,
                             "after": action.after, "why": action.why,
                             "mode": self.config.mode, **applied}
         self.on_event("qos_action", **self.last_action, figures=figures)
+
+    def _climb(self, action: Action, decided: float) -> dict[str, Any]:
+        """The device's ladder to ``action.after``: through the tuning engine in control,
+        only remembered in advise."""
+        assert self.ladder is not None and isinstance(action.after, int)
+        if self.config.mode != "control":
+            self._advised_rung = action.after
+            return {"applied": False}
+        try:
+            self.ladder.apply(action.after)
+        except Exception as error:  # a write the kernel refused: nothing half-applied
+            self.controller.refused(action)
+            return {"applied": False, "error": str(error)}
+        return {"applied": True, "applied_ms": round((time.perf_counter() - decided) * 1000,
+                                                     3)}
 
     def _report_unmet(self, unmet: Mapping[str, Unmet]) -> None:
         for model, now in unmet.items():
@@ -169,6 +248,12 @@ class QosLoop:
             if model in self.unmet:
                 entry["qos_unmet"] = {"best_p99_ms": self.unmet[model].best_p99_ms}
             models[model] = entry
+        device: dict[str, Any] = {}
+        if self.ladder is not None:
+            device["rung"] = (self._advised_rung if self._advised_rung is not None
+                              else self.ladder.rung)
+            device["rungs"] = len(self.ladder.ladder())
         return {"mode": self.config.mode, "window_s": self.config.window_s,
-                "actions": self.actions, "last_action": self.last_action, "models": models}
+                "actions": self.actions, "last_action": self.last_action, "models": models,
+                "device": device | self.device_figures}
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.control.qos import ADMIT, DELAY, PREFERRED, Figures, Levers, Objective
+from agent.control.qos import DELAY, PREFERRED, THREADS, Figures, Levers, Objective
+from agent.control.qos_model import Value
 from agent.service.intervals import Intervals
 from agent.serving.repository import CONFIG_FILE
 from agent.serving.settings import ModelSettingsError, read_settings
@@ -38,17 +39,23 @@ class Served:
 
 def levers_of(view: Mapping[str, Any]) -> Levers:
     """The controller's levers from the data plane's (levers.view): the preferred batch is
-    the largest preferred size, max_batch_size when none is set (a batch is cut there)."""
+    the largest preferred size, max_batch_size when none is set (a batch is cut there);
+    threads and CPUs as the sessions serving now were built with."""
     sizes = [int(size) for size in view["preferred_batch_size"]]
     batch = int(view["max_batch_size"])
-    rate = view.get("admit_rps")
+    rate, cpus = view.get("admit_rps"), view.get("cpus")
     return Levers(int(view["max_queue_delay_us"]) if batch else 0,
-                  max(sizes) if sizes else batch, None if rate is None else float(rate))
+                  max(sizes) if sizes else batch, None if rate is None else float(rate),
+                  int(view.get("threads") or 0),
+                  None if cpus is None else tuple(int(cpu) for cpu in cpus),
+                  bool(view.get("rebuilding", False)))
 
 
-def lever_request(served: Served, lever: str, after: float | None) -> dict[str, Any]:
+def lever_request(served: Served, lever: str, after: Value) -> dict[str, Any]:
     """The data plane's request for one action: a preferred step keeps config.yaml's sizes
     up to the new largest one (and config.yaml's list once back at its value)."""
+    if isinstance(after, tuple):  # the CPUs a model is confined to
+        return {lever: list(after)}
     if lever == DELAY:
         return {DELAY: int(after or 0)}
     if lever == PREFERRED:
@@ -56,7 +63,9 @@ def lever_request(served: Served, lever: str, after: float | None) -> dict[str, 
         if largest >= served.configured.preferred_batch_size:
             return {PREFERRED: list(served.preferred)}
         return {PREFERRED: [s for s in served.preferred if s <= largest] or [largest]}
-    return {ADMIT: after}
+    if lever == THREADS:
+        return {THREADS: int(after or 1)}
+    return {lever: after}
 
 
 class Windows:
