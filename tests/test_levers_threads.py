@@ -30,6 +30,7 @@ from agent.serving.errors import ServeError
 from agent.serving.http_client import HttpClient
 from agent.serving.levers import LeverChange, parse_change
 from agent.serving.registry import ModelRegistry
+from agent.serving.server import DataPlane, ServerSettings
 from agent.serving.threads import InferenceThreads
 
 TOKEN = "threads-levers-token"
@@ -292,3 +293,43 @@ def test_a_placement_outlives_a_profile_switch(tmp_path: Path) -> None:
     finally:
         done.set()
         thread.join(10)
+
+
+def test_a_rebuild_that_ends_after_stop_installs_nothing(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    registry, client, _, factory = served
+    monkeypatch.setattr("agent.serving.registry.STOP_WAIT_S", 0.1)
+    factory.hold.set()
+    client.set_levers("one", {"threads": 1})
+    assert factory.entered.wait(REBUILD_S)
+    registry.stop()  # gives up waiting for the rebuild's lock
+    factory.release.set()
+    until(lambda: (registry._rebuilds.view("one") or {}).get("state") == "failed", REBUILD_S)
+    assert registry._rebuilds.view("one")["error"] == "the server stopped during the rebuild"
+    assert registry._slots["one"].served is None
+
+
+def test_the_data_planes_placement_holds_through_a_profile_switch(tmp_path: Path) -> None:
+    """The server's wiring: its factory adopts each session's ORT workers as inference
+    threads (the profile's CPUs), then the lever pins them, and a switch keeps the pin."""
+    repository = tmp_path / "repository"
+    put(repository, "one", 1, onnx_models.dynamic_batch_mlp)
+    plane = DataPlane(ServerSettings(
+        http="127.0.0.1:0", grpc="127.0.0.1:0", repository=repository, builtins={},
+        pins={}, token_files=[], max_request_bytes=1 << 20,
+        providers=["CPUExecutionProvider"], threads=(2, 1), cache_dir=None,
+        ready_file=tmp_path / "ready.json", metrics="127.0.0.1:0"))
+    plane.registry.start()
+    try:
+        plane.registry.set_levers("one", parse_change({"cpus": [LAST]}))
+        until(lambda: (plane.registry._rebuilds.view("one") or {}).get("state") == "done",
+              REBUILD_S)
+        version = plane.registry._served("one").versions[1]
+        tids = ({tid for session in version.sessions for tid in session.built.worker_tids}
+                | {thread.native_id for thread in version.scheduler._threads})
+        assert len(tids) == 2
+        plane.threads.switch(None)  # a rollback to no profile: every CPU, but not for these
+        assert {cpus_allowed(tid) for tid in tids} == {str(LAST)}
+        assert not plane.threads.errors
+    finally:
+        plane.registry.stop()

@@ -11,22 +11,28 @@ keeps the pin through a later profile switch (threads.py).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 Place = Callable[[Iterable[int], Sequence[int]], None]  # pins threads (tids) to CPUs
 
 
 def pin(tids: Iterable[int], cpus: Sequence[int]) -> None:
-    """Pin each thread to ``cpus``; one that has exited meanwhile is skipped (the default
-    ``Place`` where no InferenceThreads schedules the threads)."""
+    """Pin each thread to ``cpus`` (the default ``Place`` where no InferenceThreads
+    schedules the threads); one that has exited meanwhile is skipped, a refusal (CPUs a
+    cpuset took away since the lever was checked) logged: a worker must still start."""
     for tid in tids:
         try:
             os.sched_setaffinity(tid, cpus)
         except ProcessLookupError:
             continue
+        except OSError as error:
+            logger.warning("thread %d: not pinned to CPUs %s: %s", tid, list(cpus), error)
 
 
 def worker_tids(built: Sequence[tuple[Any, Any]]) -> set[int]:

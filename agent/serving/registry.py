@@ -264,9 +264,9 @@ class ModelRegistry:
             if old is None or self._stopping.is_set():
                 raise unavailable(f"model {name} is not loaded ({slot.reason})")
             new = rebuilt(old, *wanted, lambda *args: self._build(name, *args))
-            if self._stopping.is_set():
-                swap(slot, old, new)  # serves nothing new; closes what was built
-                return
+            if self._stopping.is_set():  # stop gave up waiting for it: install nothing
+                swap(slot, slot.served, new)
+                raise unavailable("the server stopped during the rebuild")
             swap(slot, new, old)
             logger.info("model %s serves with threads %s, cpus %s", name, *wanted)
 
