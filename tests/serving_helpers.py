@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 
 from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.inference.session import BuiltSession, build_session
-from agent.serving.core import InferRequest, InferResult
+from agent.serving.core import InferRequest, InferResult, Tensor
+from agent.serving.errors import ServeError
 from agent.serving.registry import ModelRegistry
 
 
@@ -66,3 +70,34 @@ class RecordingModels(DemoModels):
     def infer(self, request: InferRequest) -> InferResult:
         self.requests.append(request)
         return super().infer(request)
+
+
+@contextlib.contextmanager
+def streaming(registry: ModelRegistry, model: str, inputs: tuple[Tensor, ...],
+              expected: np.ndarray, clients: int = 6) -> Iterator[tuple[list[str], list[int]]]:
+    """``clients`` threads sending ``inputs`` to ``model`` back to back for the block's
+    length: ``(failures, [answered])``, each failure a wrong answer or an error's code and
+    message, the count of answers growing as they come (the threads end with the block)."""
+    stop = threading.Event()
+    failures: list[str] = []
+    answered = [0]
+
+    def send() -> None:
+        while not stop.is_set():
+            try:
+                got = registry.infer(InferRequest(model, "", inputs)).outputs[0].array
+                if not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
+                    failures.append("a wrong answer")
+                answered[0] += 1
+            except ServeError as error:
+                failures.append(f"{error.code}: {error.message}")
+
+    threads = [threading.Thread(target=send) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield failures, answered
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)

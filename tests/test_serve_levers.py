@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import numpy as np
 import onnx_models
 import pytest
 from http_helpers import HttpServer
-from serving_helpers import cpu_factory
+from serving_helpers import cpu_factory, streaming
 from test_serve_registry import direct, put, until
 
 from agent.serving.access import Access
@@ -79,7 +78,8 @@ def test_a_shorter_queue_delay_frees_the_waiting_batch_at_once(
         assert not waiting.done()
         answer = client.set_levers("waits", {"max_queue_delay_us": 0})
         assert answer == {"1": {"max_queue_delay_us": 0, "preferred_batch_size": [8],
-                                "max_batch_size": 8, "admit_rps": None, "not_admitted": 0}}
+                                "max_batch_size": 8, "admit_rps": None, "not_admitted": 0,
+                                "threads": 4, "cpus": None}}
         # well inside the 10 s it would otherwise have waited
         result = waiting.result(timeout=8)
         np.testing.assert_array_equal(result.outputs[0].array,
@@ -95,34 +95,13 @@ def test_levers_moved_under_a_stream_of_requests_fail_none(
         served: tuple[ModelRegistry, HttpClient, Path]) -> None:
     registry, client, repo = served
     expected = direct(repo / "busy" / "1" / "model.onnx", x(0.25))
-    stop = threading.Event()
-    failures: list[str] = []
-    answered = [0]
-
-    def load() -> None:
-        while not stop.is_set():
-            try:
-                got = registry.infer(InferRequest("busy", "", x(0.25))).outputs[0].array
-                if not np.array_equal(got, expected):
-                    failures.append("a wrong answer")
-                answered[0] += 1
-            except ServeError as error:
-                failures.append(f"{error.code}: {error.message}")
-
-    threads = [threading.Thread(target=load) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    try:
+    with streaming(registry, "busy", x(0.25), expected) as (failures, answered):
         settings = [{"max_queue_delay_us": 0, "preferred_batch_size": [2]},
                     {"max_queue_delay_us": 5000, "preferred_batch_size": [4, 8]},
                     {"preferred_batch_size": []}, {"max_queue_delay_us": 100},
                     {"admit_rps": 1_000_000}, {"admit_rps": None}]
         for turn in range(60):
             client.set_levers("busy", settings[turn % len(settings)])
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(30)
     assert not failures, failures[:3]
     assert answered[0] > 0
     assert levers(registry, "busy")["admit_rps"] is None

@@ -10,6 +10,8 @@ own: synthetic requests sent alternately to the new and the old version, through
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from agent.inference.loop import all_finite
 from agent.inference.stats import LatencyStats, Window
 from agent.serving.core import InferRequest, InferResult
 from agent.serving.errors import ServeError, invalid
+from agent.serving.state import Served, Slot, swap
 from agent.serving.versions import Version, synthetic
 from agent.validation import SettingsError, number, validate
 
@@ -27,6 +30,7 @@ PROBE_PAIRS = 100  # probe calls per version over a window without live traffic
 LOAD_PARAMETERS = ("canary",)
 
 Infer = Callable[[InferRequest], InferResult]
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -148,3 +152,29 @@ def watch(infer: Infer, new: Version, old: Version, limits: CanaryLimits,
             probes[1].stats.window())
         return verdict(window, reference, limits)
     return verdict(probes[0].stats.window(), probes[1].stats.window(), limits)
+
+
+def trial(slot: Slot, old: Served, new: Served, limits: CanaryLimits, infer: Infer,
+          clock: Callable[[], float], sleep: Callable[[float], Any],
+          stopping: threading.Event) -> None:
+    """Serve ``new``'s default beside ``old`` and judge it; on failure ``old`` serves
+    again (one assignment) and FAILED_PRECONDITION names the reason."""
+    candidate = new.versions[new.default]
+    beside = Served({**old.versions, **new.versions}, new.default, new.settings)
+    candidate.canary = True
+    slot.served = beside
+    try:
+        reason = watch(infer, candidate, old.versions[old.default], limits, clock, sleep)
+    finally:
+        candidate.canary = False
+    if reason is None and stopping.is_set():
+        reason = "the server stopped during the canary"
+    if reason is None:
+        logger.info("model %s version %d passed its canary", slot.name, candidate.number)
+        return
+    swap(slot, old)
+    message = (f"model {slot.name} version {candidate.number}: canary failed: {reason}; "
+               f"version {old.default} serves again")
+    slot.failed = {candidate.number: f"canary failed: {reason}"}
+    logger.warning("%s", message)
+    raise ServeError("FAILED_PRECONDITION", message)

@@ -238,11 +238,14 @@ class _Api:
         return await self._control(request, self.models.unload)
 
     async def levers(self, request: web.Request) -> web.StreamResponse:
-        """The control plane's QoS controller moving a model's instant levers (token only)."""
+        """The control plane's QoS controller moving a model's levers (token only): the
+        instant ones as now served; ``rebuilding``: a threads/cpus rebuild started, which
+        the statistics show once it swapped (rebuild.py)."""
         change = parse_change(loads(await self._body(request), "the levers request",
                                     _RESERVATION.get()))
         return json_response({"versions": self.models.set_levers(request.match_info["model"],
-                                                                 change)})
+                                                                 change),
+                              "rebuilding": change.rebuilds})
 
     async def shm_status(self, request: web.Request) -> web.StreamResponse:
         return json_response(self.regions.status(request.match_info.get("region", "")))

@@ -1,6 +1,9 @@
 """The instant levers the QoS controller moves on a served version, live: its queue delay and
 preferred batch sizes (the queue's next cut uses them) and an admission cap in requests per
 second.  The control plane decides; this only checks what it is asked and executes it.
+Two more levers are not instant: ``threads`` (intra-op threads per session) and ``cpus``
+(the CPUs a model's threads run on) rebuild the model's versions off the hot path and swap
+them in (rebuild.py); the route answers at once and the statistics show them once swapped.
 
 What comes in is a JSON document from a socket (the token-guarded ``…/levers`` route), so it
 is checked in full, bounded, before anything changes: a document that names an unknown key
@@ -12,30 +15,44 @@ show beside the live ones (``edge_agent.levers``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agent.kernel.parsers import format_cpulist
 from agent.serving.errors import invalid
 from agent.serving.policy import SchedulePolicy
 
 MAX_DELAY_US = 10_000_000  # as config.yaml's dynamic_batching.max_queue_delay_us
 MAX_PREFERRED = 16  # sizes in one preferred_batch_size list
 MAX_ADMIT_RPS = 1_000_000.0
-KEYS = ("max_queue_delay_us", "preferred_batch_size", "admit_rps")
+MAX_THREADS = 1024  # as config.yaml's instances[].threads; rebuild.py bounds it per model
+KEYS = ("max_queue_delay_us", "preferred_batch_size", "admit_rps", "threads", "cpus")
 BURST_S = 0.1  # an admission cap lets this much of a second's rate through at once
 
 
 @dataclass(frozen=True)
 class LeverChange:
-    """What to change (None: leave as it is; ``admit`` set with ``admit_rps`` None: no cap)."""
+    """What to change (None: leave as it is; ``admit`` set with ``admit_rps`` None: no cap;
+    ``rethread`` set with ``threads`` None: config.yaml's threads; ``place`` set with
+    ``cpus`` None: no placement)."""
 
     delay_us: int | None = None
     preferred: tuple[int, ...] | None = None
     admit: bool = False
     admit_rps: float | None = None
+    rethread: bool = False
+    threads: int | None = None
+    place: bool = False
+    cpus: tuple[int, ...] | None = None
+
+    @property
+    def rebuilds(self) -> bool:
+        """Whether the change needs the versions rebuilt (rebuild.py)."""
+        return self.rethread or self.place
 
 
 def _integer(value: Any) -> bool:
@@ -64,8 +81,26 @@ def parse_change(document: Any) -> LeverChange:
     if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)
                              or not 0.001 <= rate <= MAX_ADMIT_RPS):
         raise invalid(f"admit_rps must be null (no cap) or a number 0.001..{MAX_ADMIT_RPS:g}")
+    threads = document.get("threads")
+    if threads is not None and not (_integer(threads) and 1 <= threads <= MAX_THREADS):
+        raise invalid(f"threads must be null (config.yaml's) or an integer 1..{MAX_THREADS}")
     return LeverChange(delay, None if preferred is None else tuple(sorted(set(preferred))),
-                       "admit_rps" in document, None if rate is None else float(rate))
+                       "admit_rps" in document, None if rate is None else float(rate),
+                       "threads" in document, threads, "cpus" in document,
+                       _cpus(document.get("cpus")))
+
+
+def _cpus(value: Any) -> tuple[int, ...] | None:
+    """A placement: CPU ids this process may run on (sched_getaffinity), each once."""
+    if value is None:
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if not (isinstance(value, list) and 0 < len(value) <= len(allowed)
+            and all(_integer(cpu) and cpu in allowed for cpu in value)
+            and len(set(value)) == len(value)):
+        raise invalid("cpus must be null (no placement) or a list of distinct CPU ids this "
+                      f"data plane may run on (allowed: {format_cpulist(allowed)})")
+    return tuple(sorted(value))
 
 
 def retuned(policy: SchedulePolicy, change: LeverChange, label: str) -> SchedulePolicy:

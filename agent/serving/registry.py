@@ -13,6 +13,7 @@ the front ends answer meanwhile, and the server is ready once the round finished
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -37,7 +38,9 @@ from agent.serving.errors import ServeError, invalid, not_found, unavailable
 from agent.serving.levers import LeverChange
 from agent.serving.loading import load_in_turn
 from agent.serving.pending import Retired
+from agent.serving.placement import Place, pin
 from agent.serving.probe import Prober
+from agent.serving.rebuild import Rebuilds, Target, rebuilt, target
 from agent.serving.repository import (
     BUILTIN_VERSION,
     CONFIG_FILE,
@@ -46,8 +49,8 @@ from agent.serving.repository import (
     scan_model,
     valid_name,
 )
-from agent.serving.settings import instances_problem
-from agent.serving.state import Served, Slot, config_view, index_rows, versions_of
+from agent.serving.settings import ModelSettings, instances_problem
+from agent.serving.state import Served, Slot, config_view, index_rows, swap, versions_of
 from agent.serving.versions import SessionFactory, Version, build, version_key
 
 logger = logging.getLogger(__name__)
@@ -70,7 +73,7 @@ class ModelRegistry:
                  worker_start: Callable[[], None] | None = None,
                  device_problem: Callable[[str], str | None] | None = None,
                  privileged_priority: int = 0,
-                 load_alone_s: float = LOAD_ALONE_S) -> None:
+                 load_alone_s: float = LOAD_ALONE_S, place: Place = pin) -> None:
         """``clock``/``sleep`` pace a canary (tests inject their own); ``sleep`` defaults to
         a wait that ``stop`` cuts short.  ``intra_op_threads``: the CPUs the profile gives
         inference (one intra-op thread each, options.thread_plan; None: this process's
@@ -79,7 +82,8 @@ class ModelRegistry:
         thread as it starts; ``device_problem`` says why an instance's device is not on
         this board (devices.device_problem over the discovered topology; None: every device
         goes); ``privileged_priority``: serve.privileged_priority (policy.level; 0: every
-        level is open, as in a registry without front ends)."""
+        level is open, as in a registry without front ends); ``place``: how the ``cpus``
+        lever pins threads (the server's keeps them pinned through a profile switch)."""
         bad = [name for name in builtins if not valid_name(name)]
         if bad:
             raise ValueError(f"built-in model names {bad} are not valid model names")
@@ -92,6 +96,8 @@ class ModelRegistry:
         self._privileged = privileged_priority
         self._device_problem = device_problem
         self._worker_start = worker_start
+        self._place = place
+        self._rebuilds = Rebuilds(self._rebuild)
         self._stopping = threading.Event()
         self._clock = clock
         self._sleep = sleep or self._stopping.wait
@@ -164,7 +170,7 @@ class ModelRegistry:
                 logger.warning("model %s: still loading at stop", name)
             try:
                 served = slot.served
-                self._replace(slot, None)
+                swap(slot, None)
                 slot.reason = "the server stopped"
                 for version in served.versions.values() if served is not None else ():
                     version.scheduler.join(5.0)
@@ -220,10 +226,7 @@ class ModelRegistry:
         slot.loading = tuple(to_build)
         try:
             for number in to_build:
-                versions[number] = build(name, number, wanted[number], entry.settings,
-                                         self.factory, intra_op_threads=self._intra_op_threads,
-                                         worker_start=self._worker_start,
-                                         root=self._root(name, number))
+                versions[number] = self._build(name, number, wanted[number], entry.settings)
         except ServeError as error:
             for built in to_build[:to_build.index(number)]:
                 versions[built].close()
@@ -240,11 +243,32 @@ class ModelRegistry:
             return
         if limits is not None and old is not None and old.default != new.default and (
                 new.default in to_build):
-            self._canary(slot, old, new, limits)
-        self._replace(slot, new, old)
+            canaries.trial(slot, old, new, limits, self.infer, self._clock, self._sleep,
+                           self._stopping)
+        swap(slot, new, old)
         slot.failed, slot.reason = {}, ""
         logger.info("model %s serves versions %s (built %s)", name, sorted(versions),
                     to_build or "none")
+
+    def _build(self, name: str, number: int, path: Path, settings: ModelSettings,
+               threads: int | None = None, cpus: tuple[int, ...] | None = None) -> Version:
+        return build(name, number, path, settings, self.factory,
+                     intra_op_threads=self._intra_op_threads, worker_start=self._worker_start,
+                     root=self._root(name, number), threads=threads, cpus=cpus,
+                     place=self._place)
+
+    def _rebuild(self, name: str, wanted: Target) -> None:
+        """The ``threads``/``cpus`` levers' rebuild (rebuild.py), swapped in as a load is."""
+        with self._lock(name):
+            slot, old = self._slots[name], self._slots[name].served
+            if old is None or self._stopping.is_set():
+                raise unavailable(f"model {name} is not loaded ({slot.reason})")
+            new = rebuilt(old, *wanted, lambda *args: self._build(name, *args))
+            if self._stopping.is_set():  # stop gave up waiting for it: install nothing
+                swap(slot, slot.served, new)
+                raise unavailable("the server stopped during the rebuild")
+            swap(slot, new, old)
+            logger.info("model %s serves with threads %s, cpus %s", name, *wanted)
 
     def _check_instances(self, entry: ModelEntry) -> ModelEntry:
         """The entry, or it with the error settings.instances_problem finds (threads beyond
@@ -253,18 +277,6 @@ class ModelRegistry:
                                                         CONFIG_FILE),
                                     self._cpus, self._device_problem)
         return entry if problem is None else dataclasses.replace(entry, error=problem)
-
-    @staticmethod
-    def _replace(slot: Slot, served: Served | None, *also: Served | None) -> None:
-        """Serve ``served`` in one assignment and close every version that no longer serves
-        (of what served before, and of ``also``): its queued requests still finish."""
-        keep = {id(v) for v in served.versions.values()} if served is not None else set()
-        dropped = [slot.served, *also]
-        slot.served = served
-        for before in dropped:
-            for version in before.versions.values() if before is not None else ():
-                if id(version) not in keep:
-                    version.close()
 
     def _root(self, name: str, number: int) -> Path | None:
         """Where a version's model file must lie: the repository, or anywhere for a
@@ -278,35 +290,10 @@ class ModelRegistry:
             raise invalid(f"model {name} version {number}: {error}") from None
         return version_key(path, digest, entry.settings)
 
-    def _canary(self, slot: Slot, old: Served, new: Served,
-                limits: canaries.CanaryLimits) -> None:
-        """Serve ``new``'s default beside ``old`` and judge it; on failure ``old`` serves
-        again (one assignment) and FAILED_PRECONDITION names the reason."""
-        candidate = new.versions[new.default]
-        trial = Served({**old.versions, **new.versions}, new.default, new.settings)
-        candidate.canary = True
-        slot.served = trial
-        try:
-            reason = canaries.watch(self.infer, candidate, old.versions[old.default], limits,
-                                    self._clock, self._sleep)
-        finally:
-            candidate.canary = False
-        if reason is None and self._stopping.is_set():
-            reason = "the server stopped during the canary"
-        if reason is None:
-            logger.info("model %s version %d passed its canary", slot.name, candidate.number)
-            return
-        self._replace(slot, old)
-        message = (f"model {slot.name} version {candidate.number}: canary failed: {reason}; "
-                   f"version {old.default} serves again")
-        slot.failed = {candidate.number: f"canary failed: {reason}"}
-        logger.warning("%s", message)
-        raise ServeError("FAILED_PRECONDITION", message)
-
     def unload(self, name: str, parameters: Mapping[str, Any]) -> None:
         with self._lock(name):
             slot = self._slot(name)
-            self._replace(slot, None)
+            swap(slot, None)
             slot.failed, slot.loading, slot.reason = {}, (), "unloaded"
             logger.info("model %s unloaded", name)
 
@@ -389,12 +376,21 @@ class ModelRegistry:
         return [row for row in rows if row.state == "READY"] if ready_only else rows
 
     def statistics(self, name: str, version: str) -> list[dict[str, Any]]:
-        if not name:
-            return [v.statistics() for n in sorted(self._slots)
-                    for v in versions_of(self._slots[n], n, "")]
-        return [v.statistics() for v in versions_of(self._slot(name), name, version)]
+        slots = ({n: self._slots[n] for n in sorted(self._slots)} if not name
+                 else {name: self._slot(name)})
+        entries = []
+        for n, slot in slots.items():
+            for found in versions_of(slot, n, version if name else ""):
+                entry = found.statistics()
+                entry["edge_agent"]["rebuild"] = self._rebuilds.view(n)
+                entries.append(entry)
+        return entries
 
     def set_levers(self, name: str, change: LeverChange) -> dict[str, Any]:
-        """The QoS controller's levers on each serving version: ``{version: levers}``."""
+        """The QoS controller's levers on each serving version: ``{version: levers}``; the
+        ``threads``/``cpus`` ones start a rebuild (rebuild.py) and serve once it swapped."""
         served = self._served(name)
-        return {str(n): v.set_levers(change) for n, v in sorted(served.versions.items())}
+        rebuild = (self._rebuilds.starting(name, target(name, served, change, self._cpus))
+                   if change.rebuilds else contextlib.nullcontext())
+        with rebuild:
+            return {str(n): v.set_levers(change) for n, v in sorted(served.versions.items())}

@@ -66,6 +66,7 @@ class Scheduler:
         self._runs: list[Watch | None] = [None] * len(sessions)  # each instance's run
         self.cancelled = 0  # runs the watchdog cut short
         self.admission = Admission()  # the QoS controller's cap (none until it sets one)
+        self.inline = True  # an idle instance may run a request on its caller's thread
         self._threads = [threading.Thread(target=self._work, args=(index, session),
                                           name=f"{thread_name}-{index}",
                                           daemon=True)
@@ -81,7 +82,7 @@ class Scheduler:
             raise unavailable(f"{self.label} admits at most {self.admission.rate:g} "
                               "requests/s now (the QoS controller holds it for a model of "
                               "a higher class); try again")
-        instance = self.queue.claim()
+        instance = self.queue.claim() if self.inline else None
         if instance is not None:
             try:
                 self._serve(instance, self._sessions[instance], [item])

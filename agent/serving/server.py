@@ -210,7 +210,8 @@ class DataPlane:
                                       intra_op_threads=settings.threads[0],
                                       worker_start=self.threads.adopt_current,
                                       device_problem=_device_check(settings),
-                                      privileged_priority=settings.privileged_priority)
+                                      privileged_priority=settings.privileged_priority,
+                                      place=self.threads.place)
         everything = not (is_loopback(split_address(settings.http)[0])
                           and is_loopback(split_address(settings.grpc)[0]))
         self.access = Access(list(settings.token_files), everything=everything)

@@ -145,3 +145,15 @@ def versions_of(slot: Slot, name: str, version: str) -> list[Version]:
     if version:
         return [served.pick(name, version)]
     return [v for _, v in sorted(served.versions.items())]
+
+
+def swap(slot: Slot, served: Served | None, *also: Served | None) -> None:
+    """Serve ``served`` in one assignment and close every version that no longer serves
+    (of what served before, and of ``also``): its queued requests still finish."""
+    keep = {id(v) for v in served.versions.values()} if served is not None else set()
+    dropped = [slot.served, *also]
+    slot.served = served
+    for before in dropped:
+        for version in before.versions.values() if before is not None else ():
+            if id(version) not in keep:
+                version.close()

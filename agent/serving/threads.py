@@ -12,11 +12,12 @@ so a rollback from ``realtime`` would leave it there.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from agent.kernel import sched as rt
@@ -57,6 +58,7 @@ class InferenceThreads:
         self.wanted = wanted
         self.full_cpus = sorted(os.sched_getaffinity(0))
         self._tids: set[int] = set()
+        self._placed: dict[int, list[int]] = {}  # tid -> the cpus lever's CPUs (placement)
         self._lock = threading.Lock()
         self.errors: list[str] = []
 
@@ -75,6 +77,16 @@ class InferenceThreads:
                 self._tids.add(tid)
                 self._apply_one(tid)
 
+    def place(self, tids: Iterable[int], cpus: Sequence[int]) -> None:
+        """Pin adopted threads of a model to ``cpus`` (the ``cpus`` lever, placement.py):
+        they keep the profile's policy and priority, on these CPUs instead of its, also
+        after a switch."""
+        with self._lock:
+            for tid in tids:
+                if tid in self._tids:
+                    self._placed[tid] = list(cpus)
+                    self._apply_one(tid)
+
     def switch(self, wanted: rt.ThreadSched | None) -> None:
         """A new profile's scheduling (None: the baseline), for every live thread."""
         with self._lock:
@@ -82,15 +94,18 @@ class InferenceThreads:
             for tid in sorted(self._tids):
                 if not os.path.exists(f"/proc/self/task/{tid}"):
                     self._tids.discard(tid)
+                    self._placed.pop(tid, None)
                     continue
                 self._apply_one(tid)
 
     def _apply_one(self, tid: int) -> None:
+        placed = self._placed.get(tid)
         try:
             if self.wanted is None:
-                rt.reset_thread_sched(tid, self.full_cpus)
+                rt.reset_thread_sched(tid, placed or self.full_cpus)
             else:
-                rt.apply_thread_sched(tid, self.wanted)
+                rt.apply_thread_sched(tid, self.wanted if placed is None else
+                                      dataclasses.replace(self.wanted, cpus=placed))
         except (OSError, rt.RtError) as error:
             message = f"thread {tid}: {error}"
             logger.warning("inference thread scheduling: %s", message)

@@ -34,6 +34,7 @@ from agent.serving.counters import Counters
 from agent.serving.errors import invalid
 from agent.serving.levers import LeverChange, retuned, view
 from agent.serving.pending import Pending, Retired
+from agent.serving.placement import Place, pinning, worker_tids
 from agent.serving.policy import SchedulePolicy
 from agent.serving.scheduler import Scheduler
 from agent.serving.settings import Instance, ModelSettings
@@ -110,14 +111,15 @@ def input_caps(inputs: Sequence[TensorSpec], max_batch: int,
     return caps
 
 
-def version_key(path: Path, digest: str, settings: ModelSettings) -> object:
+def version_key(path: Path, digest: str, settings: ModelSettings, threads: int | None = None,
+                cpus: tuple[int, ...] | None = None) -> object:
     """What makes a loaded version "unchanged" for a later load: the same file and the same
     settings its sessions, limits and queue were built with (a change to dynamic_batching
     alone, a tuned queue delay, builds the version anew: its queue's policy is built with
-    it)."""
+    it), and the rebuild levers (rebuild.py), so a load puts config.yaml's back."""
     return (path, digest, settings.instances, settings.providers, settings.max_batch_size,
             settings.precision, settings.max_run_ms, settings.max_input_elements,
-            settings.dynamic_batching)
+            settings.dynamic_batching, threads, cpus)
 
 
 def synthetic(specs: Sequence[TensorSpec]) -> tuple[Tensor, ...]:
@@ -145,9 +147,14 @@ class Version:
     def __init__(self, model: str, number: int, path: Path, digest: str,
                  instances: Sequence[tuple[Instance, Backend]],
                  settings: ModelSettings,
-                 worker_start: Callable[[], None] | None = None) -> None:
+                 worker_start: Callable[[], None] | None = None, *,
+                 configured: Sequence[int | None] = (), threads: int | None = None,
+                 cpus: tuple[int, ...] | None = None) -> None:
         """``instances``: each backend with the instance (config.yaml) it was built for;
-        one queue feeds them all, whatever device each runs on."""
+        one queue feeds them all, whatever device each runs on.  ``configured``: each
+        session's threads as config.yaml gives them (None: the factory's choice);
+        ``threads``/``cpus``: the rebuild levers it was built with (None: config.yaml's,
+        no placement)."""
         self.model, self.number, self.path, self.digest = model, number, path, digest
         self.instances = tuple(instances)
         self.sessions = tuple(backend for _, backend in self.instances)
@@ -159,7 +166,9 @@ class Version:
         self.max_elements = input_caps(self.inputs, self.max_batch_size,
                                        settings.max_input_elements)
         self.policy = SchedulePolicy.of(settings, self.max_batch_size)
-        self.key = version_key(path, digest, settings)
+        self.key = version_key(path, digest, settings, threads, cpus)
+        self.threads, self.cpus = threads, cpus
+        self.configured_threads = max((n for n in configured if n), default=None)
         self.stats = LatencyStats()
         self.counters = Counters(len(self.sessions))
         self.probe_error = ""  # the last probe's failure; "" : it passed
@@ -169,6 +178,8 @@ class Version:
         self.scheduler = Scheduler(self.label, f"infer-{model}", self.sessions,
                                    self.output_names, self.policy, self.counters,
                                    worker_start, self._probe, max_run_ms=settings.max_run_ms)
+        # a placed model runs on its pinned workers only, never on a front end's thread
+        self.scheduler.inline = cpus is None
 
     @property
     def label(self) -> str:
@@ -270,7 +281,14 @@ class Version:
         queue.retune(retuned(queue.policy, change, self.label))
         if change.admit:
             self.scheduler.admission.set_rate(change.admit_rps)
-        return view(queue.policy, self.scheduler.admission)
+        return self.levers()
+
+    def levers(self) -> dict[str, Any]:
+        """The levers served now: the instant ones, the sessions' intra-op threads (the
+        most, where instances differ) and the CPUs its threads are pinned to (None: any)."""
+        return view(self.scheduler.queue.policy, self.scheduler.admission) | {
+            "threads": max(backend.intra_op for backend in self.sessions),
+            "cpus": None if self.cpus is None else list(self.cpus)}
 
     def close(self) -> None:
         """Stop taking requests; the queued ones are still served, then the workers exit
@@ -320,8 +338,10 @@ class Version:
                       "wait_ms": self.counters.queue_snapshot()["latency_ms"],
                       "window": self.counters.queue_window()},
             "sha256": self.digest,
-            "levers": view(queue.policy, self.scheduler.admission),
-            "configured": view(self.policy),  # config.yaml's, which a relaxation returns to
+            "levers": self.levers(),
+            # config.yaml's, which a relaxation or a reload returns to
+            "configured": view(self.policy) | {"threads": self.configured_threads,
+                                               "cpus": None},
         }
         return entry
 
@@ -329,14 +349,17 @@ class Version:
 def build(model: str, number: int, path: Path, settings: ModelSettings,
           factory: SessionFactory, *, intra_op_threads: int | None = None,
           worker_start: Callable[[], None] | None = None,
-          root: Path | None = None) -> Version:
+          root: Path | None = None, threads: int | None = None,
+          cpus: tuple[int, ...] | None = None, place: Place | None = None) -> Version:
     """Build and probe one version; ServeError INVALID_ARGUMENT naming it when the file,
     its pinned digest, a session or the probe fails.  ``intra_op_threads``: the threads the
     server may give one version, shared out among the sessions of instances that name no
     ``threads`` of their own, so N instances do not oversubscribe the CPUs (None: the
     factory's choice).  ``root``: the repository the model file must lie in, its links
     followed (None for a built-in, served in place).  The digest covers the external data
-    files the model names (model_files), which must lie in its version directory."""
+    files the model names (model_files), which must lie in its version directory.
+    ``threads``: every session's intra-op threads (None: as above); ``cpus``: the CPUs its
+    sessions' ORT workers and its scheduler's workers are pinned to, through ``place``."""
     label = f"model {model} version {number}"
     try:
         digest = model_sha256(path, root=root)
@@ -348,16 +371,22 @@ def build(model: str, number: int, path: Path, settings: ModelSettings,
                       "refused")
     sessions = sum(instance.count for instance in settings.instances)
     share = None if intra_op_threads is None else max(1, intra_op_threads // sessions)
+    configured = [instance.threads or share for instance in settings.instances
+                  for _ in range(instance.count)]
     built = []
     try:
         for instance in settings.instances:
             for _ in range(instance.count):
                 made = factory(path, sha256=pin, providers=settings.providers,
-                               threads=instance.threads or share, device=instance.device,
-                               precision=settings.precision)
+                               threads=threads or instance.threads or share,
+                               device=instance.device, precision=settings.precision)
                 built.append((instance, as_backend(made, instance.device,
                                                    settings.precision)))
-        version = Version(model, number, path, digest, built, settings, worker_start)
+        if cpus is not None and place is not None:
+            place(worker_tids(built), cpus)
+            worker_start = pinning(worker_start, place, cpus)
+        version = Version(model, number, path, digest, built, settings, worker_start,
+                          configured=configured, threads=threads, cpus=cpus)
     except Exception as error:  # a file ORT refuses, a provider it lacks, a bad batch size
         for _, backend in built:
             backend.close()
@@ -367,3 +396,4 @@ def build(model: str, number: int, path: Path, settings: ModelSettings,
         version.close()
         raise invalid(f"{label}: probe failed: {reason}")
     return version
+
