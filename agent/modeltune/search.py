@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.modeltune.space import DIMENSIONS, Candidate, Space, valid
+from agent.modeltune.space import DIMENSIONS, Candidate, Space, valid, values
 
 # Goodputs within this fraction of the best count as equal: the lower p99 then wins, since
 # under a fixed rate every candidate that keeps up serves the same requests per second.
@@ -68,7 +68,7 @@ def coordinate_descent(space: Space, cpus: int, measure: Callable[[Candidate], R
         before = current
         for dimension in DIMENSIONS:
             line = []
-            for value in space[dimension]:
+            for value in values(space, dimension):
                 point = _aligned(space, current,
                                  dataclasses.replace(current, **{dimension: value}))
                 if not valid(point, cpus):
@@ -98,9 +98,10 @@ def _aligned(space: Space, current: Candidate, point: Candidate) -> Candidate:
 
 
 def _start(space: Space, cpus: int) -> Candidate:
-    """One instance with the most threads it may have, the smallest batch and delay."""
+    """One instance with the most threads it may have, the smallest batch and delay, the
+    lowest version (a build's source comes before the builds made of it)."""
     count, batch, delay = min(space["count"]), min(space["max_batch_size"]), min(
         space["max_queue_delay_us"])
     threads = [t for t in space["threads"] if valid(Candidate(t, count, batch, 0), cpus)]
     return Candidate(max(threads or [min(space["threads"])]), count, batch,
-                     delay if batch > 1 else 0)
+                     delay if batch > 1 else 0, min(values(space, "version")))
