@@ -113,15 +113,18 @@ def render(report: TuneReport) -> str:
     from agent.modeltune.search import pareto
 
     searched = bool(report.variants)
+    knobs = bool(report.knobs)
     rows = [["", *(["variant"] if searched else []), "instances x threads", "batch",
-             "delay_us", "p99_ms", "rps", "goodput", "cpu", "pareto", "load"]]
+             "delay_us", *(["knobs"] if knobs else []), "p99_ms", "rps", "goodput", "cpu",
+             "pareto", "load"]]
     for r, front in zip(report.results, pareto(report.results), strict=True):
         c = r.candidate
         variant = report.variant(r)
         rows.append(["*" if r is report.chosen else "",
                      *([variant.label() if variant else ""] if searched else []),
                      f"{c.count} x {c.threads}",
-                     str(c.max_batch_size), str(c.max_queue_delay_us), f"{r.p99_ms:.2f}",
+                     str(c.max_batch_size), str(c.max_queue_delay_us),
+                     *([report.knobs[c.knobs]] if knobs else []), f"{r.p99_ms:.2f}",
                      f"{r.throughput_rps:.1f}", f"{r.goodput_rps:.1f}",
                      "" if r.cpu_cores is None else f"{r.cpu_cores:.2f}",
                      "yes" if front else "", r.problem or r.load])

@@ -32,6 +32,7 @@ class TuneReport:
     # on a busy device must not become the model's configuration (None: nothing to confirm)
     confirmed: Result | None = None
     variants: dict[int, Variant] = field(default_factory=dict)  # searched (--variants)
+    knobs: tuple[str, ...] = ()  # the latency knobs' rungs searched, by index
 
     @property
     def met(self) -> bool:
@@ -75,6 +76,7 @@ class TuneReport:
             "goodput_rps": round(self.chosen.goodput_rps, 2),
             "measured_s": round(self.measured_s, 2),
             "candidates": [{"settings": self._settings(r), **self._variant(r),
+                            **self._knobs(r),
                             "p99_ms": _ms(r.p99_ms),
                             "throughput_rps": round(r.throughput_rps, 2),
                             "goodput_rps": round(r.goodput_rps, 2), "met": r.met,
@@ -95,7 +97,12 @@ class TuneReport:
             "notes": self.notes,
             **({"variants": [v.to_dict() for v in self.variants.values()]}
                if self.variants else {}),
+            **({"chosen_knobs": self._knobs(self.chosen)["knobs"]} if self.knobs else {}),
         }
+
+    def _knobs(self, result: Result) -> dict[str, Any]:
+        rung = result.candidate.knobs
+        return {"knobs": {"rung": rung, "label": self.knobs[rung]}} if self.knobs else {}
 
     def variant(self, result: Result) -> Variant | None:
         """The variant a result measured (None: no variant was searched)."""

@@ -1,9 +1,8 @@
 """The settings ``model tune`` searches: the model's version (the backend/precision variants
 ``model build`` made, with ``--variants``) x instance count x threads per instance x
-max_batch_size x max_queue_delay_us, as a grid of candidates and the config.yaml keys of one.
-
-The profile's latency knobs are not searched yet: each needs a journaled profile change per
-candidate.
+max_batch_size x max_queue_delay_us (x the rungs of the device's latency knobs, when a
+ladder is given: agent.modeltune.knobs), as a grid of candidates and the config.yaml keys of
+one.
 """
 
 from __future__ import annotations
@@ -17,10 +16,11 @@ from agent.serving.settings import THREADS_PER_CPU
 
 # Searched in this order by coordinate descent: the variant first (a quantized build changes
 # every other optimum), threads next (the largest effect on one request's latency), then
-# instances, then the batching pair.  A version of 0 is the one the model serves (no variant
-# searched), as a max_batch_size of 0 is a fixed batch.
-DIMENSIONS = ("version", "threads", "count", "max_batch_size", "max_queue_delay_us")
-UNSEARCHED = {"version": (0,)}  # the value of a dimension a space leaves out
+# instances, then the batching pair, and the latency knobs last (each move is a journaled
+# change of the device).  A version of 0 is the one the model serves (no variant searched),
+# as a max_batch_size of 0 is a fixed batch; knobs rung 0 is the profile's own settings.
+DIMENSIONS = ("version", "threads", "count", "max_batch_size", "max_queue_delay_us", "knobs")
+UNSEARCHED = {"version": (0,), "knobs": (0,)}  # the value of a dimension a space leaves out
 # --space's names for the dimensions
 SPACE_KEYS = {"threads": "threads", "count": "count", "batch": "max_batch_size",
               "delay_us": "max_queue_delay_us"}
@@ -44,6 +44,7 @@ class Candidate:
     max_batch_size: int
     max_queue_delay_us: int
     version: int = 0  # a variant's version, pinned; 0: the version the model serves
+    knobs: int = 0  # the latency knobs' rung (device-wide, no config.yaml key)
 
     def settings(self, device: str | None = None, precision: str | None = None
                  ) -> dict[str, Any]:
@@ -63,8 +64,9 @@ class Candidate:
 
     def label(self) -> str:
         version = f"version {self.version}, " if self.version else ""
+        knobs = f", knobs rung {self.knobs}" if self.knobs else ""
         return (f"{version}{self.count} x {self.threads} threads, batch "
-                f"{self.max_batch_size}, delay {self.max_queue_delay_us} us")
+                f"{self.max_batch_size}, delay {self.max_queue_delay_us} us{knobs}")
 
 
 Space = Mapping[str, Sequence[int]]

@@ -18,6 +18,7 @@ import yaml
 
 from agent import yamlfile
 from agent.modeltune import configfile, search, variants
+from agent.modeltune.knobs import KnobRungs, KnobSetter
 from agent.modeltune.measure import Clients, Load, Objective, measure
 from agent.modeltune.plane import ScratchPlane, stage_model
 from agent.modeltune.report import TuneReport
@@ -56,6 +57,7 @@ class TuneRequest:
     inference_model: str | None = None  # the config's built-in model, served the same way
     recorded_rate: float | None = None  # what the running data plane recorded for it
     variants: bool = False  # search the versions model build made too (--variants)
+    knobs: KnobRungs | None = None  # the device's latency knobs ladder, searched too
 
     def load_rate(self, min_rps: float | None) -> tuple[float | None, str]:
         """The open loop's rate and where it came from; None: the closed loop."""
@@ -96,6 +98,14 @@ def _variants(request: TuneRequest, versions: Mapping[int, Path], served: int
 
 def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: None
          ) -> TuneReport:
+    """The search, and with a knobs ladder the device put back afterwards, whatever ended
+    it (a refusal, a failed measurement, an interrupt)."""
+    with KnobSetter(request.knobs) as knobs:
+        return _tune(request, progress, knobs)
+
+
+def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSetter
+          ) -> TuneReport:
     entry = scan_model(request.repository, request.builtins, request.model)
     if entry is None:
         raise TuneError(f"model {request.model!r}: not in {request.repository} (nor a "
@@ -115,7 +125,9 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
     device = None if first == "auto" else first
     cpus = len(os.sched_getaffinity(0))
     found = _variants(request, entry.versions, number)
-    versions = {"version": tuple(found)} if found else {}
+    extra = {"version": tuple(found)} if found else {}
+    if request.knobs is not None and request.knobs.labels:
+        extra["knobs"] = tuple(range(len(request.knobs.labels)))
     files = {v: entry.versions[v] for v in found} or {number: wanted[number]}
     if not grid(_space(request.space, cpus, True), cpus):  # refused before anything starts
         raise TuneError(f"--space leaves no candidate within {THREADS_PER_CPU} threads per "
@@ -135,7 +147,7 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
                 raise TuneError(here(error.message)) from None
             feeds = {t.name: t.array for t in synthetic(specs)}
             batched = all(s.shape and s.shape[0] < 0 for s in specs)
-            space = {**_space(request.space, cpus, batched), **versions}
+            space = {**_space(request.space, cpus, batched), **extra}
             points = grid(space, cpus)
             if request.exhaustive and len(points) > MAX_GRID:
                 raise TuneError(f"--exhaustive: {len(points)} candidates, above {MAX_GRID}: "
@@ -145,6 +157,7 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
             def measured(candidate: Candidate) -> Result:
                 config = with_candidate(original, candidate, device,
                                         _precision(found, candidate))
+                knobs.move(candidate.knobs)
                 problem = plane.reload(request.model, config_file, config,
                                        candidate.version)
                 if problem:
@@ -163,7 +176,8 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
 
             began = time.monotonic()
             if request.exhaustive:
-                results = search.exhaustive(points, measured)
+                # one move of the device's knobs per rung, not per candidate
+                results = search.exhaustive(sorted(points, key=lambda c: c.knobs), measured)
             else:
                 results = search.coordinate_descent(
                     space, cpus, measured,
@@ -178,12 +192,17 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
     report = TuneReport(request.model, number, objective,
                         "exhaustive" if request.exhaustive else "coordinate descent",
                         results, best, best.candidate.settings(device, precision), took,
-                        confirmed=confirmed, variants=found)
+                        confirmed=confirmed, variants=found,
+                        knobs=tuple(request.knobs.labels) if request.knobs else ())
     shape = f"an open loop at {rate:g} rps ({source})" if rate else "a closed loop"
     report.notes.append(f"load: {shape}, {request.window_s:g} s per measurement; "
                         f"{len(points)} candidates in the grid")
     if found:
         report.notes.append("variants: " + "; ".join(v.label() for v in found.values()))
+    if request.knobs is not None and request.knobs.labels:
+        report.notes.append(f"latency knobs: best at rung {best.candidate.knobs} "
+                            f"({knobs.label(best.candidate.knobs)}); the device is put back "
+                            "to the profile's own (a rung is the profile's to hold)")
     if report.met:
         text = yaml.safe_dump(chosen, sort_keys=False)
         parse_settings(yaml.safe_load(text), str(directory / CONFIG_FILE))  # never write bad
