@@ -55,13 +55,16 @@ def test_the_variants_are_the_passed_builds_their_source_and_the_served_version(
         5: _version(tmp_path, 5, b"another model entirely", None),
         6: _version(tmp_path, 6, b"a retrained one, served", None),
         7: _version(tmp_path, 7, b"unreadable report", None),
+        8: _version(tmp_path, 8, b"odd", {"passed": True, "target": "cpu\n\x1b[2J",
+                                           "chosen": ["not", "a", "word"]}),
     }
     (tmp_path / "7" / "build.json").write_text("{not json")
     assert find("m", versions, 6) == {
         1: Variant(1, "build source"),
         2: Variant(2, "int8 u8s8-per-channel", "cpu", None),
         4: Variant(4, "int8 s8s8-symmetric-per-channel", "tensorrt", "int8"),
-        6: Variant(6, "served")}
+        6: Variant(6, "served"),
+        8: Variant(8, "build", "cpu[2J")}  # a report's words shown printable, or "build"
     with pytest.raises(NoVariantsError, match=r"^model m: --variants: model build has made "
                        r"no variant of it .*; make one with `edge-agent model build SRC\.onnx "
                        r"--name m --calibration DIR"):

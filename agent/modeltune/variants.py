@@ -56,6 +56,20 @@ def config_precision(target: str, precision: str) -> str | None:
     return "fp16" if target == "openvino" and precision == "fp16" else None
 
 
+def _text(value: object, limit: int) -> str:
+    """A report's word as a table or a note may show it: printable, bounded ("" for none)."""
+    return "".join(c for c in value if c.isprintable())[:limit] if isinstance(value, str) \
+        else ""
+
+
+def _source_of(path: Path, sources: set[str]) -> bool:
+    """Whether ``path`` is a build's source (an unreadable file is not)."""
+    try:
+        return path.suffix == ".onnx" and file_sha256(path) in sources
+    except OSError:
+        return False
+
+
 def read_build(model_file: Path) -> dict[str, Any] | None:
     """The passed build.json beside ``model_file``; None when there is none, it failed its
     gate, or it cannot be read (such a version is no build to search, only a version)."""
@@ -80,10 +94,10 @@ def find(model: str, versions: Mapping[int, Path], served: int) -> dict[int, Var
         report = read_build(path)
         if report is None:
             continue
-        target, precision = str(report.get("target") or ""), str(report.get("precision"))
-        chosen = report.get("chosen")
-        name = f"{precision} {chosen}" if isinstance(chosen, str) else precision
-        found[version] = Variant(version, name[:80], target[:40],
+        target = _text(report.get("target"), 40)
+        precision = _text(report.get("precision"), 8)
+        name = " ".join(w for w in (precision, _text(report.get("chosen"), 64)) if w)
+        found[version] = Variant(version, name or "build", target,
                                  config_precision(target, precision))
         source = report.get("source")
         if isinstance(source, dict) and isinstance(source.get("sha256"), str):
@@ -96,7 +110,7 @@ def find(model: str, versions: Mapping[int, Path], served: int) -> dict[int, Var
     for version, path in versions.items():
         if version in found:
             continue
-        if sources and path.suffix == ".onnx" and file_sha256(path) in sources:
+        if sources and _source_of(path, sources):
             found[version] = Variant(version, "build source")
         elif version == served:
             found[version] = Variant(version, "served")
