@@ -62,7 +62,7 @@ def remeasure(model: Path, candidates: list[Candidate], objective: Objective,
     """Each candidate's goodput, ABAB, on one scratch data plane."""
     goodputs: list[list[float]] = [[] for _ in candidates]
     with tempfile.TemporaryDirectory(prefix="bench-tune-") as work:
-        config_file = stage_model(Path(work), NAME, 1, model, False, {})
+        config_file = stage_model(Path(work), NAME, {1: model}, None, {}, 1)
         with ScratchPlane(Path(work)) as plane:
             with plane.client() as client:
                 feeds = {t.name: t.array for t in synthetic(client.model_metadata(NAME).inputs)}

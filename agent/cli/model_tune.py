@@ -1,6 +1,7 @@
-"""``edge-agent model tune M``: instances, threads, max batch and queue delay searched live on
-this device against the model's latency objective, the best written to its config.yaml
-(refused, exit 1, when even the best misses); ``--rollback`` puts the old file back."""
+"""``edge-agent model tune M``: instances, threads, max batch and queue delay (and with
+``--variants`` the backend/precision builds ``model build`` made) searched live on this
+device against the model's latency objective, the best written to its config.yaml (refused,
+exit 1, when even the best misses); ``--rollback`` puts the old file back."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ def register_tune(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
                      help="the values of one dimension: threads, count, batch, delay_us "
                      "(default: threads 1, 2, 4 .. CPUs; count 1, 2; batch 1, 4, 8; "
                      "delay_us 0, 500, 2000)")
+    sub.add_argument("--variants", action="store_true",
+                     help="search the versions model build made of the model too (each "
+                     "build, the served version and the builds' source); the chosen one is "
+                     "pinned with version_policy")
     sub.add_argument("--window-s", type=positive_float, default=1.0, metavar="N",
                      help="seconds of load per measurement (default: 1)")
     sub.add_argument("--rollback", action="store_true",
@@ -74,7 +79,8 @@ def tune_command(args: argparse.Namespace) -> int:
     recorded = _recorded(config, args.model) if config and args.rate is None else None
     request = TuneRequest(args.model, repository, builtins, args.p99_ms, args.rate,
                           args.budget_s, args.exhaustive, args.space, args.window_s,
-                          config.inference.model if config else None, recorded)
+                          config.inference.model if config else None, recorded,
+                          args.variants)
     progress = (lambda step: None) if args.json else (
         lambda step: print(f"  ... {step}", file=sys.stderr, flush=True))
     try:
@@ -106,12 +112,19 @@ def _recorded(config: Config, model: str) -> float | None:
 def render(report: TuneReport) -> str:
     from agent.modeltune.search import pareto
 
-    rows = [["", "instances x threads", "batch", "delay_us", "p99_ms", "rps", "goodput",
-             "cpu", "pareto", "load"]]
+    searched = bool(report.variants)
+    knobs = bool(report.knobs)
+    rows = [["", *(["variant"] if searched else []), "instances x threads", "batch",
+             "delay_us", *(["knobs"] if knobs else []), "p99_ms", "rps", "goodput", "cpu",
+             "pareto", "load"]]
     for r, front in zip(report.results, pareto(report.results), strict=True):
         c = r.candidate
-        rows.append(["*" if r is report.chosen else "", f"{c.count} x {c.threads}",
-                     str(c.max_batch_size), str(c.max_queue_delay_us), f"{r.p99_ms:.2f}",
+        variant = report.variant(r)
+        rows.append(["*" if r is report.chosen else "",
+                     *([variant.label() if variant else ""] if searched else []),
+                     f"{c.count} x {c.threads}",
+                     str(c.max_batch_size), str(c.max_queue_delay_us),
+                     *([report.knobs[c.knobs]] if knobs else []), f"{r.p99_ms:.2f}",
                      f"{r.throughput_rps:.1f}", f"{r.goodput_rps:.1f}",
                      "" if r.cpu_cores is None else f"{r.cpu_cores:.2f}",
                      "yes" if front else "", r.problem or r.load])

@@ -36,24 +36,28 @@ class PlaneError(RuntimeError):
     """The scratch data plane did not start (its stderr's last line says why)."""
 
 
-def stage_model(scratch: Path, name: str, number: int, model_file: Path,
-                in_repository: bool, config: Mapping[str, Any]) -> Path:
-    """``scratch/repository/<name>/<number>/`` holding the version's files (an ONNX
-    model's external data among them), or the model file alone for a built-in one; the
-    config pinned to that version.  The repository copy leaves the operator's files
-    untouched whatever a candidate does."""
+def stage_model(scratch: Path, name: str, files: Mapping[int, Path], home: Path | None,
+                config: Mapping[str, Any], serve: int) -> Path:
+    """``scratch/repository/<name>/<number>/`` for each of ``files`` (version -> model file):
+    the version's files (an ONNX model's external data, a build's ``build.json`` and
+    ``.rknn`` among them) when the file is in ``home``/<number>/, the model repository's
+    directory of the model, else the model file alone (a built-in one); the config pinned to
+    version ``serve``.  The repository copy leaves the operator's files untouched whatever a
+    candidate does."""
     directory = scratch / "repository" / name
-    target = directory / str(number)
-    target.mkdir(parents=True)
-    sources = [f for f in model_file.parent.iterdir() if f.is_file()] if in_repository \
-        else [model_file]
-    for source in sources:
-        shutil.copyfile(source, target / (source.name if in_repository else "model.onnx"))
+    for number, model_file in files.items():
+        target = directory / str(number)
+        target.mkdir(parents=True)
+        in_repository = home is not None and model_file.parent == home / str(number)
+        sources = [f for f in model_file.parent.iterdir() if f.is_file()] if in_repository \
+            else [model_file]
+        for source in sources:
+            shutil.copyfile(source, target / (source.name if in_repository else "model.onnx"))
     pinned = {k: v for k, v in config.items() if k not in ("version_policy", "sha256")}
     pins = config.get("sha256") or {}
-    if number in pins:
-        pinned["sha256"] = {number: pins[number]}
-    pinned["version_policy"] = {"specific": [number]}
+    if any(number in pins for number in files):
+        pinned["sha256"] = {number: pins[number] for number in files if number in pins}
+    pinned["version_policy"] = {"specific": [serve]}
     (directory / CONFIG_FILE).write_text(yaml.safe_dump(pinned, sort_keys=False))
     return directory / CONFIG_FILE
 
@@ -118,15 +122,20 @@ class ScratchPlane:
     def client(self, timeout_s: float = 30.0) -> HttpClient:
         return HttpClient(f"http://{self.address}", token=self.token, timeout_s=timeout_s)
 
-    def reload(self, name: str, config_file: Path, config: Mapping[str, Any]) -> str:
-        """Serve ``name`` with ``config``; the data plane's refusal, or "" when it serves."""
+    def reload(self, name: str, config_file: Path, config: Mapping[str, Any],
+               version: int = 0) -> str:
+        """Serve ``name`` with ``config``; the data plane's refusal, or "" when it serves
+        (``version``: the one it must serve alone, a variant; 0: whatever the config says)."""
         config_file.write_text(yaml.safe_dump(dict(config), sort_keys=False))
         try:
             with self.client() as client:
                 client.unload(name)
                 client.load(name)
+                served = client.model_metadata(name).versions if version else ()
         except ServeError as error:
             return error.message
+        if version and served != (str(version),):
+            return f"the data plane serves versions {', '.join(served)}, not {version} alone"
         return ""
 
     def cpu_seconds(self) -> float:

@@ -8,6 +8,7 @@ from typing import Any
 
 from agent.modeltune.measure import KEPT_UP, Objective
 from agent.modeltune.search import Result, pareto
+from agent.modeltune.variants import Variant
 
 
 def _ms(value: float) -> float | None:
@@ -30,6 +31,8 @@ class TuneReport:
     # the chosen candidate measured once more before anything is written: one lucky window
     # on a busy device must not become the model's configuration (None: nothing to confirm)
     confirmed: Result | None = None
+    variants: dict[int, Variant] = field(default_factory=dict)  # searched (--variants)
+    knobs: tuple[str, ...] = ()  # the latency knobs' rungs searched, by index
 
     @property
     def met(self) -> bool:
@@ -72,7 +75,9 @@ class TuneReport:
             "throughput_rps": round(self.chosen.throughput_rps, 2),
             "goodput_rps": round(self.chosen.goodput_rps, 2),
             "measured_s": round(self.measured_s, 2),
-            "candidates": [{"settings": r.candidate.settings(), "p99_ms": _ms(r.p99_ms),
+            "candidates": [{"settings": self._settings(r), **self._variant(r),
+                            **self._knobs(r),
+                            "p99_ms": _ms(r.p99_ms),
                             "throughput_rps": round(r.throughput_rps, 2),
                             "goodput_rps": round(r.goodput_rps, 2), "met": r.met,
                             "cpu_cores": r.cpu_cores, "pareto": front, "load": r.load,
@@ -90,4 +95,23 @@ class TuneReport:
             "miss": self.miss(),
             "written": self.written or None,
             "notes": self.notes,
+            **({"variants": [v.to_dict() for v in self.variants.values()]}
+               if self.variants else {}),
+            **({"chosen_knobs": self._knobs(self.chosen)["knobs"]} if self.knobs else {}),
         }
+
+    def _knobs(self, result: Result) -> dict[str, Any]:
+        rung = result.candidate.knobs
+        return {"knobs": {"rung": rung, "label": self.knobs[rung]}} if self.knobs else {}
+
+    def variant(self, result: Result) -> Variant | None:
+        """The variant a result measured (None: no variant was searched)."""
+        return self.variants.get(result.candidate.version)
+
+    def _settings(self, result: Result) -> dict[str, Any]:
+        variant = self.variant(result)
+        return result.candidate.settings(None, variant.precision if variant else None)
+
+    def _variant(self, result: Result) -> dict[str, Any]:
+        variant = self.variant(result)
+        return {"variant": variant.to_dict()} if variant else {}

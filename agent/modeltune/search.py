@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.modeltune.space import DIMENSIONS, Candidate, Space, valid
+from agent.modeltune.space import DIMENSIONS, Candidate, Space, valid, values
 
 # Goodputs within this fraction of the best count as equal: the lower p99 then wins, since
 # under a fixed rate every candidate that keeps up serves the same requests per second.
@@ -46,11 +46,13 @@ def pareto(results: Sequence[Result]) -> list[bool]:
 
 
 def choose(results: Sequence[Result]) -> Result:
-    """The best: objectives met first, then goodput (within TIE: the lower p99)."""
+    """The best: objectives met first, then goodput (within TIE: the lower latency knobs
+    rung, since a floor or a hold costs power and buys no goodput there, then the lower
+    p99)."""
     pool = [r for r in results if r.met] or [r for r in results if not r.problem] or list(results)
     top = max(r.goodput_rps for r in pool)
     close = [r for r in pool if r.goodput_rps >= top * (1 - TIE)]
-    return min(close, key=lambda r: (r.p99_ms, -r.goodput_rps))
+    return min(close, key=lambda r: (r.candidate.knobs, r.p99_ms, -r.goodput_rps))
 
 
 def exhaustive(points: Sequence[Candidate], measure: Callable[[Candidate], Result]
@@ -68,7 +70,7 @@ def coordinate_descent(space: Space, cpus: int, measure: Callable[[Candidate], R
         before = current
         for dimension in DIMENSIONS:
             line = []
-            for value in space[dimension]:
+            for value in values(space, dimension):
                 point = _aligned(space, current,
                                  dataclasses.replace(current, **{dimension: value}))
                 if not valid(point, cpus):
@@ -98,9 +100,12 @@ def _aligned(space: Space, current: Candidate, point: Candidate) -> Candidate:
 
 
 def _start(space: Space, cpus: int) -> Candidate:
-    """One instance with the most threads it may have, the smallest batch and delay."""
+    """One instance with the most threads it may have, the smallest batch and delay, the
+    lowest version (a build's source comes before the builds made of it), the lowest
+    latency knobs rung."""
     count, batch, delay = min(space["count"]), min(space["max_batch_size"]), min(
         space["max_queue_delay_us"])
     threads = [t for t in space["threads"] if valid(Candidate(t, count, batch, 0), cpus)]
     return Candidate(max(threads or [min(space["threads"])]), count, batch,
-                     delay if batch > 1 else 0)
+                     delay if batch > 1 else 0, min(values(space, "version")),
+                     min(values(space, "knobs")))

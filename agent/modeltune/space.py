@@ -1,8 +1,8 @@
-"""The settings ``model tune`` searches: instance count x threads per instance x
-max_batch_size x max_queue_delay_us, as a grid of candidates and the config.yaml keys of one.
-
-The backend/precision dimension (the builds ``model build`` makes) and the profile's latency
-knobs are not searched yet: each needs a build or a journaled profile change per candidate.
+"""The settings ``model tune`` searches: the model's version (the backend/precision variants
+``model build`` made, with ``--variants``) x instance count x threads per instance x
+max_batch_size x max_queue_delay_us (x the rungs of the device's latency knobs, when a
+ladder is given: agent.modeltune.knobs), as a grid of candidates and the config.yaml keys of
+one.
 """
 
 from __future__ import annotations
@@ -14,9 +14,13 @@ from typing import Any
 
 from agent.serving.settings import THREADS_PER_CPU
 
-# Searched in this order by coordinate descent: threads first (the largest effect on one
-# request's latency), then instances, then the batching pair.
-DIMENSIONS = ("threads", "count", "max_batch_size", "max_queue_delay_us")
+# Searched in this order by coordinate descent: the variant first (a quantized build changes
+# every other optimum), threads next (the largest effect on one request's latency), then
+# instances, then the batching pair, and the latency knobs last (each move is a journaled
+# change of the device).  A version of 0 is the one the model serves (no variant searched),
+# as a max_batch_size of 0 is a fixed batch; knobs rung 0 is the profile's own settings.
+DIMENSIONS = ("version", "threads", "count", "max_batch_size", "max_queue_delay_us", "knobs")
+UNSEARCHED = {"version": (0,), "knobs": (0,)}  # the value of a dimension a space leaves out
 # --space's names for the dimensions
 SPACE_KEYS = {"threads": "threads", "count": "count", "batch": "max_batch_size",
               "delay_us": "max_queue_delay_us"}
@@ -39,20 +43,30 @@ class Candidate:
     count: int
     max_batch_size: int
     max_queue_delay_us: int
+    version: int = 0  # a variant's version, pinned; 0: the version the model serves
+    knobs: int = 0  # the latency knobs' rung (device-wide, no config.yaml key)
 
-    def settings(self, device: str | None = None) -> dict[str, Any]:
-        """The config.yaml keys this candidate sets (``device``: the instances' own, kept)."""
+    def settings(self, device: str | None = None, precision: str | None = None
+                 ) -> dict[str, Any]:
+        """The config.yaml keys this candidate sets (``device``: the instances' own, kept;
+        ``precision``: the one its variant is served with, None: the config's own)."""
         instance: dict[str, Any] = {"count": self.count, "threads": self.threads}
         if device is not None:
             instance["device"] = device
         keys: dict[str, Any] = {"max_batch_size": self.max_batch_size, "instances": [instance]}
         if self.max_batch_size > 0:
             keys["dynamic_batching"] = {"max_queue_delay_us": self.max_queue_delay_us}
+        if self.version:
+            keys["version_policy"] = {"specific": [self.version]}
+        if precision is not None:
+            keys["precision"] = precision
         return keys
 
     def label(self) -> str:
-        return (f"{self.count} x {self.threads} threads, batch {self.max_batch_size}, "
-                f"delay {self.max_queue_delay_us} us")
+        version = f"version {self.version}, " if self.version else ""
+        knobs = f", knobs rung {self.knobs}" if self.knobs else ""
+        return (f"{version}{self.count} x {self.threads} threads, batch "
+                f"{self.max_batch_size}, delay {self.max_queue_delay_us} us{knobs}")
 
 
 Space = Mapping[str, Sequence[int]]
@@ -101,22 +115,32 @@ def valid(candidate: Candidate, cpus: int) -> bool:
     return candidate.max_batch_size > 1 or candidate.max_queue_delay_us == 0
 
 
+def values(space: Space, dimension: str) -> Sequence[int]:
+    """The values ``space`` gives ``dimension`` (UNSEARCHED's for one it leaves out)."""
+    return space[dimension] if dimension in space else UNSEARCHED[dimension]
+
+
 def grid(space: Space, cpus: int) -> list[Candidate]:
     """Every valid point of ``space``; one delay of 0 stands for a batch of 1."""
-    points = itertools.product(*(space[d] for d in DIMENSIONS))
-    found = {Candidate(*p) if p[2] > 1 else Candidate(p[0], p[1], p[2], 0) for p in points}
+    points = (dict(zip(DIMENSIONS, p, strict=True))
+              for p in itertools.product(*(values(space, d) for d in DIMENSIONS)))
+    found = {Candidate(**{**p, "max_queue_delay_us": p["max_queue_delay_us"]
+                          if p["max_batch_size"] > 1 else 0}) for p in points}
     return sorted(c for c in found if valid(c, cpus))
 
 
 def with_candidate(config: Mapping[str, Any], candidate: Candidate,
-                   device: str | None) -> dict[str, Any]:
+                   device: str | None, precision: str | None = None) -> dict[str, Any]:
     """``config`` (a config.yaml's mapping) with the candidate's keys set and every other
     key kept: dynamic_batching's queue and priorities stay, preferred sizes above the new
-    max_batch_size go (settings refuses them), and a fixed batch drops dynamic_batching."""
+    max_batch_size go (settings refuses them), and a fixed batch drops dynamic_batching.
+    A variant's version replaces the version policy (the data plane serves that one only),
+    and its ``precision`` (None: the config's own) the precision."""
     updated = {k: v for k, v in config.items() if k not in ("instances", "dynamic_batching")}
-    keys = candidate.settings(device)
-    updated["max_batch_size"] = keys["max_batch_size"]
-    updated["instances"] = keys["instances"]
+    keys = candidate.settings(device, precision)
+    for key in ("max_batch_size", "instances", "version_policy", "precision"):
+        if key in keys:
+            updated[key] = keys[key]
     if "dynamic_batching" in keys:
         batching = dict(config.get("dynamic_batching") or {})
         batching.update(keys["dynamic_batching"])

@@ -1,5 +1,6 @@
-"""``model tune``'s run: the model's default version copied into a scratch repository, a
-scratch data plane started over it, the candidates measured (coordinate descent within a
+"""``model tune``'s run: the model's default version (and with ``--variants`` the versions
+``model build`` made of it) copied into a scratch repository, a scratch data plane started
+over it, the candidates measured (coordinate descent within a
 budget, or the whole grid), and the best written to the model's config.yaml when it meets
 the objective."""
 
@@ -16,7 +17,8 @@ from typing import Any
 import yaml
 
 from agent import yamlfile
-from agent.modeltune import configfile, search
+from agent.modeltune import configfile, search, variants
+from agent.modeltune.knobs import KnobRungs, KnobSetter
 from agent.modeltune.measure import Clients, Load, Objective, measure
 from agent.modeltune.plane import ScratchPlane, stage_model
 from agent.modeltune.report import TuneReport
@@ -54,6 +56,8 @@ class TuneRequest:
     window_s: float = 1.0
     inference_model: str | None = None  # the config's built-in model, served the same way
     recorded_rate: float | None = None  # what the running data plane recorded for it
+    variants: bool = False  # search the versions model build made too (--variants)
+    knobs: KnobRungs | None = None  # the device's latency knobs ladder, searched too
 
     def load_rate(self, min_rps: float | None) -> tuple[float | None, str]:
         """The open loop's rate and where it came from; None: the closed loop."""
@@ -81,8 +85,27 @@ def _space(items: Sequence[str], cpus: int, batched: bool) -> dict[str, tuple[in
         raise TuneError(str(error)) from None
 
 
+def _variants(request: TuneRequest, versions: Mapping[int, Path], served: int
+              ) -> dict[int, variants.Variant]:
+    """The variants searched by version ({} without --variants)."""
+    if not request.variants:
+        return {}
+    try:
+        return variants.find(request.model, versions, served)
+    except variants.NoVariantsError as error:
+        raise TuneError(str(error)) from None
+
+
 def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: None
          ) -> TuneReport:
+    """The search, and with a knobs ladder the device put back afterwards, whatever ended
+    it (a refusal, a failed measurement, an interrupt)."""
+    with KnobSetter(request.knobs) as knobs:
+        return _tune(request, progress, knobs)
+
+
+def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSetter
+          ) -> TuneReport:
     entry = scan_model(request.repository, request.builtins, request.model)
     if entry is None:
         raise TuneError(f"model {request.model!r}: not in {request.repository} (nor a "
@@ -101,12 +124,17 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
     first = entry.settings.instances[0].device
     device = None if first == "auto" else first
     cpus = len(os.sched_getaffinity(0))
+    found = _variants(request, entry.versions, number)
+    extra = {"version": tuple(found)} if found else {}
+    if request.knobs is not None and request.knobs.labels:
+        extra["knobs"] = tuple(range(len(request.knobs.labels)))
+    files = {v: entry.versions[v] for v in found} or {number: wanted[number]}
     if not grid(_space(request.space, cpus, True), cpus):  # refused before anything starts
         raise TuneError(f"--space leaves no candidate within {THREADS_PER_CPU} threads per "
                         f"CPU ({cpus} CPUs)")
     with tempfile.TemporaryDirectory(prefix="edge-agent-tune-") as scratch:
-        config_file = stage_model(Path(scratch), request.model, number, wanted[number],
-                                  wanted[number].parent == directory / str(number), original)
+        config_file = stage_model(Path(scratch), request.model, files, directory, original,
+                                  number)
         progress("starting a scratch data plane")
         with ScratchPlane(Path(scratch), request.inference_model) as plane:
             def here(message: str) -> str:  # the operator's file, not the scratch copy
@@ -119,7 +147,7 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
                 raise TuneError(here(error.message)) from None
             feeds = {t.name: t.array for t in synthetic(specs)}
             batched = all(s.shape and s.shape[0] < 0 for s in specs)
-            space = _space(request.space, cpus, batched)
+            space = {**_space(request.space, cpus, batched), **extra}
             points = grid(space, cpus)
             if request.exhaustive and len(points) > MAX_GRID:
                 raise TuneError(f"--exhaustive: {len(points)} candidates, above {MAX_GRID}: "
@@ -127,8 +155,11 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
             load = Load(rate, request.window_s)
 
             def measured(candidate: Candidate) -> Result:
-                config = with_candidate(original, candidate, device)
-                problem = plane.reload(request.model, config_file, config)
+                config = with_candidate(original, candidate, device,
+                                        _precision(found, candidate))
+                knobs.move(candidate.knobs)
+                problem = plane.reload(request.model, config_file, config,
+                                       candidate.version)
                 if problem:
                     return Result(candidate, float("inf"), 0.0, 0.0, False, "", 0,
                                   here(problem))
@@ -138,13 +169,15 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
                                      plane.cpu_seconds)
                 finally:
                     clients.close()
-                progress(f"{candidate.label()}: p99 {result.p99_ms:.2f} ms, "
+                named = f"{found[candidate.version].name}: " if candidate.version else ""
+                progress(f"{named}{candidate.label()}: p99 {result.p99_ms:.2f} ms, "
                          f"{result.throughput_rps:.1f} rps")
                 return result
 
             began = time.monotonic()
             if request.exhaustive:
-                results = search.exhaustive(points, measured)
+                # one move of the device's knobs per rung, not per candidate
+                results = search.exhaustive(sorted(points, key=lambda c: c.knobs), measured)
             else:
                 results = search.coordinate_descent(
                     space, cpus, measured,
@@ -154,17 +187,30 @@ def tune(request: TuneRequest, progress: Callable[[str], None] = lambda line: No
                 progress("measuring the best again before writing it")
             confirmed = measured(best.candidate) if best.met else None
             took = time.monotonic() - began
-    chosen = with_candidate(original, best.candidate, device)
+    precision = _precision(found, best.candidate)
+    chosen = with_candidate(original, best.candidate, device, precision)
     report = TuneReport(request.model, number, objective,
                         "exhaustive" if request.exhaustive else "coordinate descent",
-                        results, best, best.candidate.settings(device), took,
-                        confirmed=confirmed)
+                        results, best, best.candidate.settings(device, precision), took,
+                        confirmed=confirmed, variants=found,
+                        knobs=tuple(request.knobs.labels) if request.knobs else ())
     shape = f"an open loop at {rate:g} rps ({source})" if rate else "a closed loop"
     report.notes.append(f"load: {shape}, {request.window_s:g} s per measurement; "
                         f"{len(points)} candidates in the grid")
+    if found:
+        report.notes.append("variants: " + "; ".join(v.label() for v in found.values()))
+    if request.knobs is not None and request.knobs.labels:
+        report.notes.append(f"latency knobs: best at rung {best.candidate.knobs} "
+                            f"({knobs.label(best.candidate.knobs)}); the device is put back "
+                            "to the profile's own (a rung is the profile's to hold)")
     if report.met:
         text = yaml.safe_dump(chosen, sort_keys=False)
         parse_settings(yaml.safe_load(text), str(directory / CONFIG_FILE))  # never write bad
         configfile.write_tuned(directory, text.encode(), before)
         report.written = str(directory / CONFIG_FILE)
     return report
+
+
+def _precision(found: Mapping[int, variants.Variant], candidate: Candidate) -> str | None:
+    """The precision key the candidate's variant is served with (None: the config's own)."""
+    return found[candidate.version].precision if candidate.version else None
