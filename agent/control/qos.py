@@ -31,6 +31,7 @@ from agent.control.qos_model import (
     CPUS,
     DELAY,
     PREFERRED,
+    REBUILT,
     RUNG,
     THREADS,
     Action,
@@ -45,7 +46,8 @@ from agent.control.qos_model import (
 )
 from agent.control.qos_steps import DEVICE, Step, rank, relax_steps, tighten_steps
 
-__all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "RUNG", "THREADS",
+__all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "REBUILT", "RUNG",
+           "THREADS",
            "Action", "Decision", "Device", "Figures", "Hysteresis", "Levers", "Objective",
            "QosController", "Unmet"]
 

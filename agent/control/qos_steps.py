@@ -62,13 +62,14 @@ def tighten_steps(model: str, objectives: Mapping[str, Objective],
         if current is None or capped < current:
             steps.append((other, ADMIT, capped, f"{why}: admission of {other} "
                           f"({service_class(objectives, other)}) held"))
-    for other in lower:
+    busy = [m for m in lower if m in figures and figures[m].rate_rps > 0]  # idle: no CPU
+    for other in busy:
         if levers[other].threads > 1 and not levers[other].rebuilding:
             steps.append((other, THREADS, levers[other].threads // 2,
                           f"{why}: threads of {other} halved"))
     if cpus >= 2:
         kept = tuple(range(cpus // 2, cpus))  # the first half stays free of them
-        for other in lower:
+        for other in busy:
             if levers[other].cpus is None and not levers[other].rebuilding:
                 steps.append((other, CPUS, kept, f"{why}: {other} confined to CPUs "
                               f"{kept[0]}-{kept[-1]}"))

@@ -26,6 +26,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.control.qos import (
+    REBUILT,
     RUNG,
     Action,
     Decision,
@@ -90,6 +91,7 @@ class QosLoop:
         self.ladder, self.device = ladder, device
         self.device_figures: dict[str, Any] = {}
         self._advised_rung: int | None = None  # advise: the rung it would have moved to
+        self._rebuilding: dict[str, Action] = {}  # threads/CPUs asked for, not yet swapped
         self.windows = Windows()
         self.actions = 0
         self.last_action: dict[str, Any] | None = None
@@ -144,6 +146,11 @@ class QosLoop:
             logger.debug("qos: no statistics: %s", error)
             return None
         self.served = served = self.windows.advance(self.supervisor.status()["pid"], stats)
+        for model, asked in list(self._rebuilding.items()):
+            if model not in served or served[model].rebuild_failed:  # logged by the plane
+                self.controller.refused(asked)
+            if model not in served or not served[model].levers.rebuilding:
+                del self._rebuilding[model]
         self._objectives = objectives = self.objectives(list(served))
         levers = {m: self._advised.get(m, s.levers) for m, s in served.items()}
         decision = self.controller.decide({m: s.figures for m, s in served.items()},
@@ -187,6 +194,9 @@ class QosLoop:
                                                               action.lever, action.after))
                 applied = {"applied": True,
                            "applied_ms": round((time.perf_counter() - decided) * 1000, 3)}
+                if action.lever in REBUILT:  # applied once swapped in: its statistics say
+                    self._rebuilding[action.model] = action
+                    applied["rebuilding"] = True
             except ServeError as error:  # unloaded meanwhile, or a lever it does not have
                 applied = {"applied": False, "error": error.message}
                 self.controller.refused(action)
@@ -201,7 +211,8 @@ class QosLoop:
             figures["device"] = self.device_figures
         self.last_action = {"model": action.model, "serves": action.serves,
                             "lever": action.lever, "before": action.before,
-                            "after": action.after, "why": action.why,
+                            "after": action.after, "tighten": action.tighten,
+                            "why": action.why,
                             "mode": self.config.mode, **applied}
         self.on_event("qos_action", **self.last_action, figures=figures)
 
@@ -254,6 +265,7 @@ class QosLoop:
                               else self.ladder.rung)
             device["rungs"] = len(self.ladder.ladder())
         return {"mode": self.config.mode, "window_s": self.config.window_s,
-                "actions": self.actions, "last_action": self.last_action, "models": models,
+                "windows": self.controller.window, "actions": self.actions,
+                "last_action": self.last_action, "models": models,
                 "device": device | self.device_figures}
 

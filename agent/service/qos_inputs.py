@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ class Served:
     levers: Levers
     configured: Levers
     preferred: tuple[int, ...]
+    rebuild_failed: bool = False  # the last rebuild of its threads or CPUs failed
 
 
 def levers_of(view: Mapping[str, Any]) -> Levers:
@@ -47,8 +48,19 @@ def levers_of(view: Mapping[str, Any]) -> Levers:
     return Levers(int(view["max_queue_delay_us"]) if batch else 0,
                   max(sizes) if sizes else batch, None if rate is None else float(rate),
                   int(view.get("threads") or 0),
-                  None if cpus is None else tuple(int(cpu) for cpu in cpus),
-                  bool(view.get("rebuilding", False)))
+                  None if cpus is None else tuple(int(cpu) for cpu in cpus))
+
+
+def served_levers(ours: Mapping[str, Any]) -> tuple[Levers, Levers]:
+    """A version's levers as served and as configured, from its statistics' ``edge_agent``:
+    a rebuild under way (threads, CPUs) marks them ``rebuilding``; without a configured
+    thread count (the runtime chose it) threads are no lever: nothing to give them back to."""
+    served, configured = levers_of(ours["levers"]), levers_of(ours["configured"])
+    rebuild = ours.get("rebuild") or {}
+    served = replace(served, rebuilding=rebuild.get("state") == "rebuilding")
+    if not configured.threads:
+        served = replace(served, threads=0)
+    return served, configured
 
 
 def lever_request(served: Served, lever: str, after: Value) -> dict[str, Any]:
@@ -111,8 +123,9 @@ class Windows:
                             rejections=max(0, refused[which[0]]
                                            - self._refused.get(which[0], refused[which[0]])),
                             count=count if elapsed else 0),
-                    levers_of(ours["levers"]), levers_of(ours["configured"]),
-                    tuple(int(s) for s in ours["configured"]["preferred_batch_size"]))
+                    *served_levers(ours),
+                    tuple(int(s) for s in ours["configured"]["preferred_batch_size"]),
+                    (ours.get("rebuild") or {}).get("state") == "failed")
             except (KeyError, TypeError, ValueError) as error:
                 logger.debug("qos: model %s version %s has no usable figures: %r", *which,
                              error)
