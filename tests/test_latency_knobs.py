@@ -305,3 +305,43 @@ def test_journal_entries_keep_the_true_originals(rk: tuple[Path, Engine, dict]) 
     entry = next(c for c in state.changes
                  if c.path == f"{POLICIES}/policy4/scaling_min_freq")
     assert (entry.current, entry.desired, entry.restore_value) == ("408000", "1800000", "0")
+
+
+def test_a_restarted_controller_builds_the_same_ladder_and_clears_old_floors(
+        rk: tuple[Path, Engine, dict]) -> None:
+    """Floors a previous run left (its ladder raised policy0 too) are under the layer: the
+    new ladder starts from the profile's floors and its first move takes the stray off."""
+    tree, engine, _ = rk
+    fresh = knobs(engine).ladder()
+    layer.set_layer(engine.root, engine.journal, {
+        layer.Layered(f"{POLICIES}/policy0/scaling_min_freq", "old"): "1800000",
+        layer.Layered(f"{POLICIES}/policy4/scaling_min_freq", "old"): "2400000"})
+    restarted = knobs(engine)
+    assert restarted.ladder() == fresh
+    restarted.apply(1)
+    assert (floor(tree, "policy0"), floor(tree, "policy4")) == ("408000", "1200000")
+    assert sorted(layer.under(engine.journal.load())) == [
+        f"{POLICIES}/policy4/scaling_min_freq", f"{POLICIES}/policy6/scaling_min_freq"]
+    journal = engine.journal.path.stat().st_ino  # each save replaces the file
+    restarted.apply(1)  # where it is already: nothing written, the journal as it was
+    assert engine.journal.path.stat().st_ino == journal
+
+
+class Clamping(Root):
+    """A kernel that keeps a lower floor than asked on policy6 (another max request)."""
+
+    def write_text(self, path: str, value: str) -> None:
+        if path == f"{POLICIES}/policy6/scaling_min_freq" and value.isdigit():
+            value = str(min(int(value), 1416000))
+        super().write_text(path, value)
+
+
+def test_a_floor_that_does_not_read_back_is_not_applied(
+        rk: tuple[Path, Engine, dict]) -> None:
+    tree, engine, _ = rk
+    before, journal = snapshot(tree), engine.journal.load()
+    latency = knobs(Engine(Clamping(tree), engine.topology, engine.journal, engine.store))
+    with pytest.raises(KnobError, match="policy6/scaling_min_freq: writing 1800000 .*: EIO "
+                       r"\(reads back '1416000'\)"):
+        latency.apply(2)
+    assert (latency.rung, snapshot(tree), engine.journal.load()) == (0, before, journal)

@@ -228,8 +228,10 @@ class LatencyKnobs:
         self._hold, self._rung = None, 0
 
     def _new_hold(self, us: int | None) -> LatencyHold | None:
-        if us is None or (self._hold is not None and self._hold.us == us):
-            return self._hold if us is not None else None
+        if us is None:
+            return None
+        if self._hold is not None and self._hold.us == us:
+            return self._hold
         try:
             return LatencyHold(self.root, us)
         except OSError as error:
@@ -240,18 +242,20 @@ class LatencyKnobs:
         """Each ladder policy's floor for ``step``, clipped to its maximum now (a thermal
         cap may have come since the ladder was built); None: the profile's own floor."""
         floors = step.cpu_floor_khz or {}
-        targets: dict[layer.Layered, str | None] = {}
+        targets: dict[str, tuple[layer.Layered, str | None]] = {}
         for item in self._ranges:
-            cluster = self._clusters[item.policy]
-            what = layer.Layered(f"{POLICIES}/{item.policy}/scaling_min_freq", KEY,
-                                 restore=_at_hardware_min(cluster))
+            path = f"{POLICIES}/{item.policy}/scaling_min_freq"
             wanted = floors.get(item.policy)
             top = self._read_khz(f"{POLICIES}/{item.policy}/scaling_max_freq")
             if wanted is not None and top is not None:
                 wanted = min(wanted, top)
-            targets[what] = str(wanted) if wanted is not None and wanted > item.floor_khz \
-                else None
-        return targets
+            targets[path] = (layer.Layered(path, KEY, restore=_at_hardware_min(
+                self._clusters[item.policy])), str(wanted) if wanted is not None and
+                wanted > item.floor_khz else None)
+        # a floor an earlier run left on a policy this ladder does not raise comes off
+        for path in layer.under(layer.live(self.root, self.journal)):
+            targets.setdefault(path, (layer.Layered(path, KEY), None))
+        return dict(targets.values())
 
 
 def _at_hardware_min(cluster: Cluster) -> layer.Restore:

@@ -90,6 +90,8 @@ def set_layer(root: Root, journal: Journal, targets: Mapping[Layered, str | None
         # what the file holds now, in the form that puts it back exactly
         old = entry.restore_value if added and layered[what.path] is None else entry.desired
         value = target if target is not None else _under_value(entry, layered[what.path])
+        if not added and value == old and target is not None:
+            continue  # held already: no write, no journal update
         writes.append((what, old, value))
         entry.desired = value
     if not writes:
