@@ -9,6 +9,7 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from agent.tuning.latency_knobs import (
     hold_steps,
     profile_max_khz,
 )
+from agent.tuning.thp_dynamic import ThpDynamicController
 
 RK = "rk3588-vendor"
 POLICIES = "/sys/devices/system/cpu/cpufreq"
@@ -345,3 +347,60 @@ def test_a_floor_that_does_not_read_back_is_not_applied(
                        r"\(reads back '1416000'\)"):
         latency.apply(2)
     assert (latency.rung, snapshot(tree), engine.journal.load()) == (0, before, journal)
+
+
+@pytest.mark.parametrize("board", ["jetson-orin-nano-jp6", "x86-edge-npu", "rpi5-hailo"])
+def test_every_rung_and_back_on_other_boards(tmp_path: Path, board: str) -> None:
+    """Jetson (nvpmodel's caps in scaling_max_freq), intel_pstate (no frequency table: even
+    steps, dynamic powersave), a single-policy Pi: each rung reads back, rung 0 is the
+    device as it was."""
+    tree = copy_board(board, tmp_path)
+    pristine = snapshot(tree)
+    engine = engine_for(tree, tmp_path / "state")
+    latency = knobs(engine)
+    assert len(latency.ladder()) > 3
+    for rung, step in enumerate(latency.ladder()):
+        latency.apply(rung)
+        for policy, khz in (step.cpu_floor_khz or {}).items():
+            assert floor(tree, policy) == str(khz)
+        assert engine.verify() == []
+    latency.restore()
+    assert snapshot(tree) == pristine and not engine.journal.exists()
+
+
+class Watching(Root):
+    """Records, for each write, whether another thread could take the journal's lock."""
+
+    def __init__(self, base: Path, journal: Journal) -> None:
+        super().__init__(base)
+        self.lock, self.free = Journal(journal.dir).updating, []  # another object, one lock
+
+    def write_text(self, path: str, value: str) -> None:
+        def try_lock() -> None:
+            if self.lock.acquire(blocking=False):
+                self.lock.release()
+                self.free.append(path)
+        other = threading.Thread(target=try_lock)
+        other.start()
+        other.join()
+        super().write_text(path, value)
+
+
+def test_every_journal_writer_holds_the_journal_s_lock(tmp_path: Path) -> None:
+    """The engine, the knobs and the dynamic THP controller share one journal from several
+    threads: none saves over another's entry mid-update."""
+    tree = copy_board("rk3588-mainline", tmp_path)  # no transparent_hugepage= set
+    (tree / "proc/pressure").mkdir(exist_ok=True)  # memory pressure: THP's levers
+    (tree / "proc/pressure/memory").write_text("some avg10=30.00 avg60=1.00 avg300=0.50 "
+                                               "total=1\nfull avg10=0 avg60=0 avg300=0 total=1\n")
+    pristine = snapshot(tree)
+    plain = engine_for(tree, tmp_path / "state")
+    root = Watching(tree, plain.journal)
+    engine = Engine(root, plain.topology, plain.journal, plain.store)
+    engine.apply("rk3588")  # THP on madvise: the dynamic controller has levers
+    knobs(engine).apply(3)
+    thp = ThpDynamicController(root, plain.journal, {"disable_above_psi_some_avg10": 20},
+                               lambda event: None)
+    assert thp.step(0.0) is not None
+    engine.rollback()
+    assert len(root.free) == 0 and snapshot(tree) == pristine

@@ -70,6 +70,11 @@ def set_layer(root: Root, journal: Journal, targets: Mapping[Layered, str | None
     Raises LayerError naming the file and the kernel's errno when a write is refused or does
     not read back; then every path holds what it held before this call, and so does the
     journal."""
+    with journal.updating:
+        _set_layer(root, journal, targets)
+
+
+def _set_layer(root: Root, journal: Journal, targets: Mapping[Layered, str | None]) -> None:
     state = live(root, journal)
     before = _copy(state)
     state = state or JournalState(profile=JOURNAL_PROFILE, boot_id=current_boot_id(root),
