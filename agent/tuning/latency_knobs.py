@@ -108,8 +108,11 @@ def build_ladder(ranges: list[PolicyRange], holds: list[int]) -> list[KnobStep]:
 
 class LatencyKnobs:
     """The ladder of the profile applied now (or the hardware's bounds when none is), and
-    the rung the device is on.  Not thread-safe: the caller serialises it with the other
-    writers of the tuning journal (the service's tuning lock)."""
+    the rung the device is on.  Its journal updates hold the journal's lock
+    (``Journal.updating``); its own state (rung, hold) is for one thread, the QoS
+    controller's.  Built after the profile is applied: a profile switch or rollback
+    takes the layer off (the engine plans against the journal's originals), so the
+    caller restores the knobs first and builds them anew after."""
 
     def __init__(self, root: Root, topology: Topology, journal: Journal) -> None:
         self.root, self.topology, self.journal = root, topology, journal
@@ -137,9 +140,8 @@ class LatencyKnobs:
 
     def _governor(self, cluster: Cluster) -> str | None:
         """The policy's governor; None where there is none, or where it holds the floor by
-        choice: ``powersave``
-        of a generic cpufreq driver runs at the floor (the active-mode pstate drivers'
-        ``powersave`` is their dynamic one, EPP_DRIVERS)."""
+        choice: a generic driver's ``powersave`` runs at the floor (the active-mode pstate
+        drivers' ``powersave`` is their dynamic governor, EPP_DRIVERS)."""
         governor = read_normalised(self.root, f"{POLICIES}/{cluster.policy}/scaling_governor",
                                    "value")
         if governor == "powersave" and cluster.scaling_driver not in EPP_DRIVERS:

@@ -15,6 +15,7 @@ this move wrote, so no half-applied layer remains.
 
 from __future__ import annotations
 
+import copy
 import errno
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ def set_layer(root: Root, journal: Journal, targets: Mapping[Layered, str | None
 
 def _set_layer(root: Root, journal: Journal, targets: Mapping[Layered, str | None]) -> None:
     state = live(root, journal)
-    before = _copy(state)
+    before = copy.deepcopy(state)  # what a refused step puts back
     state = state or JournalState(profile=JOURNAL_PROFILE, boot_id=current_boot_id(root),
                                   root=str(root.base), changes=[], status="applied")
     layered = under(state)
@@ -183,15 +184,7 @@ def _settle(journal: Journal, state: JournalState, taken_off: list[Layered]) -> 
         journal.save(state)
 
 
-def _copy(state: JournalState | None) -> JournalState | None:
-    if state is None:
-        return None
-    return JournalState(profile=state.profile, boot_id=state.boot_id, root=state.root,
-                        changes=[Change(**vars(c)) for c in state.changes],
-                        status=state.status, created_ms=state.created_ms,
-                        runtime=dict(state.runtime))
-
-
 def kernel_error(error: OSError) -> str:
+    """``EINVAL (Invalid argument)``: the errno's name, which the kernel's docs use."""
     name = errno.errorcode.get(error.errno or 0, "an error")
     return f"{name} ({error.strerror or error})"
