@@ -85,10 +85,12 @@ _R = TypeVar("_R")
 def _links_read_once(method: Callable[Concatenate[Engine, _P], _R]
                      ) -> Callable[Concatenate[Engine, _P], _R]:
     """One engine operation reads each sysfs link once (Root.cached_links): a plan resolves
-    every path through the same few directories, which was most of its time."""
+    every path through the same few directories, which was most of its time.  It holds the
+    journal's update lock too, so a controller's journal update (dynamic THP, the latency
+    knobs) never lands in the middle of it."""
 
     def within(self: Engine, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with self.root.cached_links():
+        with self.root.cached_links(), self.journal.updating:
             return method(self, *args, **kwargs)
 
     update_wrapper(within, method)  # its name and docstring

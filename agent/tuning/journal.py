@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,10 @@ class JournalState:
     runtime: dict[str, Any] = field(default_factory=dict)
 
 
+_UPDATES: dict[Path, threading.RLock] = {}  # journal file -> its writers' lock
+_UPDATES_GUARD = threading.Lock()
+
+
 class Journal:
     """Reads and atomically replaces the journal file in the state directory."""
 
@@ -71,6 +76,14 @@ class Journal:
         self.dir = Path(state_dir)
         self.path = self.dir / name
         self.sync_dir = sync_dir  # the rename made durable too (the persistent journal)
+
+    @property
+    def updating(self) -> threading.RLock:
+        """Held by a writer that loads, changes and saves the journal while others run (the
+        dynamic THP controller, the latency knobs), so neither saves over the other's entry.
+        One lock per file, whichever Journal object names it."""
+        with _UPDATES_GUARD:
+            return _UPDATES.setdefault(self.path.absolute(), threading.RLock())
 
     @classmethod
     def persistent(cls, state_dir: str | os.PathLike[str]) -> Journal:

@@ -274,8 +274,9 @@ class ThpDynamicController:
 
     def _switch(self, now: float, path: str, current: str, target: str,
                 reason: str) -> dict[str, Any]:
-        self._journal(path, current, target)
-        self.root.write_text(path, target)
+        with self.journal.updating:
+            self._journal(path, current, target)
+            self.root.write_text(path, target)
         self._last_switch = now
         event = {"type": "thp_switched", "file": path.rsplit("/", 1)[1], "from": current,
                  "to": target, "reason": reason, "mono_ms": int(now * 1000)}

@@ -47,7 +47,7 @@ RESUME_LATENCY = "power/pm_qos_resume_latency_us"
 POLL = "POLL"  # the x86 polling state's name (drivers/cpuidle/poll_state.c)
 
 
-def _floor(states: list[IdleState]) -> tuple[int, str] | None:
+def latency_floor(states: list[IdleState]) -> tuple[int, str] | None:
     """The lowest bound worth writing for these states, and the state it keeps."""
     known = [s for s in states if s.latency_us is not None]
     if not known:
@@ -59,7 +59,7 @@ def _floor(states: list[IdleState]) -> tuple[int, str] | None:
 
 
 def _clamped(ctx: PlanContext, key: str, bound: int, states: list[IdleState]) -> int:
-    floor = _floor(states)
+    floor = latency_floor(states)
     if floor is None or bound >= floor[0]:
         return bound
     warning = f"{key}: {bound} us raised to {floor[0]} us, the exit latency of {floor[1]}"
