@@ -41,7 +41,7 @@ def test_a_retarget_waits_for_a_switch_in_progress(tmp_path: Path) -> None:
                     lambda kind, **fields: None)
     seen: list[str] = []  # what the hot-plug thread met first: the lock, or the engine
     applying, release, reached = threading.Event(), threading.Event(), threading.Event()
-    tuning._lock = ProbedLock(tuning._lock, seen, reached)  # type: ignore[assignment]
+    tuning.lock = ProbedLock(tuning.lock, seen, reached)  # type: ignore[assignment]
     apply, plan = tuning.engine.apply, tuning.engine.plan
 
     def held_apply(name: str, force: bool = False) -> Any:

@@ -127,7 +127,8 @@ class QosController:
                 continue  # its steps are on models moved this window: the next one
             if track.unmet is None:
                 track.violating = self.h.violate_windows - 1  # the next step: in a window
-            if action.model != model and track.moved_others_at is None:
+            if (action.model != model or action.lever == RUNG) and \
+                    track.moved_others_at is None:
                 track.moved_others_at = figures[model].p99_ms
             moved.add(action.model if action.lever != RUNG else DEVICE)
             decision.actions.append(action)

@@ -42,6 +42,7 @@ from agent.service.inference import Inference
 from agent.service.memory_events import MemoryEventsWatch
 from agent.service.parts import Ending, Part, Wrapped
 from agent.service.qos import QosLoop
+from agent.service.qos_device import DeviceReader, ProfileLadder
 from agent.service.qos_inputs import Objectives
 from agent.service.selftest import Subject, run_checks
 from agent.service.systemd import Notifier
@@ -145,7 +146,9 @@ class Service:
         self._start(Wrapped(inference.launch, inference.stop, inference.problems))
         if config.qos.mode != "off" and inference.enabled:
             self.qos = QosLoop(config.qos, inference.supervisor,
-                               Objectives(inference.repository), self.event)
+                               Objectives(inference.repository), self.event,
+                               ladder=ProfileLadder(self.tuning),
+                               device=DeviceReader(self.tuning))
             self._start(self.qos)
         self.sampler = Sampler(self._collectors(), self.outbox, self.sequence,
                                protocol.topic(self.config.topic_root, protocol.TELEMETRY),

@@ -25,6 +25,7 @@ from agent.kernel.sched import ThreadSched
 from agent.tuning.engine import ApplyResult, Engine, TuningError
 from agent.tuning.errors import ProfileError
 from agent.tuning.journal import Journal
+from agent.tuning.latency_knobs import KnobError, LatencyKnobs
 from agent.tuning.placement import Placement
 from agent.tuning.profiles import ProfileStore
 from agent.tuning.thp_dynamic import ThpDynamicController
@@ -54,13 +55,14 @@ class Tuning:
         self._thp_stop = threading.Event()
         self._hold: LatencyHold | None = None  # cpuidle.dma_latency_us, while applied
         self.hold_warning: str | None = None
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()  # the QoS loop's ladder moves take it too
+        self._knobs: LatencyKnobs | None = None  # the QoS ladder over the applied profile
         # told the inference threads' scheduling after each switch and rollback (the data
         # plane's supervisor), so no thread keeps an old profile's policy or CPUs
         self.on_sched: Callable[[ThreadSched | None], None] | None = None
 
     def start(self) -> None:
-        with self._lock:
+        with self.lock:
             self._start()
 
     def _start(self) -> None:
@@ -91,8 +93,9 @@ class Tuning:
     def switch(self, name: str, force: bool = False) -> int:
         """Apply ``name`` now (a command or desired state); returns the number of changes.
         Raises ProfileError or TuningError; the engine leaves nothing half-applied."""
-        with self._lock:
+        with self.lock:
             self._stop_thp_controller()
+            self._drop_knobs()
             plan = self.engine.plan(name, force=force)
             self._pending(self.engine.apply(name, force=force))
             self.profile, self.changes, self.runtime = plan.profile, len(plan.changes), \
@@ -108,7 +111,7 @@ class Tuning:
     def retarget(self, topology: Topology) -> None:
         """The device changed (hot-plug): plan the active profile again against it, and
         apply it again only when it is applied and the config applies profiles."""
-        with self._lock:
+        with self.lock:
             self.engine.topology = topology
             name = self.profile or self.requested
             if name is None:
@@ -127,8 +130,9 @@ class Tuning:
 
     def rollback(self) -> str | None:
         """Every original value back; returns the profile that was rolled back."""
-        with self._lock:
+        with self.lock:
             self._stop_thp_controller()
+            self._drop_knobs()
             profile, notes = self.engine.rollback()
             for note in notes:
                 logger.info("tuning: %s", note)
@@ -193,6 +197,25 @@ class Tuning:
         threading.Thread(target=self._thp.run, args=(self._thp_stop,), name="thp-dynamic",
                          daemon=True).start()
 
+    def latency_knobs(self) -> LatencyKnobs | None:
+        """The device's latency ladder over the profile this agent applied (the QoS loop's
+        slowest lever; callers hold ``lock``); None while none is applied: the agent moves
+        no floor on a device it was not asked to tune."""
+        if self._knobs is None and self.applied:
+            self._knobs = LatencyKnobs(self.engine.root, self.engine.topology,
+                                       self.engine.journal)
+        return self._knobs
+
+    def _drop_knobs(self) -> None:
+        """The ladder's floors and hold off before anything else writes the journal (a
+        switch, a rollback, the end); the next ``latency_knobs`` is over the new profile."""
+        if self._knobs is not None:
+            try:
+                self._knobs.restore()
+            except (KnobError, OSError) as error:  # the journal's rollback restores them
+                logger.warning("tuning: the QoS latency ladder: %s", error)
+            self._knobs = None
+
     def inference_sched(self) -> ThreadSched | None:
         """The profile's scheduling for the inference thread, once it is applied."""
         wanted = self.runtime.get("inference") if self.applied else None
@@ -202,14 +225,15 @@ class Tuning:
                            priority=int(wanted.get("priority", 0)), cpus=list(wanted["cpus"]))
 
     def verify(self) -> None:
-        with self._lock:
+        with self.lock:
             if self.applied:
                 self.drift = len(self.engine.verify())
                 self.verified_at = time.time()
 
     def stop(self, ending: Ending) -> None:
-        with self._lock:
+        with self.lock:
             self._stop_thp_controller()
+            self._drop_knobs()
             self._release_latency()  # the process ends: the kernel would drop it anyway
             if self.applied and ending.rollback:
                 try:

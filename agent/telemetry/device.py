@@ -74,7 +74,7 @@ class DeviceWindow:
         self._thermal = ThermalCollector(reader, topology)
         self._policies = {c.policy: (c.max_khz, c.online_cpus) for c in topology.cpu.clusters
                           if c.policy}
-        self._expected = dict(expected_max_khz or {})
+        self.expected = dict(expected_max_khz or {})
         self._trips = {zone.zone: read_trips(reader, zone.zone) for zone in topology.thermal}
         self._types = {zone.zone: zone.type for zone in topology.thermal}
 
@@ -96,7 +96,7 @@ class DeviceWindow:
     def _clipped(self) -> dict[str, int]:
         clipped = {}
         for policy, (hardware_max, online) in self._policies.items():
-            expected = self._expected.get(policy, hardware_max)
+            expected = self.expected.get(policy, hardware_max)
             now = self._khz(policy, "scaling_max_freq") if online else None
             if now is not None and expected is not None and now < expected:
                 clipped[policy] = now
