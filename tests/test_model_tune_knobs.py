@@ -5,6 +5,7 @@ its calls (the device's knobs need a real cpufreq/PM QoS); the data plane is rea
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,31 @@ def test_the_device_is_put_back_when_a_move_fails_or_the_tune_is_refused(
     with pytest.raises(TuneError):
         tune(request(repository, refused, "absent"))
     assert refused.calls == ["restore"]
+
+
+def test_the_cli_searches_a_real_ladder_on_a_fixture_board_and_puts_it_back(
+        tmp_path: Path) -> None:
+    """``model tune --knobs --root``: the ladder over the profile applied there (rk3588's
+    floors on its A76 clusters), each rung measured, the board's files as the profile left
+    them afterwards, and no rung written to config.yaml."""
+    from tests.cli_helpers import edge_agent
+    from tests.tuning_helpers import copy_board, engine_for, snapshot
+
+    tree = copy_board("rk3588-vendor", tmp_path)
+    engine_for(tree, tree / "var/lib/edge-agent").apply("rk3588")
+    applied = snapshot(tree)
+    repository = tmp_path / "repository"
+    (repository / "demo").mkdir(parents=True)
+    result = edge_agent("model", "tune", "demo", "--repository", repository, "--knobs",
+                        "--root", tree, "--state-dir", tree / "var/lib/edge-agent",
+                        "--exhaustive", "--space", "threads=1", "--space", "count=1",
+                        "--space", "batch=1", "--window-s", "0.2", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    rungs = {c["knobs"]["rung"] for c in report["candidates"]}
+    assert len(rungs) >= 3 and 0 in rungs, report["candidates"]
+    labels = {c["knobs"]["label"] for c in report["candidates"]}
+    assert "the profile's" in labels and any("policy4 >= " in label for label in labels)
+    assert "chosen_knobs" in report
+    assert snapshot(tree) == applied, "the ladder was not put back"
+    assert "knobs" not in (repository / "demo" / "config.yaml").read_text()

@@ -10,10 +10,19 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.cli.common import UsageError, add_repository_choice, emit, positive_float, render_table
+from agent.cli.common import (
+    UsageError,
+    add_repository_choice,
+    emit,
+    open_root,
+    positive_float,
+    render_table,
+    resolve_state_dir,
+)
 
 if TYPE_CHECKING:
     from agent.config import Config
+    from agent.modeltune.knobs import KnobRungs
     from agent.modeltune.report import TuneReport
 
 
@@ -41,13 +50,20 @@ def register_tune(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
                      help="search the versions model build made of the model too (each "
                      "build, the served version and the builds' source); the chosen one is "
                      "pinned with version_policy")
+    sub.add_argument("--knobs", action="store_true",
+                     help="search the device's latency knobs too: CPU frequency floors and a "
+                     "PM QoS hold, within the applied profile's bounds (each rung of the "
+                     "ladder the QoS controller climbs); put back when the search ends, "
+                     "never written to config.yaml")
+    sub.add_argument("--root", default="/", metavar="DIR",
+                     help="the filesystem root the knobs are written under (default: /)")
     sub.add_argument("--window-s", type=positive_float, default=1.0, metavar="N",
                      help="seconds of load per measurement (default: 1)")
     sub.add_argument("--rollback", action="store_true",
                      help="put back the config.yaml the model had before model tune")
     add_repository_choice(sub, "repository is used")
     sub.add_argument("--json", action="store_true", help="print the report as JSON")
-    sub.set_defaults(handler=tune_command, root=None)
+    sub.set_defaults(handler=tune_command)
 
 
 def tune_command(args: argparse.Namespace) -> int:
@@ -80,7 +96,7 @@ def tune_command(args: argparse.Namespace) -> int:
     request = TuneRequest(args.model, repository, builtins, args.p99_ms, args.rate,
                           args.budget_s, args.exhaustive, args.space, args.window_s,
                           config.inference.model if config else None, recorded,
-                          args.variants)
+                          args.variants, _knobs(args) if args.knobs else None)
     progress = (lambda step: None) if args.json else (
         lambda step: print(f"  ... {step}", file=sys.stderr, flush=True))
     try:
@@ -91,6 +107,31 @@ def tune_command(args: argparse.Namespace) -> int:
         raise OSError(str(error)) from None
     emit(args.json, report.to_dict(), render(report))
     return 0 if report.met else 1
+
+
+def _knobs(args: argparse.Namespace) -> KnobRungs:
+    """The device's latency ladder over the profile applied under ``--root`` (its journal
+    in the state directory), as the search's rungs."""
+    from agent.discovery import discover
+    from agent.modeltune.knobs import KnobRungs
+    from agent.tuning.journal import Journal
+    from agent.tuning.latency_knobs import LatencyKnobs
+
+    root = open_root(args.root)
+    journal = Journal(resolve_state_dir(args.state_dir, root.base))
+    return KnobRungs.of(LatencyKnobs(root, discover(root), journal), label=rung_label)
+
+
+def rung_label(step: object) -> str:
+    """One rung in a table cell: its floors in MHz and its hold."""
+    from agent.tuning.latency_knobs import KnobStep
+
+    assert isinstance(step, KnobStep)
+    parts = [f"{policy} >= {khz // 1000} MHz"
+             for policy, khz in sorted((step.cpu_floor_khz or {}).items())]
+    if step.pm_qos_us is not None:
+        parts.append(f"PM QoS {step.pm_qos_us} us")
+    return ", ".join(parts) or "the profile's"
 
 
 def _recorded(config: Config, model: str) -> float | None:
