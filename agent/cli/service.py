@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         logger.info("node %s, fleet %s, broker %s:%d, state %s (config: %s)", config.node_id,
                     config.fleet, config.mqtt.host, config.mqtt.port, service.state_dir,
                     config.source)
+        if config.node_id_warning:  # the status lists it too
+            logger.warning("%s", config.node_id_warning)
         runner = Runner(service, lambda: _reload_config(args), notifier, terminal, signals)
         runner.run(args.seconds)
     final = runner.service.final_status
