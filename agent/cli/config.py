@@ -14,27 +14,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agent.cli.common import UsageError, print_json
+from agent.cli.common import UsageError, add_config_file, print_json
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     config = commands.add_parser("config", help="check an agent.yaml as run would read it")
     actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
-    check = actions.add_parser("check", help="schema, values, root, tuning profile and the "
-                               "files it names; "
-                               "exit 0 if fine, 2 with each problem")
-    check.add_argument("--config", metavar="FILE",
-                       help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
-                       "else built-in defaults)")
-    check.add_argument("--json", action="store_true", help="machine-readable output")
-    check.set_defaults(handler=run)
-    node_id = actions.add_parser("node-id", help="the node id run would use: the file's "
-                                 "node_id, else hostname-<6 hex of the machine id's sha256>")
-    node_id.add_argument("--config", metavar="FILE",
-                         help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
-                         "else built-in defaults)")
-    node_id.add_argument("--json", action="store_true", help="machine-readable output")
-    node_id.set_defaults(handler=show_node_id)
+    for name, handler, summary in (
+            ("check", run, "schema, values, root, tuning profile and the files it names; "
+             "exit 0 if fine, 2 with each problem"),
+            ("node-id", show_node_id, "the node id run would use: the file's node_id, else "
+             "hostname-<6 hex of the machine id's sha256>")):
+        action = actions.add_parser(name, help=summary)
+        add_config_file(action)
+        action.add_argument("--json", action="store_true", help="machine-readable output")
+        action.set_defaults(handler=handler)
 
 
 def problems(path: str | None) -> tuple[str, list[str]]:
