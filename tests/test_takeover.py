@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import time
 from pathlib import Path
 
 import pytest
-from mqtt_helpers import Broker, wait_until
+from agent_process import start_agent, status, write_config
+from mqtt_helpers import Broker, Subscriber, wait_until
 from test_link_mqtt import Agent
 
 from agent.link import takeover
@@ -170,3 +172,34 @@ def test_two_agents_with_one_id_diagnose_it_and_do_not_flood_the_broker(
     finally:
         for agent in agents:
             agent.stop()
+
+
+@pytest.mark.timeout(180)
+def test_two_running_agents_with_one_node_id_are_degraded_saying_so(
+        tmp_path: Path, broker: Broker) -> None:
+    """``edge-agent run`` twice with node_id orin-1: each one's status lists the diagnosis
+    as a problem, and the node's retained state says ``degraded`` with it as the reason."""
+    watcher = Subscriber(broker, ["edge/v1/lab/orin-1/state"])
+    configs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        configs.append(write_config(tmp_path / name, broker.port,
+                                    inference={"enabled": False}))
+    processes = [start_agent(config) for config in configs]
+    try:
+        def diagnosed(config: Path) -> bool:
+            problems = status(config)[1].get("problems", [])
+            return any("another client uses this node's id 'orin-1'" in p for p in problems)
+
+        assert wait_until(lambda: all(diagnosed(c) for c in configs), 90), \
+            [status(c)[1].get("link") for c in configs]
+        assert wait_until(lambda: any(
+            m["state"] == "degraded" and "another client uses this node's id 'orin-1'"
+            in m.get("reason", "") for m in watcher.on("state")), 30), watcher.on("state")
+    finally:
+        watcher.close()
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        outputs = [process.communicate(timeout=60)[0] for process in processes]
+    for output in outputs:  # the one line, once, in each agent's log
+        assert output.count("another client uses this node's id 'orin-1'") == 1, output
