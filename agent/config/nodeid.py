@@ -46,7 +46,8 @@ def _machine_id(root: str) -> tuple[str | None, str | None]:
     """(this device's machine id below ``root``, or None and why it is not usable)."""
     where = MACHINE_ID if root == "/" else f"{MACHINE_ID} below {root}"
     try:
-        text = Root(root).read_bytes(MACHINE_ID)[:4096].decode("ascii", errors="replace")
+        with open(Root(root).host_path(MACHINE_ID), "rb") as handle:  # bounded: 33 bytes
+            text = handle.read(4096).decode("ascii", errors="replace")
     except OSError as error:
         return None, f"{where} cannot be read ({error.strerror or error})"
     found = parse_machine_id(text)
