@@ -387,11 +387,20 @@ if [ -z "$destdir" ]; then
 else
     profile=auto
 fi
+# The node's id by the agent's own rule (`edge-agent config node-id`: the existing config's,
+# else the hostname and a suffix from /etc/machine-id), written into the config so the node
+# keeps it across upgrades; quoted, so an id such as 1e3 stays text. A DESTDIR build names
+# none: a package's id would be every device's, and the agent derives it on the device.
+node_id_line="# node_id: unset: each device takes <hostname>-<6 hex digits from its machine id>"
+if [ -z "$destdir" ] && node_id="$("$venv/bin/edge-agent" config node-id)"; then
+    node_id_line="node_id: '$node_id'     # unique per device: give a cloned card its own"
+fi
 step "writing the unit and the configuration"
 cat > "$scratch/agent.yaml" <<EOF
 # edge-agent configuration. Every key has a default; see README "Running the agent".
 # Written by install.sh; an edited copy is kept, and a newer default lands beside it as
 # agent.yaml.dist.
+$node_id_line
 tuning:
   profile: $profile     # detected for this board ("auto" picks the same)
   apply: false

@@ -9,11 +9,13 @@ so the package under test is the one installed, never the checkout or the editab
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import os
 import shutil
 import site
+import socket
 import subprocess
 import sys
 import zipfile
@@ -279,9 +281,10 @@ def test_destdir_install_runs_once_moved_to_its_prefix(tmp_path: Path, deps: Pat
     # install.sh's own `python -m venv`, done beforehand with this venv's packages on the
     # path so pip runs offline (install.sh reuses the venv it finds, as on a rerun)
     fresh_venv(staged, deps)
-    result = run([str(checkout / "install.sh"), "--prefix", str(prefix), "--no-start"],
-                 cwd=tmp_path, timeout=300, DESTDIR=str(stage), PYTHON=sys.executable,
-                 PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0")
+    command = [str(checkout / "install.sh"), "--prefix", str(prefix), "--no-start"]
+    offline = {"DESTDIR": str(stage), "PYTHON": sys.executable, "PIP_NO_INDEX": "1",
+               "PIP_NO_BUILD_ISOLATION": "0"}
+    result = run(command, cwd=tmp_path, timeout=300, **offline)
     assert result.returncode == 0, result.stdout + result.stderr
 
     # nothing in the venv still names the staging directory: scripts, pyvenv.cfg, .pyc
@@ -295,14 +298,38 @@ def test_destdir_install_runs_once_moved_to_its_prefix(tmp_path: Path, deps: Pat
     setup = staged / "share/edge-agent/setup_rknn_converter.sh"
     assert setup.read_bytes() == (REPO / "scripts/setup_rknn_converter.sh").read_bytes()
     assert os.access(setup, os.X_OK)
-    config = yaml.safe_load((stage / "etc/edge-agent/agent.yaml").read_text())
+    written = stage / "etc/edge-agent/agent.yaml"
+    config = yaml.safe_load(written.read_text())
     assert config["tuning"]["profile"] == "auto"  # not the build machine's board
+    # nor its node id, which would be every device's: each derives its own
+    assert "node_id" not in config
+    assert "# node_id: unset: each device takes <hostname>-<6 hex digits from its machine " \
+        "id>\n" in written.read_text()
+
+    # an existing config is never changed (the node keeps its id): the new default goes beside
+    new_default = written.read_text()
+    edited = written.read_bytes() + b"node_id: line-a-7\n"
+    written.write_bytes(edited)
+    again = run(command, cwd=tmp_path, timeout=300, **offline)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert written.read_bytes() == edited
+    assert written.with_name("agent.yaml.dist").read_text() == new_default
 
     prefix.parent.mkdir(parents=True)
     staged.rename(prefix)  # what unpacking the package on the device does
     discover = run([str(prefix / "bin" / "edge-agent"), "discover", "--json"], cwd=tmp_path)
     assert discover.returncode == 0, discover.stderr
     assert json.loads(discover.stdout)["schema"] == "topology/1"
+    # what install.sh writes into a device's new config: hostname-<sha256(machine-id)[:6]>
+    device = tmp_path / "device"
+    (device / "etc").mkdir(parents=True)
+    (device / "etc/machine-id").write_text("0123456789abcdef0123456789abcdef\n")
+    (tmp_path / "device.yaml").write_text(f"root: {device}\n")
+    node_id = run([str(prefix / "bin" / "edge-agent"), "config", "node-id", "--config",
+                   str(tmp_path / "device.yaml")], cwd=tmp_path)
+    assert node_id.returncode == 0, node_id.stderr
+    digest = hashlib.sha256(b"0123456789abcdef0123456789abcdef").hexdigest()[:6]
+    assert node_id.stdout == f"{socket.gethostname()}-{digest}\n"
     profiles = run([str(prefix / "bin" / "edge-agent"), "profile", "list", "--json"],
                    cwd=tmp_path)
     assert profiles.returncode == 0, profiles.stderr

@@ -115,6 +115,13 @@ def _creatable(directory: Path) -> bool:
     return os.access(directory, os.W_OK)
 
 
+def add_config_file(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE``, the agent.yaml a command reads, with its default in the help."""
+    parser.add_argument("--config", metavar="FILE",
+                        help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
+                        "else built-in defaults)")
+
+
 def add_state_dir(parser: argparse.ArgumentParser, holds: str) -> None:
     """``--state-dir`` with the one rule in its help."""
     parser.add_argument("--state-dir", metavar="DIR",

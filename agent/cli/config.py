@@ -4,26 +4,31 @@ The schema (unknown keys, bad values), the consistency of the values, the root a
 tuning profile are checked as ``run`` checks them, and every file the config names is opened
 as the agent opens it (agent.config.files); every problem is a line naming the file and the
 key, and any problem is exit 2.
+
+``edge-agent config node-id``: the node id ``run`` would use (the file's, else the default
+of agent.config.nodeid); install.sh writes it into a new config, so the rule lives here only.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from agent.cli.common import print_json
+from agent.cli.common import UsageError, add_config_file, print_json
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     config = commands.add_parser("config", help="check an agent.yaml as run would read it")
     actions = config.add_subparsers(dest="action", required=True, metavar="ACTION")
-    check = actions.add_parser("check", help="schema, values, root, tuning profile and the "
-                               "files it names; "
-                               "exit 0 if fine, 2 with each problem")
-    check.add_argument("--config", metavar="FILE",
-                       help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
-                       "else built-in defaults)")
-    check.add_argument("--json", action="store_true", help="machine-readable output")
-    check.set_defaults(handler=run)
+    for name, handler, summary in (
+            ("check", run, "schema, values, root, tuning profile and the files it names; "
+             "exit 0 if fine, 2 with each problem"),
+            ("node-id", show_node_id, "the node id run would use: the file's node_id, else "
+             "hostname-<6 hex of the machine id's sha256>")):
+        action = actions.add_parser(name, help=summary)
+        add_config_file(action)
+        action.add_argument("--json", action="store_true", help="machine-readable output")
+        action.set_defaults(handler=handler)
 
 
 def problems(path: str | None) -> tuple[str, list[str]]:
@@ -55,3 +60,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("\n".join(found) if found else f"{file}: ok")
     return 2 if found else 0
+
+
+def show_node_id(args: argparse.Namespace) -> int:
+    """The id on stdout (one line, for install.sh); why it may collide on stderr."""
+    from agent.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
+    warning = config.node_id_warning
+    if args.json:
+        print_json({"node_id": config.node_id, "file": config.source,
+                    "derived": config.raw.get("node_id") is None, "warning": warning})
+    else:
+        print(config.node_id)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+    return 0

@@ -6,16 +6,14 @@ import argparse
 import logging
 from pathlib import Path
 
-from agent.cli.common import add_state_dir
+from agent.cli.common import add_config_file, add_state_dir
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub = commands.add_parser(
         "serve", help="the inference server: the Open Inference Protocol (HTTP, gRPC) over "
         "the model repository, until SIGTERM")
-    sub.add_argument("--config", metavar="FILE",
-                     help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, else "
-                     "built-in defaults)")
+    add_config_file(sub)
     sub.add_argument("--root", metavar="DIR", help="override the config's root")
     add_state_dir(sub, "the agent's state (repository default, model cache)")
     sub.add_argument("--http", metavar="HOST:PORT", help="override serve.http (port 0: any)")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from agent.cli.common import (
     DEFAULT_STATE_DIR,
     UsageError,
+    add_config_file,
     add_state_dir,
     open_root,
     positive_float,
@@ -34,9 +35,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             ("selftest", selftest, "check discovery, profile, inference and MQTT on this "
              "device; pass/fail/n/a per check")):
         sub = commands.add_parser(name, help=text)
-        sub.add_argument("--config", metavar="FILE",
-                         help="agent.yaml (default: /etc/edge-agent/agent.yaml if present, "
-                         "else built-in defaults)")
+        add_config_file(sub)
         sub.add_argument("--root", metavar="DIR", help="override the config's root")
         add_state_dir(sub, "the agent's state; overrides the config's state_dir")
         if name == "run":
@@ -112,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         logger.info("node %s, fleet %s, broker %s:%d, state %s (config: %s)", config.node_id,
                     config.fleet, config.mqtt.host, config.mqtt.port, service.state_dir,
                     config.source)
+        if config.node_id_warning:  # the status lists it too
+            logger.warning("%s", config.node_id_warning)
         runner = Runner(service, lambda: _reload_config(args), notifier, terminal, signals)
         runner.run(args.seconds)
     final = runner.service.final_status

@@ -14,6 +14,7 @@ import yaml
 
 from agent import yamlfile
 from agent.config.declare import build, defaults, schema
+from agent.config.nodeid import default_node_id
 from agent.config.sections import Config
 from agent.kernel.fsroot import Root
 from agent.tuning.profiles import ProfileStore, deep_merge
@@ -74,11 +75,16 @@ def _normalised(data: dict[str, Any]) -> dict[str, Any]:
 
 def _resolved(merged: dict[str, Any]) -> dict[str, Any]:
     """The values that depend on another key: ``hotplug.enabled: auto`` is on for the real
-    root, off for a fixture tree."""
+    root, off for a fixture tree; a ``node_id`` the file does not set comes from the machine
+    id below the root.  ``raw`` keeps them unresolved (no ``node_id``), so a config built
+    again from it with another root resolves them anew."""
+    resolved = dict(merged)
+    if merged["node_id"] is None:
+        resolved["node_id"] = default_node_id(merged["root"])
     hotplug = merged["hotplug"]
-    if hotplug["enabled"] != "auto":
-        return merged
-    return {**merged, "hotplug": {**hotplug, "enabled": merged["root"] == "/"}}
+    if hotplug["enabled"] == "auto":
+        resolved["hotplug"] = {**hotplug, "enabled": merged["root"] == "/"}
+    return resolved
 
 
 def from_dict(data: Any, file: str = "built-in defaults") -> Config:
@@ -92,7 +98,8 @@ def from_dict(data: Any, file: str = "built-in defaults") -> Config:
     validate(data, SCHEMA, "", file, ConfigError)
     merged = deep_merge(defaults(Config), data)
     _check_consistency(merged, file)
-    return build(Config, _resolved(merged), "", file, ConfigError, source=file, raw=merged)
+    raw = {key: value for key, value in merged.items() if value is not None or key != "node_id"}
+    return build(Config, _resolved(merged), "", file, ConfigError, source=file, raw=raw)
 
 
 def check_root(config: Config) -> None:

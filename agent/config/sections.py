@@ -7,7 +7,6 @@ resolved by the loader, which knows the root.
 from __future__ import annotations
 
 import re
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,10 +40,6 @@ def _every_unless(word: str) -> Callable[[Any], tuple[str, ...] | None]:
     def convert(value: Any) -> tuple[str, ...] | None:
         return None if value == word else tuple(value)
     return convert
-
-
-def _host_node_id() -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:64] or "node"
 
 
 @dataclass(frozen=True)
@@ -278,7 +273,8 @@ class QosConfig:
 class Config:
     """The whole file; no file (or an empty one) is the built-in demo."""
 
-    node_id: str = setting(topic_level("a node id"), factory=_host_node_id)
+    # None: the loader derives it from the hostname and the machine id below root (nodeid.py)
+    node_id: str = setting(topic_level("a node id"), None)
     fleet: str = setting(topic_level("a fleet name"), "default")
     groups: tuple[str, ...] = setting(("list", topic_level("a group name")), [])
     state_dir: str = setting(PATH, "/var/lib/edge-agent")
@@ -304,6 +300,14 @@ class Config:
         from agent.protocol import node_root
 
         return node_root(self.fleet, self.node_id)
+
+    @property
+    def node_id_warning(self) -> str | None:
+        """Why this node's id may be another device's too: the file sets none and the
+        machine id is not usable (agent.config.nodeid); else None."""
+        from agent.config.nodeid import default_id_warning
+
+        return None if self.raw.get("node_id") is not None else default_id_warning(self.root)
 
     @property
     def repository(self) -> str:

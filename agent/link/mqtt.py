@@ -36,6 +36,7 @@ from agent.link.delivery import WINDOW, Delivery, reason_failed
 from agent.link.outgoing import REPLY_HIGH, Faults, Message, Outgoing
 from agent.link.settings import LinkSettings, LinkStatus, backoff_delay
 from agent.link.sockets import Waker, close_now, cork, watch
+from agent.link.takeover import Takeover
 from agent.telemetry.outbox import Outbox
 from agent.telemetry.records import Sequence, encode, stamp
 
@@ -58,6 +59,7 @@ class MqttLink:
         self.health = "online"  # or "degraded", with the reason
         self.health_reason: str | None = None
         self.status = LinkStatus(broker=f"{settings.host}:{settings.port}")
+        self.takeover = Takeover(settings.client_id, self.status)  # another client, our id
         self._stop, self._waker = threading.Event(), Waker()
         self.faults = Faults(self.status.faults)
         self._outgoing = Outgoing(self.faults)  # live-only: replies, state changes
@@ -88,7 +90,7 @@ class MqttLink:
         """Why the link does not work although the agent runs (empty when it does)."""
         if self.status.state == "dead":
             return [f"mqtt: the link thread died ({self.died}); nothing is published"]
-        return []
+        return self.takeover.problems()
 
     def _spawn(self) -> None:
         self._thread = threading.Thread(target=self._main, name="mqtt-link", daemon=True)
@@ -170,8 +172,8 @@ class MqttLink:
                 cork(sock, False)  # and sent now
                 if self._stop.is_set():
                     break
-            delay = backoff_delay(attempt, self.settings.reconnect_min_s,
-                                  self.settings.reconnect_max_s)
+            delay = self.takeover.delay(backoff_delay(attempt, self.settings.reconnect_min_s,
+                                                      self.settings.reconnect_max_s))
             attempt += 1
             self._set_state("disconnected")
             until = time.monotonic() + delay
@@ -310,9 +312,7 @@ class MqttLink:
             elif kind == "gone":
                 self._delivery.forget_acked()
                 self.status.subscribed = False
-                if self.status.state == "connected":
-                    logger.warning("mqtt: connection to %s lost (%s)", self.status.broker,
-                                   event[1])
+                self.takeover.ended(event[1])  # logs it once, weighs it (takeover.py)
                 outcome = outcome if outcome == "refused" else "gone"
             elif kind == "ack" and not self._outgoing.acknowledged(event[1]):
                 self._delivery.acknowledged(event[1], event[2])

@@ -274,7 +274,8 @@ class Service:
 
     def warnings(self) -> list[str]:
         return [*health.warnings(self.inference.unused if self.inference is not None else []),
-                *(self.qos.warnings() if self.qos is not None else [])]
+                *(self.qos.warnings() if self.qos is not None else []),
+                *([self.config.node_id_warning] if self.config.node_id_warning else [])]
 
     def subject(self) -> Subject:
         """This agent as the selftest checks see it."""
