@@ -17,7 +17,8 @@ throttle), and back to steady.  The figures are the data plane's own 1-s windows
 Two runs of the same trace:
 
 1. static: the best static configuration of ``be``'s levers (queue delay, preferred batch,
-   admission cap, set through the data plane's levers route with no controller).  Searched
+   admission cap, intra-op threads, CPUs: every lever the controller moves on it, set through
+   the data plane's levers route with no controller).  Searched
    first, on the trace's two stress phases (the x3 step and the hog, ``--grid-seconds``
    each): for each (queue delay, preferred batch) pair, admission caps from none to the
    steady rate, loosest first, stopping at the first cap that keeps every window within
@@ -39,6 +40,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import itertools
+import os
 import shutil
 import sys
 import tempfile
@@ -274,52 +277,81 @@ def lc_p50(url: str, pid: int, feed: dict[str, np.ndarray], seconds: float) -> f
     return float(next(iter(figures.values()))["latency_ms"]["p50"])
 
 
-def set_be(client: HttpClient, delay_us: int, preferred: int, admit: float | None) -> None:
+Static = tuple[int, int, float | None, int, tuple[int, ...] | None]
+# (delay us, preferred, admission cap, threads, CPUs) of be
+
+
+def set_be(client: HttpClient, delay_us: int, preferred: int, admit: float | None,
+           threads: int, cpus: tuple[int, ...] | None) -> None:
+    """be's levers; its threads and CPUs through a rebuild, waited for until it serves."""
+    served = client.statistics("be")[0]["edge_agent"]["levers"]
+    rebuild = served.get("threads") != threads or served.get("cpus") != (
+        None if cpus is None else list(cpus))
     client.set_levers("be", {"max_queue_delay_us": delay_us,
-                             "preferred_batch_size": [preferred], "admit_rps": admit})
+                             "preferred_batch_size": [preferred], "admit_rps": admit,
+                             **({"threads": threads, "cpus": None if cpus is None else
+                                 list(cpus)} if rebuild else {})})
+    deadline = time.monotonic() + 120
+    while rebuild and time.monotonic() < deadline:
+        ours = client.statistics("be")[0]["edge_agent"]
+        if (ours.get("rebuild") or {}).get("state") != "rebuilding" and \
+                ours["levers"].get("threads") == threads:
+            return
+        time.sleep(0.1)
 
 
-def reset(client: HttpClient) -> None:
+def reset(client: HttpClient, be_threads: int) -> None:
     """Both models' levers back at config.yaml's (no reload: the sessions stay warm)."""
-    set_be(client, BE_DELAY_US, 4, None)
+    set_be(client, BE_DELAY_US, 4, None, be_threads, None)
     client.set_levers("lc", {"max_queue_delay_us": LC_DELAY_US, "preferred_batch_size": [4],
                              "admit_rps": None})
 
 
 def search_static(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], lc_rps: float,
-                  be_rps: float, objective: float, seconds: float
-                  ) -> tuple[tuple[int, int, float | None], int]:
-    """The best static (delay, preferred, admission) of ``be`` on the stress phases."""
+                  be_rps: float, objective: float, seconds: float, be_threads: int
+                  ) -> tuple[Static, int]:
+    """The best static (batching, admission, threads, CPUs) of ``be`` on the stress phases:
+    every lever the controller moves, each at the values the controller would reach."""
     stress = [("step x3", 3.0, False), ("hog", 1.0, True)]
-    best: tuple[float, tuple[int, int, float | None]] | None = None
-    fallback: tuple[float, float, tuple[int, int, float | None]] | None = None
+    best: tuple[float, Static] | None = None
+    fallback: tuple[float, float, Static] | None = None
     measured = 0
+    cpus = len(os.sched_getaffinity(pid))
+    placements = [None] + ([tuple(range(cpus // 2, cpus))] if cpus >= 2 else [])
+    threads_options = sorted({be_threads, 1}, reverse=True)
     with HttpClient(url, token=TOKEN, timeout_s=10) as client:
-        for delay_us in (20_000, 0):
-            for preferred in (4, 1):
-                for admit in (None, 1.5 * be_rps, be_rps):
-                    set_be(client, delay_us, preferred, admit)
-                    phases, windows = run_trace(url, pid, feeds, lc_rps, be_rps, stress,
-                                                seconds)
-                    measured += 1
-                    rows = judge(phases, windows, objective)
-                    inside = [w for p in phases for w in windows
-                              if p.start + 1.0 <= w.at <= p.end and w.count]
-                    held = sum(w.p99_ms <= objective for w in inside) / max(len(inside), 1)
-                    rps = float(np.mean([r["be_rps"] for r in rows]))
-                    print(f"  static delay {delay_us} us, preferred {preferred}, admit "
-                          f"{admit}: windows held {held:.0%}, be {rps:.2f} rps", flush=True)
-                    if held == 1.0:
-                        if best is None or rps > best[0]:
-                            best = (rps, (delay_us, preferred, admit))
-                        break
-                    if fallback is None or (held, rps) > fallback[:2]:
-                        fallback = (held, rps, (delay_us, preferred, admit))
+        for threads, placement, (delay_us, preferred) in itertools.product(
+                threads_options, placements, ((BE_DELAY_US, 4), (0, 1))):
+            for admit in (None, 1.5 * be_rps, be_rps):
+                chosen: Static = (delay_us, preferred, admit, threads, placement)
+                set_be(client, *chosen)
+                phases, windows = run_trace(url, pid, feeds, lc_rps, be_rps, stress,
+                                            seconds)
+                measured += 1
+                rows = judge(phases, windows, objective)
+                inside = [w for p in phases for w in windows
+                          if p.start + 1.0 <= w.at <= p.end and w.count]
+                held = sum(w.p99_ms <= objective for w in inside) / max(len(inside), 1)
+                rps = float(np.mean([r["be_rps"] for r in rows]))
+                print(f"  static {describe(chosen)}: windows held {held:.0%}, be "
+                      f"{rps:.2f} rps", flush=True)
+                if held == 1.0:
+                    if best is None or rps > best[0]:
+                        best = (rps, chosen)
+                    break
+                if fallback is None or (held, rps) > fallback[:2]:
+                    fallback = (held, rps, chosen)
     if best is not None:
         return best[1], measured
     assert fallback is not None
     print("  no static configuration held every window: the one holding most is used")
     return fallback[2], measured
+
+
+def describe(static: Static) -> str:
+    delay_us, preferred, admit, threads, cpus = static
+    return (f"delay {delay_us} us, preferred {preferred}, admit {admit}, threads {threads}, "
+            f"CPUs {'any' if cpus is None else ','.join(map(str, cpus))}")
 
 
 def main() -> None:
@@ -330,7 +362,7 @@ def main() -> None:
     parser.add_argument("--be-rps", type=float, default=4.0)
     parser.add_argument("--objective-factor", type=float, default=2.0,
                         help="lc's p99_ms as a multiple of its unloaded p50 (issue 34: ~2)")
-    parser.add_argument("--be-threads", type=int, default=1)
+    parser.add_argument("--be-threads", type=int, default=2)
     parser.add_argument("--levers-rounds", type=int, default=200)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
@@ -357,16 +389,15 @@ def main() -> None:
             print("\nstatic grid of be's levers on the stress phases (step x3, hog), "
                   f"{args.grid_seconds:g} s each, caps loosest first:")
             chosen, measured = search_static(url, pid, feeds, args.lc_rps, args.be_rps,
-                                             objective, args.grid_seconds)
+                                             objective, args.grid_seconds, args.be_threads)
             with HttpClient(url, token=TOKEN) as client:
                 set_be(client, *chosen)
             phases, windows = run_trace(url, pid, feeds, args.lc_rps, args.be_rps, trace,
                                         args.seconds_per_phase)
-            static = show(f"best static (of {measured} measured): delay {chosen[0]} us, "
-                          f"preferred {chosen[1]}, admit {chosen[2]}",
+            static = show(f"best static (of {measured} measured): {describe(chosen)}",
                           judge(phases, windows, objective))
             with HttpClient(url, token=TOKEN) as client:
-                reset(client)  # config.yaml's levers again
+                reset(client, args.be_threads)  # config.yaml's levers again
             controlled, events = controller_run(url, pid, repo, feeds, args, trace,
                                                 objective)
             print(f"\nbest-effort throughput, controller / best static: "
