@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from agent.control.qos import (
+from agent.control.qos import QosController
+from agent.control.qos_model import (
     CPUS,
     RUNG,
     THREADS,
@@ -17,7 +18,6 @@ from agent.control.qos import (
     Figures,
     Levers,
     Objective,
-    QosController,
 )
 
 LC, BE = "lc", "be"
