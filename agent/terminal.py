@@ -45,7 +45,19 @@ def status_notes(status: dict[str, Any]) -> list[str]:
              for slot, job in sorted((status.get("jobs") or {}).items())]
     lines += [f"problem: {problem}" for problem in status.get("problems") or []]
     lines += [f"warning: {warning}" for warning in status.get("warnings") or []]
+    qos = ((status.get("last_sample") or {}).get("metrics") or {}).get("qos") or {}
+    last = qos.get("last_action")
+    if isinstance(last, dict):
+        lines.append(qos_line(last, int(qos.get("actions") or 0)))
     return lines
+
+
+def qos_line(action: dict[str, Any], count: int) -> str:
+    """The QoS controller's last move, as ``edge-agent status`` prints it."""
+    done = ("applied" if action.get("applied") else "advised" if action.get("mode") ==
+            "advise" else f"not applied: {action.get('error', '')}")
+    return (f"qos: {action.get('model')} {action.get('lever')} {action.get('before')} -> "
+            f"{action.get('after')} ({done}; {action.get('why')}; {count} moves so far)")
 
 
 def fit(line: str, columns: int) -> str:

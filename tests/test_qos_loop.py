@@ -27,6 +27,7 @@ from agent.serving.access import Access
 from agent.serving.core import InferRequest, Tensor
 from agent.serving.http_client import HttpClient
 from agent.serving.registry import ModelRegistry
+from agent.terminal import status_notes
 
 TOKEN = "qos-loop-token"
 X = (Tensor("x", np.full((1, 64), 0.5, np.float32)),)
@@ -107,6 +108,9 @@ def test_control_applies_each_step_then_says_unmet_once_and_stops(
         assert metrics["actions"] == 3 and metrics["mode"] == "control"
         assert metrics["models"]["lc"]["qos_unmet"]["best_p99_ms"] > 0.01
         assert metrics["models"]["lc"]["levers"]["max_queue_delay_us"] == 0
+        notes = status_notes({"last_sample": {"metrics": {"qos": metrics}}})
+        assert notes[-1].startswith("qos: lc max_queue_delay_us 250 -> 0 (applied; p99 ")
+        assert notes[-1].endswith("; 3 moves so far)")
         before = len(events)
         windows(loop, registry, 10)
         assert len(events) == before, "it moved or spoke again after unmet"
