@@ -21,7 +21,7 @@ from agent.link.brokers import Brokers, Member, parse_member
     ("mqtt-a.example:0", None),
     ("mqtt-a.example:65536", None),
     ("mqtt-a.example:-1", None),
-    ("mqtt-a.example:１８８３", None),  # digits, but not ASCII ones
+    ("mqtt-a.example:\uff11\uff18\uff18\uff13", None),  # digits, but not ASCII ones
     ("2001:db8::1:8883", None),  # IPv6 without brackets is ambiguous
     ("[mqtt-a]:1883", None),
     ("[2001:db8::1]", None),

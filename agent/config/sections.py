@@ -65,10 +65,10 @@ class ReconnectConfig:
 class MqttConfig:
     host: str = setting(text(what="a host name or address"), "localhost")
     port: int = setting(integer(1, 65535), 1883)
+    protocol: str = setting(choice("5", "3.1.1"), "5")
     # ["host:port", ...]: the members of a broker cluster to fail over between (not with a
     # host or port of its own); tls, username and password_file apply to each
     brokers: tuple[str, ...] | None = setting(optional(members_problem), None)
-    protocol: str = setting(choice("5", "3.1.1"), "5")
     tls: TlsConfig | None = section(TlsConfig, nullable="{} for the system's CAs")
     username: str | None = setting(optional(text()), None)
     password_file: str | None = setting(optional(PATH), None)
