@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from test_telemetry_collectors import Clock
 
 from agent.config.loader import ConfigError, from_dict
 from agent.link.brokers import Brokers, Member, parse_member
@@ -74,14 +75,6 @@ def test_each_node_has_its_own_stable_order_and_a_fleet_spreads() -> None:
     # continue on each of the others: all six orders occur, each about a sixth of the time
     assert len(starts) == 3 and all(300 <= count <= 500 for count in starts.values())
     assert len(orders) == 6 and all(130 <= count <= 270 for count in orders.values())
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_failed_member_backs_off_while_the_next_is_tried_at_once() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from agent_process import start_agent, status, write_config
 from fake_mqtt5 import RedirectingServer
-from mqtt_helpers import Broker, Subscriber, wait_until
+from mqtt_helpers import Broker, Subscriber, free_port, wait_until
 
 from agent.link.brokers import Brokers
 from agent.link.mqtt import MqttLink
@@ -160,6 +160,21 @@ def test_a_dead_member_fails_over_with_nothing_lost_or_sent_twice(
         "reason": f"connection to {a_address} lost (Unspecified error)"})]
     assert link.status.failovers == 1 and link.status.to_dict()["broker"] == b_address
     assert b.process is None or b.process.poll() is None
+
+
+def test_a_member_that_cannot_be_reached_is_skipped_at_once(tmp_path: Path,
+                                                            broker: Broker) -> None:
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    live = f"127.0.0.1:{broker.port}"
+    with Node(tmp_path, in_node_order("node-1", [dead, live]), reconnect_min_s=5,
+              reconnect_max_s=10) as node:
+        # the next member is tried without waiting for the dead one's backoff (5 s)
+        assert wait_until(lambda: node.link.status.state == "connected", 3)
+        assert node.link.status.broker == live and node.link.status.failovers == 1
+        events = list(node.events)
+    reason = events[0][1].pop("reason")
+    assert events == [("broker_failover", {"from": dead, "to": live})]
+    assert reason.startswith(f"cannot reach the broker {dead}: ")
 
 
 @pytest.mark.parametrize(("reason", "at_connack"), [(USE_ANOTHER_SERVER, True),
