@@ -189,3 +189,14 @@ def test_fleet_takes_a_broker_list(tmp_path: Path, pair: tuple[Broker, Broker]) 
         "edge-agent fleet: no broker of the list could be used: cannot reach the broker ")
     share = fleet("watch", "--once", "--share", "a/b", "--broker", listed(a)[0])
     assert share.returncode == 2 and "a share group is letters" in share.stderr
+
+
+def test_fleet_speaks_mqtt_3_1_1_to_a_broker_without_5(tmp_path: Path, broker: Broker) -> None:
+    """RabbitMQ's MQTT plugin before 3.13 has no MQTT 5: --protocol (or mqtt.protocol)."""
+    for protocol_flag in (["--protocol", "3.1.1"], []):
+        done = fleet("watch", "--once", "--settle", "0", *protocol_flag, "--broker",
+                     listed(broker)[0])
+        assert done.returncode == 0, done.stderr
+    # Mosquitto's log names the protocol of each client: p2 is 3.1.1, p5 is 5
+    operators = [line for line in broker.log().splitlines() if "as edge-operator-" in line]
+    assert [line.split("(")[-1][:3] for line in operators] == ["p2,", "p5,"], operators

@@ -49,6 +49,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                          "agent.yaml")
         sub.add_argument("--broker", metavar="HOST:PORT[,HOST:PORT...]",
                          help="a broker, or a cluster's members to fail over between")
+        sub.add_argument("--protocol", choices=("5", "3.1.1"),
+                         help="the MQTT version (default: --config's mqtt.protocol, else 5)")
         sub.add_argument("--fleet")
         if name in ("send", "desired"):
             sub.add_argument("target", help="a node id, group:NAME, or all")

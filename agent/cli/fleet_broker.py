@@ -47,12 +47,15 @@ def _connection(args: argparse.Namespace) -> tuple[BrokerSettings, str]:
     if config is not None:
         m, tls = config.mqtt, config.mqtt.tls
         settings = BrokerSettings(
-            host=m.host, port=m.port, brokers=m.brokers or (), tls=tls is not None,
+            host=m.host, port=m.port, brokers=m.brokers or (), protocol=m.protocol,
+            tls=tls is not None,
             tls_ca=tls.ca if tls else None, tls_cert=tls.cert if tls else None,
             tls_key=tls.key if tls else None, username=m.username,
             password_file=m.password_file)
     if args.broker:
         settings = dataclasses.replace(settings, brokers=_broker_list(args.broker))
+    if args.protocol:
+        settings = dataclasses.replace(settings, protocol=args.protocol)
     fleet = args.fleet or (config.fleet if config is not None else "default")
     return settings, fleet
 

@@ -56,6 +56,7 @@ class BrokerSettings:
     username: str | None = None
     password_file: str | None = None
     brokers: tuple[str, ...] = ()  # "host:port" each: a cluster's members (not host, port)
+    protocol: str = "5"  # or "3.1.1", for a broker without MQTT 5 (RabbitMQ before 3.13)
 
     @property
     def where(self) -> str:
@@ -217,7 +218,7 @@ def _connect_one(settings: BrokerSettings, fleet: str, watch: Sequence[str],
     where = settings.where
     client_id = f"edge-operator-{uuid.uuid4().hex[:12]}"
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                         protocol=mqtt.MQTTv5)
+                         protocol=mqtt.MQTTv5 if settings.protocol == "5" else mqtt.MQTTv311)
     try:
         if settings.tls:
             client.tls_set(ca_certs=settings.tls_ca, certfile=settings.tls_cert,
