@@ -7,7 +7,7 @@ else (no inference, no sampler), so hundreds fit in one test process.
 from __future__ import annotations
 
 import resource
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -127,19 +127,22 @@ class Operator:
 
 
 class SimulatedNode:
-    """The real link and controller of one node, answering ping."""
+    """The real link and controller of one node, answering ping (``ping``: how)."""
 
     def __init__(self, name: str, broker: Broker, state: Path, keys: TrustedKeys,
-                 groups: tuple[str, ...] = ()) -> None:
+                 groups: tuple[str, ...] = (), *, brokers: tuple[str, ...] = (),
+                 ping: Callable[..., dict[str, Any]] | None = None) -> None:
+        """``brokers``: a broker list to fail over between, in place of ``broker``."""
         identity = Identity(FLEET, name, groups)
         self.outbox = Outbox(state / f"{name}.outbox", 1 << 20, 3600)
         self.store = CommandStore(state / f"{name}.commands")
         self.controller = Controller(
             identity, keys, {"ping"}, self.store,
-            {"ping": lambda args, progress: {"pong": True}}, self._reply)
+            {"ping": ping or (lambda args, progress: {"pong": True})}, self._reply)
         self.link = MqttLink(
             LinkSettings(client_id=name, topic_root=identity.root, host=broker.host,
-                         port=broker.port, reconnect_min_s=0.2, reconnect_max_s=2),
+                         port=broker.port, brokers=brokers, reconnect_min_s=0.2,
+                         reconnect_max_s=2),
             self.outbox, Sequence(self.outbox.bump("session")), lambda session: [],
             on_message=self.controller.on_message,
             subscriptions=self.controller.subscriptions())

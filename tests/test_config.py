@@ -61,7 +61,7 @@ def test_values_merge_over_the_defaults() -> None:
     ({"mqtt": {True: 1}}, "mqtt.true", "unknown key (allowed: host, port"),
     ({"telemetry": {"metrics": ["cpu", "thermals"]}}, "telemetry.metrics",
      "expected all, or a list of cpu, load, memory, swap, psi, cgroup, thermal, power, fans, "
-     "gpus, npus, block, net, thp, inference, tuning, outbox, control, qos ('thermals' is "
+     "gpus, npus, block, net, thp, inference, tuning, outbox, link, control, qos ('thermals' is "
      "not a metric group)"),
     ({"qos": {"mode": "on"}}, "qos.mode", "expected one of off, advise, control"),
     ({"qos": {"window_s": 0}}, "qos.window_s", "a number 0.1"),

@@ -69,8 +69,8 @@ def test_three_takeovers_are_one_diagnosis_naming_the_node(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert errors == [f"{problem}; reconnecting after growing delays (up to 300 s) instead of "
                       "taking the session back at once"]
-    lost = [r for r in caplog.records if "lost" in r.getMessage()]
-    assert len(lost) == 3  # once per connection, though each end is reported twice
+    # the link logs each lost connection (with the member it was on): not this too
+    assert not [r for r in caplog.records if "lost" in r.getMessage()]
     connection(diagnosis, clock, 1.0, TAKEN)
     assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
 

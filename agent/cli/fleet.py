@@ -8,24 +8,21 @@ that building the parser stays cheap.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import signal
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent import protocol
 from agent.cli.common import UsageError, non_negative_float, positive_float, render_table
+from agent.cli.fleet_broker import connect, share_group
 from agent.stopping import SIGINT_EXIT, StopSignals
 from agent.telemetry.records import hottest_c
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    from agent.control.operator import BrokerSettings, Bus
 
 
 DEFAULT_TIMEOUT_S = 15.0
@@ -50,7 +47,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         sub = actions.add_parser(name, help=text)
         sub.add_argument("--config", metavar="FILE", help="take broker, TLS and fleet from an "
                          "agent.yaml")
-        sub.add_argument("--broker", metavar="HOST:PORT")
+        sub.add_argument("--broker", metavar="HOST:PORT[,HOST:PORT...]",
+                         help="a broker, or a cluster's members to fail over between")
+        sub.add_argument("--protocol", choices=("5", "3.1.1"),
+                         help="the MQTT version (default: --config's mqtt.protocol, else 5)")
         sub.add_argument("--fleet")
         if name in ("send", "desired"):
             sub.add_argument("target", help="a node id, group:NAME, or all")
@@ -88,6 +88,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             sub.add_argument("--seconds", type=positive_float, help="stop after N seconds")
             sub.add_argument("--json", action="store_true",
                              help="one JSON object per line and refresh: {ts, fleet, nodes}")
+            sub.add_argument("--share", metavar="GROUP", type=share_group,
+                             help="telemetry through an MQTT 5 shared subscription: the "
+                             "watchers of one group each get a part")
     fleet.set_defaults(handler=main_entry)
 
 
@@ -122,47 +125,6 @@ def _private_key(path: str) -> Ed25519PrivateKey:
         raise UsageError(f"--key {path}: {error.strerror}") from None
     except ValueError as error:
         raise UsageError(f"--key {path}: {error}") from None
-
-
-# -- broker connection ----------------------------------------------------------------------
-
-
-def _connection(args: argparse.Namespace) -> tuple[BrokerSettings, str]:
-    """Broker settings from --config (an agent.yaml) and --broker, and the fleet name."""
-    from agent.config import ConfigError, load_config
-    from agent.control.operator import BrokerSettings
-
-    try:
-        config = load_config(args.config) if args.config else None
-    except ConfigError as error:
-        raise UsageError(str(error)) from None
-    settings = BrokerSettings()
-    if config is not None:
-        m, tls = config.mqtt, config.mqtt.tls
-        settings = BrokerSettings(
-            host=m.host, port=m.port, tls=tls is not None,
-            tls_ca=tls.ca if tls else None, tls_cert=tls.cert if tls else None,
-            tls_key=tls.key if tls else None, username=m.username,
-            password_file=m.password_file)
-    if args.broker:
-        host, _, port = args.broker.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise UsageError(f"--broker {args.broker}: expected host:port")
-        settings = dataclasses.replace(settings, host=host, port=int(port))
-    fleet = args.fleet or (config.fleet if config is not None else "default")
-    return settings, fleet
-
-
-def connect(args: argparse.Namespace, watch: Sequence[str]) -> Bus:
-    """The operator session for --broker/--config/--fleet; a broker that cannot be used is
-    a usage error (exit status 2) that says which broker and why."""
-    from agent.control import operator
-
-    settings, fleet = _connection(args)
-    try:
-        return operator.connect(settings, fleet, watch)
-    except operator.BrokerError as error:
-        raise UsageError(str(error)) from None
 
 
 # -- send -----------------------------------------------------------------------------------
@@ -240,7 +202,8 @@ def send(args: argparse.Namespace) -> int:
         sent_at = time.time()
         publish_command(bus, scope, envelope)
         timeout = args.timeout or LONG_TIMEOUTS_S.get(args.fleet_command, DEFAULT_TIMEOUT_S)
-        outcomes = collect(bus, envelope["id"], expected, sent_at, timeout)
+        outcomes = collect(bus, envelope["id"], expected, sent_at, timeout,
+                           again=lambda: publish_command(bus, scope, envelope))
     finally:
         bus.close()
     if args.json:
@@ -354,7 +317,7 @@ def watch(args: argparse.Namespace) -> int:
     after a blank line; with --json one JSON object per line and refresh.  SIGTERM ends it
     cleanly (exit 0), Ctrl-C too (exit 130)."""
     bus = connect(args, [protocol.STATE, protocol.BIRTH, protocol.TELEMETRY,
-                         protocol.REPORTED])
+                         protocol.REPORTED], share=args.share)
     redraw = not args.once and not args.json and sys.stdout.isatty()
     try:
         with StopSignals() as stop:

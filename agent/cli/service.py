@@ -105,12 +105,12 @@ def run(args: argparse.Namespace) -> int:
     unknown_profile = profile_problem(config)
     if unknown_profile is not None:  # the fleet must still reach the node to fix it
         logger.error("%s: the agent starts degraded", unknown_profile)
-    with StopSignals() as signals, local_broker(config.mqtt.local_broker, config.mqtt.host,
-                                                config.mqtt.port):
+    m = config.mqtt  # a broker list is a cluster's: never one of run's own
+    with StopSignals() as signals, local_broker(m.local_broker if m.brokers is None else False,
+                                                m.host, m.port):
         service = Service(config, notifier=notifier)  # ServiceError: exit 1 (cli.common)
-        logger.info("node %s, fleet %s, broker %s:%d, state %s (config: %s)", config.node_id,
-                    config.fleet, config.mqtt.host, config.mqtt.port, service.state_dir,
-                    config.source)
+        logger.info("node %s, fleet %s, broker %s, state %s (config: %s)", config.node_id,
+                    config.fleet, " or ".join(m.members), service.state_dir, config.source)
         if config.node_id_warning:  # the status lists it too
             logger.warning("%s", config.node_id_warning)
         runner = Runner(service, lambda: _reload_config(args), notifier, terminal, signals)

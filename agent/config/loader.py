@@ -15,13 +15,14 @@ import yaml
 from agent import yamlfile
 from agent.config.declare import build, defaults, schema
 from agent.config.nodeid import default_node_id
-from agent.config.sections import Config
+from agent.config.sections import Config, MqttConfig
 from agent.kernel.fsroot import Root
 from agent.tuning.profiles import ProfileStore, deep_merge
 from agent.validation import SettingsError, missing_directory, validate
 
 DEFAULT_PATH = "/etc/edge-agent/agent.yaml"
 SCHEMA = schema(Config)
+_ONE_BROKER = {key: defaults(MqttConfig)[key] for key in ("host", "port")}
 
 
 class ConfigError(SettingsError):
@@ -29,6 +30,11 @@ class ConfigError(SettingsError):
 
 
 def _check_consistency(data: dict[str, Any], file: str) -> None:
+    mqtt = data["mqtt"]
+    given = [f"mqtt.{key} {mqtt[key]!r}" for key in _ONE_BROKER if mqtt[key] != _ONE_BROKER[key]]
+    if mqtt["brokers"] is not None and given:
+        raise ConfigError(file, "mqtt.brokers", "give either mqtt.brokers or mqtt.host/"
+                          f"mqtt.port, not both ({' and '.join(given)} given too)")
     reconnect = data["mqtt"]["reconnect"]
     if reconnect["min_s"] > reconnect["max_s"]:
         raise ConfigError(file, "mqtt.reconnect.min_s",

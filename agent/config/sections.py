@@ -29,6 +29,7 @@ from agent.config.declare import entries, section, setting
 from agent.control.schemas import COMMANDS
 from agent.discovery.udev import HOTPLUG_SUBSYSTEMS
 from agent.inference.demo_model import DEMO_MODEL_PATH
+from agent.link.brokers import address, members_problem
 from agent.serving.repository import MODEL_NAME
 from agent.validation import choice, integer, number, optional, text
 
@@ -60,6 +61,9 @@ class MqttConfig:
     host: str = setting(text(what="a host name or address"), "localhost")
     port: int = setting(integer(1, 65535), 1883)
     protocol: str = setting(choice("5", "3.1.1"), "5")
+    # ["host:port", ...]: the members of a broker cluster to fail over between (not with a
+    # host or port of its own); tls, username and password_file apply to each
+    brokers: tuple[str, ...] | None = setting(optional(members_problem), None)
     tls: TlsConfig | None = section(TlsConfig, nullable="{} for the system's CAs")
     username: str | None = setting(optional(text()), None)
     password_file: str | None = setting(optional(PATH), None)
@@ -69,6 +73,11 @@ class MqttConfig:
     # auto: `run` starts a Mosquitto of its own for the run when host is loopback, nothing
     # listens and no init system will start one (agent.service.local_broker); false: never
     local_broker: str | bool = setting(choice("auto", False), "auto")
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The brokers the node may use: ``brokers``, else ``host:port``."""
+        return self.brokers or (address(self.host, self.port),)
 
     @property
     def reconnect_min_s(self) -> float:

@@ -2,16 +2,20 @@
 
 It needs only the broker and a private key; who is in the fleet comes from the nodes'
 retained ``state`` and ``birth`` messages.  ``edge-agent fleet`` and the tests both use it.
+With a broker list it connects to one member, in an order of its own, and moves to the next
+when that one goes away (``roaming``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import random
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from agent import protocol
 from agent.control.envelope import key_id, private_key_pem, public_key_text
+from agent.control.roaming import Roaming
+from agent.link.brokers import parse_member
 from agent.link.settings import read_password
 from agent.link.sockets import no_delay
 
@@ -49,10 +55,18 @@ class BrokerSettings:
     tls_key: str | None = None
     username: str | None = None
     password_file: str | None = None
+    brokers: tuple[str, ...] = ()  # "host:port" each: a cluster's members (not host, port)
+    protocol: str = "5"  # or "3.1.1", for a broker without MQTT 5 (RabbitMQ before 3.13)
 
     @property
     def where(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def members(self) -> list[tuple[str, int]]:
+        parsed = [parse_member(text) for text in self.brokers]
+        return [member for member in parsed if member is not None] or [(self.host,
+                                                                         self.port)]
 
 
 # -- keys -----------------------------------------------------------------------------------
@@ -82,7 +96,9 @@ class Bus:
     retained: dict[str, dict[str, Any]] = field(default_factory=dict)  # topic -> payload
     messages: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     acks: dict[int, str | None] = field(default_factory=dict)  # mid -> refusal, if any
-    arrived: threading.Condition = field(init=False)  # notified on each message
+    arrived: threading.Condition = field(init=False)  # notified on each message and move
+    topics: list[tuple[str, int]] = field(default_factory=list)  # subscribed, with QoS
+    roaming: Roaming | None = None  # once connected
 
     def __post_init__(self) -> None:
         self.arrived = threading.Condition(self.lock)
@@ -109,7 +125,10 @@ class Bus:
 
     def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
         """Publish at QoS 1 and wait for the broker's acknowledgement; FleetError if it
-        refuses the message (an ACL, say) or never acknowledges it."""
+        refuses the message (an ACL, say) or never acknowledges it.  While it moves to
+        another member, it waits for that connection first."""
+        if self.roaming is not None:
+            self.roaming.connected.wait(HANDSHAKE_TIMEOUT_S)
         info = self.client.publish(topic, payload, qos=1, retain=retain)
         try:
             info.wait_for_publish(PUBLISH_TIMEOUT_S)
@@ -123,15 +142,28 @@ class Bus:
         if refused:
             raise FleetError(f"the broker refused the message on {topic}: {refused}")
 
-    def wait_past(self, count: int, timeout: float) -> None:
-        """Until more than ``count`` messages arrived or ``timeout`` passed: woken by each
-        message, not polling."""
+    def wait_past(self, count: int, timeout: float, moves: int) -> None:
+        """Until more than ``count`` messages arrived, the session moved to another member
+        (``moves`` is past ``moves``) or ``timeout`` passed: woken by each, not polling."""
         with self.arrived:
-            self.arrived.wait_for(lambda: len(self.messages) > count, timeout)
+            self.arrived.wait_for(lambda: len(self.messages) > count or self.moves != moves,
+                                  timeout)
 
     def close(self) -> None:
-        self.client.disconnect()
+        if self.roaming is not None:
+            self.roaming.close()
+        else:
+            self.client.disconnect()
         self.client.loop_stop()
+
+    @property
+    def moves(self) -> int:
+        """Connections to a member after the first: what was published may be lost."""
+        return self.roaming.moves if self.roaming is not None else 0
+
+    def _moved(self) -> None:
+        with self.arrived:
+            self.arrived.notify_all()
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         """node id -> {state, birth, reported, telemetry (the newest)} from what arrived."""
@@ -153,16 +185,40 @@ class Bus:
         return found
 
 
-def connect(settings: BrokerSettings, fleet: str, watch: Sequence[str] = ()) -> Bus:
-    """A session whose handshake, subscriptions and retained messages are complete.
+def connect(settings: BrokerSettings, fleet: str, watch: Sequence[str] = (),
+            share: str | None = None) -> Bus:
+    """A session whose handshake, subscriptions and retained messages are complete, on the
+    first member of the broker list that takes it (the list in a random rotation: operators
+    spread over the members too); it moves to the next one when that one goes away.
 
     ``watch`` names the topics of every node to subscribe to (``state``, ``cmd/ping/res``);
-    with none it only connects (``desired`` publishes).  Every way the broker can fail us is
-    a BrokerError that says which broker and why."""
+    with none it only connects (``desired`` publishes).  ``share``: what is not retained
+    comes through the MQTT 5 shared subscription ``$share/<share>/...``, so that operators
+    watching in one group each get a part.  Every way the brokers can fail us is a
+    BrokerError that says which broker and why."""
+    members = settings.members
+    start, problems = random.randrange(len(members)), []
+    for step in range(len(members)):
+        at = (start + step) % len(members)
+        host, port = members[at]
+        try:
+            bus = _connect_one(dataclasses.replace(settings, host=host, port=port), fleet,
+                               watch, share)
+        except BrokerError as error:
+            problems.append(str(error))
+            continue
+        bus.roaming = Roaming(bus.client, members, at, bus.topics, bus._moved)
+        return bus
+    raise BrokerError(problems[0] if len(problems) == 1 else
+                      "no broker of the list could be used: " + "; ".join(problems))
+
+
+def _connect_one(settings: BrokerSettings, fleet: str, watch: Sequence[str],
+                 share: str | None) -> Bus:
     where = settings.where
     client_id = f"edge-operator-{uuid.uuid4().hex[:12]}"
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                         protocol=mqtt.MQTTv5)
+                         protocol=mqtt.MQTTv5 if settings.protocol == "5" else mqtt.MQTTv311)
     try:
         if settings.tls:
             client.tls_set(ca_certs=settings.tls_ca, certfile=settings.tls_cert,
@@ -195,7 +251,10 @@ def connect(settings: BrokerSettings, fleet: str, watch: Sequence[str] = ()) -> 
         else:
             bus.on_message(client, userdata, message)
 
-    wanted = [protocol.each_node(fleet, suffix) for suffix in watch]
+    wanted = [protocol.each_node(fleet, suffix) if share is None or suffix in
+              protocol.RETAINED else f"$share/{share}/{protocol.each_node(fleet, suffix)}"
+              for suffix in watch]
+    bus.topics = [(topic, 1) for topic in wanted]
     topics_sent = [*wanted, sync_topic]
     client.on_connect, client.on_subscribe, client.on_message = (on_connect, on_subscribe,
                                                                  on_message)
@@ -293,12 +352,18 @@ class Outcome:
 
 
 def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
-            timeout: float) -> dict[str, Outcome]:
-    """Replies by node until every expected node has a final one, or the timeout."""
+            timeout: float, again: Callable[[], None] | None = None) -> dict[str, Outcome]:
+    """Replies by node until every expected node has a final one, or the timeout.  When the
+    session moved to another member meanwhile, ``again`` publishes the command once more
+    (same id): a node answers from its store, so a reply that went to the old member is
+    not lost, and nothing runs twice."""
     outcomes = {node: Outcome(node) for node in expected}
-    seen = 0
+    seen, moves = 0, bus.moves
     deadline = time.monotonic() + timeout
     while True:
+        if bus.moves != moves and again is not None:
+            moves = bus.moves
+            again()
         with bus.lock:
             fresh, seen = bus.messages[seen:], len(bus.messages)
         for topic, reply in fresh:
@@ -311,4 +376,4 @@ def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
             return outcomes
         if time.monotonic() >= deadline:
             return outcomes
-        bus.wait_past(seen, deadline - time.monotonic())
+        bus.wait_past(seen, deadline - time.monotonic(), moves)

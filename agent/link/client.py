@@ -55,9 +55,10 @@ def connect_properties(s: LinkSettings) -> Properties | None:
     return properties
 
 
-def connect(client: mqtt.Client, s: LinkSettings) -> None:
-    """TCP (and TLS) connected and CONNECT sent, with MQTT 5's bound on what comes in."""
-    client.connect(s.host, s.port, s.keepalive_s, properties=connect_properties(s))
+def connect(client: mqtt.Client, s: LinkSettings, host: str, port: int) -> None:
+    """TCP (and TLS) connected to ``host`` (one of the broker list) and CONNECT sent, with
+    MQTT 5's bound on what comes in."""
+    client.connect(host, port, s.keepalive_s, properties=connect_properties(s))
     no_delay(client.socket())
 
 
@@ -75,8 +76,9 @@ def new_client(s: LinkSettings, will_topic: str, will: bytes, events: deque[tupl
         client.tls_set(ca_certs=s.tls_ca, certfile=s.tls_cert, keyfile=s.tls_key)
     if s.username is not None:
         client.username_pw_set(s.username, read_password(s.password_file))  # rotation
-    client.on_connect = lambda c, u, flags, code, props: events.append(("connack", code))
-    client.on_disconnect = lambda c, u, flags, code, props: events.append(("gone", code))
+    # with the properties: a CONNACK's or DISCONNECT's may name the server to use instead
+    client.on_connect = lambda c, u, flags, code, props: events.append(("connack", code, props))
+    client.on_disconnect = lambda c, u, flags, code, props: events.append(("gone", code, props))
     client.on_publish = lambda c, u, mid, code, props: events.append(("ack", mid, code))
     client.on_message = lambda c, u, message: inbox.append(message)
     client.on_subscribe = lambda c, u, mid, codes, props: events.append(("suback",))

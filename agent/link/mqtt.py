@@ -6,7 +6,8 @@ Every connect uses a fresh client and paho never reconnects by itself, so it nev
 a message from memory: the outbox is the one source of truth.  Records the broker acknowledges
 leave the outbox; those queued before a connect are replayed oldest-first, rate-limited and
 marked ``historical``, while live records go first.  The retained ``state`` and ``birth`` are
-published on every connect, and the Last Will says ``offline`` with the connect's session.
+published on every connect, and the Last Will says ``offline`` with the connect's session;
+each connect goes to a member of the broker list that ``failover.Failover`` chooses.
 
 No message stops the thread: what the handler (the controller) raises is caught and counted
 per reason (``status.faults``); a publish paho refuses drops that message.  Incoming messages
@@ -28,13 +29,13 @@ from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.reasoncodes import ReasonCode
 
 from agent import protocol
 from agent.link.client import connect, new_client, subscribe
 from agent.link.delivery import WINDOW, Delivery, reason_failed
+from agent.link.failover import EventSink, Failover
 from agent.link.outgoing import REPLY_HIGH, Faults, Message, Outgoing
-from agent.link.settings import LinkSettings, LinkStatus, backoff_delay
+from agent.link.settings import LinkSettings, LinkStatus
 from agent.link.sockets import Waker, close_now, cork, watch
 from agent.link.takeover import Takeover
 from agent.telemetry.outbox import Outbox
@@ -53,12 +54,13 @@ class MqttLink:
     def __init__(self, settings: LinkSettings, outbox: Outbox, sequence: Sequence,
                  announce: Callable[[int], list[tuple[str, bytes]]],
                  on_message: Callable[[mqtt.MQTTMessage], None] | None = None,
-                 subscriptions: tuple[str, ...] = ()) -> None:
+                 subscriptions: tuple[str, ...] = (), event: EventSink | None = None) -> None:
         self.settings, self.outbox, self.sequence = settings, outbox, sequence
         self.announce, self.on_message, self.subscriptions = announce, on_message, subscriptions
         self.health = "online"  # or "degraded", with the reason
         self.health_reason: str | None = None
-        self.status = LinkStatus(broker=f"{settings.host}:{settings.port}")
+        self.status = LinkStatus()
+        self._failover = Failover(settings, self.status, event)  # names status.broker
         self.takeover = Takeover(settings.client_id, self.status)  # another client, our id
         self._stop, self._waker = threading.Event(), Waker()
         self.faults = Faults(self.status.faults)
@@ -161,26 +163,24 @@ class MqttLink:
             self._set_state("dead", f"the link thread died: {self.died}")
 
     def _run(self) -> None:
-        attempt = 0
-        while not self._stop.is_set():
-            client = self._client = self._connect()
+        while (member := self._failover.wait(self._stop, self._beat,
+                                               self.takeover.delay)) is not None:
+            client = self._client = self._connect(member.host, member.port)
+            accepted = False
             if client is not None:
-                if self._serve(client) and not self._oversized:  # a resent one: back off
-                    attempt = 0
+                accepted = self._serve(client)
                 sock = client.socket()
                 client.disconnect()  # written at once (no paho thread); no-op when gone
                 cork(sock, False)  # and sent now
                 if self._stop.is_set():
                     break
-            delay = self.takeover.delay(backoff_delay(attempt, self.settings.reconnect_min_s,
-                                                      self.settings.reconnect_max_s))
-            attempt += 1
+            # a connection that ended on an oversized packet (resent): its member backs off
+            self._failover.ended(accepted and not self._oversized, self.status.last_error)
             self._set_state("disconnected")
-            until = time.monotonic() + delay
-            while not self._stop.wait(max(0.0, min(1.0, until - time.monotonic()))) and \
-                    time.monotonic() < until:
-                self.status.heartbeat = time.monotonic()  # waiting is not hanging
         self._set_state("stopped")
+
+    def _beat(self) -> None:
+        self.status.heartbeat = time.monotonic()
 
     def _set_state(self, state: str, error: str | None = None) -> None:
         if state != self.status.state:
@@ -190,10 +190,10 @@ class MqttLink:
 
     def _state_payload(self, state: str, session: int) -> bytes:
         reason = {"reason": self.health_reason} if state == "degraded" else {}
-        return encode(stamp("state/1", state=state, session=session,
+        return encode(stamp("state/1", state=state, session=session, broker=self.status.broker,
                             node_id=self.settings.client_id, **reason))
 
-    def _connect(self) -> mqtt.Client | None:
+    def _connect(self, host: str, port: int) -> mqtt.Client | None:
         """A fresh client with its Last Will, TCP/TLS connected and CONNECT sent."""
         self._set_state("connecting")
         # The LWT must name the session before the broker knows it; it is committed only
@@ -205,12 +205,10 @@ class MqttLink:
             client = new_client(self.settings, self.topic(protocol.STATE),
                                 self._state_payload("offline", self._candidate_session),
                                 self._events, self._inbox)
-            connect(client, self.settings)
+            connect(client, self.settings, host, port)
         except (OSError, ValueError) as error:
-            message = f"cannot reach the broker {self.status.broker}: {error}"
-            if message != self.status.last_error:
-                logger.warning("mqtt: %s; retrying", message)
-            self._set_state("connecting", message)
+            self._set_state("connecting", self._failover.unreachable(error,
+                                                                     self.status.last_error))
             return None
         return client
 
@@ -230,7 +228,7 @@ class MqttLink:
                 wait = 0.0 if self._inbox else self._delivery.wait_s(accepted)
                 if not self._step(client, sock, selector, wait,
                                   read=len(self._inbox) < INBOX_HIGH):
-                    self._events.append(("gone", "socket closed"))
+                    self._events.append(("gone", "socket closed", None))
                 outcome = self._handle_events()
                 if outcome == "accepted":
                     accepted = True
@@ -300,7 +298,8 @@ class MqttLink:
             kind = event[0]
             if kind == "connack":
                 if reason_failed(event[1]):
-                    self._refused(event[1])
+                    self._set_state("connecting", self._failover.refused(
+                        event[1], event[2], self.status.last_error))
                     outcome = "refused"
                 else:
                     outcome = "accepted"
@@ -312,21 +311,17 @@ class MqttLink:
             elif kind == "gone":
                 self._delivery.forget_acked()
                 self.status.subscribed = False
-                self.takeover.ended(event[1])  # logs it once, weighs it (takeover.py)
+                if self.status.state == "connected" and outcome != "gone":  # paho's, then ours
+                    self.status.last_error = f"connection to {self.status.broker} lost " \
+                                             f"({event[1]})"
+                    logger.warning("mqtt: %s", self.status.last_error)
+                self.takeover.ended(event[1])  # weighs it (takeover.py)
+                self._failover.redirect(event[1], event[2])
                 outcome = outcome if outcome == "refused" else "gone"
             elif kind == "ack" and not self._outgoing.acknowledged(event[1]):
                 self._delivery.acknowledged(event[1], event[2])
         self._delivery.settle()
         return outcome
-
-    def _refused(self, code: ReasonCode) -> None:
-        hint = ""
-        if str(code) in ("Bad user name or password", "Not authorized"):
-            hint = " (check mqtt.username and mqtt.password_file)"
-        message = f"the broker {self.status.broker} refused the connection: {code}{hint}"
-        if message != self.status.last_error:
-            logger.error("mqtt: %s; retrying", message)
-        self._set_state("connecting", message)
 
     def _on_accepted(self, client: mqtt.Client) -> None:
         session = self._candidate_session
@@ -339,6 +334,7 @@ class MqttLink:
         self.status.connects, self.status.subscribed = self.status.connects + 1, False
         self._set_state("connected")
         logger.info("mqtt: connected to %s, session %d", self.status.broker, session)
+        self._failover.accepted()  # a failover's event goes out in the new session
         self._announce(client)
         if self.subscriptions:
             subscribe(client, self.settings, self.subscriptions)

@@ -16,6 +16,8 @@ class LinkSettings:
     topic_root: str  # edge/v1/<fleet>/<node>
     host: str = "localhost"
     port: int = 1883
+    # mqtt.brokers ("host:port" each): the members to fail over between; empty: host, port
+    brokers: tuple[str, ...] = ()
     protocol: str = "5"  # or "3.1.1"
     tls_ca: str | None = None
     tls_cert: str | None = None
@@ -40,7 +42,9 @@ class LinkStatus:
     """What ``edge-agent status`` and the live terminal line show."""
 
     state: str = "starting"  # connecting, connected, disconnected, stopped, dead
-    broker: str = ""
+    broker: str = ""  # the member in use, or being tried
+    brokers: list[str] = field(default_factory=list)  # every member, in this node's order
+    failovers: int = 0  # connections accepted by another member than the one before
     session: int = 0
     since: float = field(default_factory=time.time)
     last_error: str | None = None
@@ -54,6 +58,11 @@ class LinkStatus:
     faults: dict[str, int] = field(default_factory=dict)  # survived, by reason (outgoing.py)
     sessions_ended: dict[int, int] = field(default_factory=dict)  # session -> records taken
     heartbeat: float = field(default_factory=time.monotonic)  # the link thread's last round
+
+    def metrics(self) -> dict[str, Any]:
+        """Telemetry's ``link`` group: the member the node was on when a record was taken."""
+        return {"broker": self.broker, "state": self.state, "connects": self.connects,
+                "failovers": self.failovers}
 
     def to_dict(self) -> dict[str, Any]:
         fields = dict(self.__dict__)

@@ -58,14 +58,13 @@ class Takeover:
         self.strikes = 0  # connections that did not hold since the diagnosis
 
     def ended(self, reason: object) -> None:
-        """The broker connection ended (each ``gone``): log a lost connection once and weigh
-        it; an end before any accept is no evidence."""
+        """The broker connection ended (each ``gone``): weigh it once (the link logs the
+        loss); an end before any accept is no evidence."""
         if self.status.state != "connected" or self._counted == self.status.session:
             return
         self._counted = self.status.session
         now = self.clock()
         held = now - self.status.since
-        logger.warning("mqtt: connection to %s lost (%s)", self.status.broker, reason)
         if held >= HOLD_S:
             self._clear(held)
         elif self.diagnosis is not None:

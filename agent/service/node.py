@@ -188,7 +188,7 @@ class Service:
         tls = m.tls
         settings = LinkSettings(
             client_id=self.config.node_id, topic_root=self.config.topic_root, host=m.host,
-            port=m.port, protocol=m.protocol, tls=tls is not None,
+            port=m.port, brokers=m.brokers or (), protocol=m.protocol, tls=tls is not None,
             tls_ca=tls.ca if tls else None, tls_cert=tls.cert if tls else None,
             tls_key=tls.key if tls else None, username=m.username,
             password_file=m.password_file, keepalive_s=m.keepalive_s,
@@ -198,7 +198,8 @@ class Service:
             replay_per_s=self.config.telemetry.replay_per_s, retain=self.retain)
         return MqttLink(settings, outbox, self.sequence, self.announcements,
                         on_message=controller.on_message if controller else None,
-                        subscriptions=controller.subscriptions() if controller else ())
+                        subscriptions=controller.subscriptions() if controller else (),
+                        event=self.event)
 
     def _controller(self, tuning: Tuning, inference: Inference,
                     sampler: Sampler) -> Controller | None:
@@ -262,6 +263,7 @@ class Service:
                 FunctionCollector("inference", self.inference.metrics),
                 FunctionCollector("tuning", self.tuning.metrics),
                 FunctionCollector("outbox", self.outbox.stats),
+                FunctionCollector("link", lambda: self.link and self.link.status.metrics()),
                 # the controller comes after the sampler (its commands act on it)
                 FunctionCollector("control", lambda: self.controller.metrics()
                                   if self.controller is not None else None),
@@ -286,7 +288,8 @@ class Service:
         """Retained messages published on every connect: birth, and Home Assistant's."""
         assert self.topology is not None and self.tuning is not None
         assert self.inference is not None
-        birth = reports.birth(self.config, self.topology, self.tuning, self.inference, session)
+        birth = reports.birth(self.config, self.topology, self.tuning, self.inference, session,
+                              self.link.status.broker if self.link is not None else None)
         messages = [(protocol.topic(self.config.topic_root, protocol.BIRTH), encode(birth))]
         if self.config.home_assistant_enabled:
             messages += discovery_messages(self.config, self.topology)

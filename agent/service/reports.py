@@ -27,10 +27,11 @@ class NoStatus(Exception):
 
 
 def birth(config: Config, topology: Topology, tuning: Tuning, inference: Inference,
-          session: int) -> dict[str, Any]:
+          session: int, broker: str | None = None) -> dict[str, Any]:
+    """``broker``: the member of the broker list it is published on."""
     board = topology.board
     return stamp(
-        "birth/1", session=session, node_id=config.node_id, fleet=config.fleet,
+        "birth/1", session=session, node_id=config.node_id, fleet=config.fleet, broker=broker,
         groups=list(config.groups),
         versions={"agent": __version__, "python": platform.python_version(),
                   **_library_versions()},

@@ -8,5 +8,5 @@ from __future__ import annotations
 COLLECTOR_GROUPS = ("cpu", "load", "memory", "swap", "psi", "cgroup", "thermal", "power",
                     "fans", "gpus", "npus", "block", "net", "thp")
 # The service's own function collectors (agent.service.node.Service._collectors).
-SERVICE_GROUPS = ("inference", "tuning", "outbox", "control", "qos")
+SERVICE_GROUPS = ("inference", "tuning", "outbox", "link", "control", "qos")
 METRIC_GROUPS = COLLECTOR_GROUPS + SERVICE_GROUPS
