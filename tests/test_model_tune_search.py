@@ -206,7 +206,8 @@ def test_a_choice_that_misses_when_measured_again_is_not_met() -> None:
                              "again: p99 12.50 ms is 2.50 ms (25 %) above p99_ms 10; "
                              "throughput 90.0 rps is 5.0 below min_rps 95")
     assert report.to_dict()["confirmed"] == {"p99_ms": 12.5, "throughput_rps": 90,
-                                             "goodput_rps": 60, "met": False}
+                                             "goodput_rps": 60, "power_mw": None,
+                                             "met": False}
     kept = TuneReport("m", 1, Objective(10.0), "exhaustive", [chosen], chosen,
                       chosen.candidate.settings(), 3.0,
                       confirmed=Result(chosen.candidate, 9.0, 100, 100, True, ""))

@@ -22,6 +22,8 @@ from agent.cli.common import (
 
 if TYPE_CHECKING:
     from agent.config import Config
+    from agent.discovery.model import Topology
+    from agent.kernel.fsroot import Root
     from agent.modeltune.knobs import KnobRungs
     from agent.modeltune.report import TuneReport
 
@@ -56,7 +58,8 @@ def register_tune(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
                      "ladder the QoS controller climbs); put back when the search ends, "
                      "never written to config.yaml")
     sub.add_argument("--root", default="/", metavar="DIR",
-                     help="the filesystem root the knobs are written under (default: /)")
+                     help="the filesystem root the knobs are written under and the power "
+                     "rails read from (default: /)")
     sub.add_argument("--window-s", type=positive_float, default=1.0, metavar="N",
                      help="seconds of load per measurement (default: 1)")
     sub.add_argument("--rollback", action="store_true",
@@ -70,6 +73,7 @@ def tune_command(args: argparse.Namespace) -> int:
     from agent.cli.service import command_config
     from agent.modeltune import configfile
     from agent.modeltune.plane import PlaneError
+    from agent.modeltune.power import RailPower
     from agent.modeltune.tune import TuneError, TuneRequest, tune
     from agent.serving.repository import valid_name
 
@@ -93,10 +97,13 @@ def tune_command(args: argparse.Namespace) -> int:
 
         builtins = {DEMO: DEMO_MODEL_PATH}
     recorded = _recorded(config, args.model) if config and args.rate is None else None
+    root, topology = _device(args.root)
     request = TuneRequest(args.model, repository, builtins, args.p99_ms, args.rate,
                           args.budget_s, args.exhaustive, args.space, args.window_s,
                           config.inference.model if config else None, recorded,
-                          args.variants, _knobs(args) if args.knobs else None)
+                          args.variants,
+                          _knobs(args, root, topology) if args.knobs else None,
+                          RailPower.of(root, topology))
     progress = (lambda step: None) if args.json else (
         lambda step: print(f"  ... {step}", file=sys.stderr, flush=True))
     try:
@@ -109,17 +116,23 @@ def tune_command(args: argparse.Namespace) -> int:
     return 0 if report.met else 1
 
 
-def _knobs(args: argparse.Namespace) -> KnobRungs:
+def _device(directory: str) -> tuple[Root, Topology]:
+    """The device under ``--root``: its latency knobs and its power rails are both its."""
+    from agent.discovery import discover
+
+    root = open_root(directory)
+    return root, discover(root)
+
+
+def _knobs(args: argparse.Namespace, root: Root, topology: Topology) -> KnobRungs:
     """The device's latency ladder over the profile applied under ``--root`` (its journal
     in the state directory), as the search's rungs."""
-    from agent.discovery import discover
     from agent.modeltune.knobs import KnobRungs
     from agent.tuning.journal import Journal
     from agent.tuning.latency_knobs import LatencyKnobs
 
-    root = open_root(args.root)
     journal = Journal(resolve_state_dir(args.state_dir, root.base))
-    return KnobRungs.of(LatencyKnobs(root, discover(root), journal), label=rung_label)
+    return KnobRungs.of(LatencyKnobs(root, topology, journal), label=rung_label)
 
 
 def rung_label(step: object) -> str:
@@ -155,9 +168,10 @@ def render(report: TuneReport) -> str:
 
     searched = bool(report.variants)
     knobs = bool(report.knobs)
+    power = any(r.power_mw is not None for r in report.results)
     rows = [["", *(["variant"] if searched else []), "instances x threads", "batch",
              "delay_us", *(["knobs"] if knobs else []), "p99_ms", "rps", "goodput", "cpu",
-             "pareto", "load"]]
+             *(["power_mw"] if power else []), "pareto", "load"]]
     for r, front in zip(report.results, pareto(report.results), strict=True):
         c = r.candidate
         variant = report.variant(r)
@@ -168,6 +182,7 @@ def render(report: TuneReport) -> str:
                      *([report.knobs[c.knobs]] if knobs else []), f"{r.p99_ms:.2f}",
                      f"{r.throughput_rps:.1f}", f"{r.goodput_rps:.1f}",
                      "" if r.cpu_cores is None else f"{r.cpu_cores:.2f}",
+                     *(["" if r.power_mw is None else f"{r.power_mw:.0f}"] if power else []),
                      "yes" if front else "", r.problem or r.load])
     goal = ", ".join(f"{k} {v:g}" for k, v in (("p99_ms", report.objective.p99_ms),
                                                 ("min_rps", report.objective.min_rps))

@@ -15,6 +15,7 @@ import numpy as np
 
 from agent.inference.stats import Window
 from agent.modeltune.load import Call, Sample, closed_loop, open_loop
+from agent.modeltune.power import Sampling
 from agent.modeltune.search import Result, choose
 from agent.modeltune.space import Candidate
 from agent.serving.http_client import HttpClient
@@ -41,8 +42,9 @@ class Load:
 
 
 def judge(sample: Sample, candidate: Candidate, objective: Objective, load: str,
-          cpu_s: float | None = None) -> Result:
-    """``cpu_s``: the data plane's CPU seconds during the sample (None: not known)."""
+          cpu_s: float | None = None, power_mw: float | None = None) -> Result:
+    """``cpu_s``: the data plane's CPU seconds during the sample, ``power_mw`` the device's
+    mean power (None: not known)."""
     p99 = sample.p99_ms()
     throughput = sample.throughput_rps()
     fast = objective.p99_ms is None or p99 <= objective.p99_ms
@@ -51,7 +53,8 @@ def judge(sample: Sample, candidate: Candidate, objective: Objective, load: str,
     cores = round(cpu_s / sample.elapsed_s, 2) if cpu_s is not None and sample.elapsed_s \
         else None
     return Result(candidate, p99, throughput, goodput, fast and enough and not sample.errors,
-                  load, sample.errors, cpu_cores=cores, first_error=sample.first_error[:300])
+                  load, sample.errors, cpu_cores=cores, first_error=sample.first_error[:300],
+                  power_mw=power_mw)
 
 
 class Clients:
@@ -78,16 +81,19 @@ class Clients:
 
 
 def measure(call: Call, candidate: Candidate, objective: Objective, load: Load,
-            cpu: Callable[[], float] | None = None) -> Result:
-    """``cpu``: the data plane's CPU seconds so far (psutil), for each result's cpu_cores."""
+            cpu: Callable[[], float] | None = None,
+            power: Callable[[], float | None] | None = None) -> Result:
+    """``cpu``: the data plane's CPU seconds so far (psutil), for each result's cpu_cores;
+    ``power``: the device's power now (mW), sampled through each load for its power_mw."""
     width = candidate.count * max(1, candidate.max_batch_size)
     closed_loop(call, min(MAX_CLIENTS, width), min(WARMUP_S, load.window_s))
 
     def timed(run: Callable[[], Sample], label: str) -> Result:
         before = cpu() if cpu is not None else None
-        sample = run()
+        with Sampling(power) as sampling:
+            sample = run()
         spent = cpu() - before if cpu is not None and before is not None else None
-        return judge(sample, candidate, objective, label, spent)
+        return judge(sample, candidate, objective, label, spent, sampling.mean_mw())
 
     if load.rate is not None:
         workers = min(MAX_CLIENTS, max(8, 2 * width))

@@ -33,16 +33,23 @@ class Result:
     problem: str = ""  # why it could not be measured (the data plane refused it)
     cpu_cores: float | None = None  # the data plane's CPU time per second of the load
     first_error: str = ""  # what the first failed request was told
+    power_mw: float | None = None  # the device's mean power during the load (None: no rails)
 
 
 def pareto(results: Sequence[Result]) -> list[bool]:
-    """Whether each result is on the p99/throughput front: no other measured one is as fast
-    at p99 and serves as much, and better at one of them."""
+    """Whether each result is on the front: no other measured one is as good at p99,
+    throughput and (where both have it) power, and better at one of them."""
     measured = [r for r in results if not r.problem]
-    return [not r.problem and not any(
-        o.p99_ms <= r.p99_ms and o.throughput_rps >= r.throughput_rps
-        and (o.p99_ms < r.p99_ms or o.throughput_rps > r.throughput_rps) for o in measured)
-        for r in results]
+    return [not r.problem and not any(_dominates(o, r) for o in measured) for r in results]
+
+
+def _dominates(one: Result, other: Result) -> bool:
+    """Pairs of figures where lower is better; power counts only between two results that
+    both have it (a board without rails, or a rail unread for a whole window)."""
+    pairs = [(one.p99_ms, other.p99_ms), (-one.throughput_rps, -other.throughput_rps)]
+    if one.power_mw is not None and other.power_mw is not None:
+        pairs.append((one.power_mw, other.power_mw))
+    return all(a <= b for a, b in pairs) and any(a < b for a, b in pairs)
 
 
 def choose(results: Sequence[Result]) -> Result:

@@ -21,6 +21,7 @@ from agent.modeltune import configfile, search, variants
 from agent.modeltune.knobs import KnobRungs, KnobSetter
 from agent.modeltune.measure import Clients, Load, Objective, measure
 from agent.modeltune.plane import ScratchPlane, stage_model
+from agent.modeltune.power import SAMPLE_S, RailPower
 from agent.modeltune.report import TuneReport
 from agent.modeltune.search import Result
 from agent.modeltune.space import (
@@ -58,6 +59,7 @@ class TuneRequest:
     recorded_rate: float | None = None  # what the running data plane recorded for it
     variants: bool = False  # search the versions model build made too (--variants)
     knobs: KnobRungs | None = None  # the device's latency knobs ladder, searched too
+    power: RailPower | None = None  # the device's rails, sampled through each load
 
     def load_rate(self, min_rps: float | None) -> tuple[float | None, str]:
         """The open loop's rate and where it came from; None: the closed loop."""
@@ -153,6 +155,7 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
                 raise TuneError(f"--exhaustive: {len(points)} candidates, above {MAX_GRID}: "
                                 "narrow it with --space")
             load = Load(rate, request.window_s)
+            power = request.power.read if request.power is not None else None
 
             def measured(candidate: Candidate) -> Result:
                 config = with_candidate(original, candidate, device,
@@ -166,12 +169,13 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
                 clients = Clients(plane.client, request.model, feeds)
                 try:
                     result = measure(clients.call, candidate, objective, load,
-                                     plane.cpu_seconds)
+                                     plane.cpu_seconds, power)
                 finally:
                     clients.close()
                 named = f"{found[candidate.version].name}: " if candidate.version else ""
+                drawn = "" if result.power_mw is None else f", {result.power_mw:.0f} mW"
                 progress(f"{named}{candidate.label()}: p99 {result.p99_ms:.2f} ms, "
-                         f"{result.throughput_rps:.1f} rps")
+                         f"{result.throughput_rps:.1f} rps{drawn}")
                 return result
 
             began = time.monotonic()
@@ -197,6 +201,9 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
     shape = f"an open loop at {rate:g} rps ({source})" if rate else "a closed loop"
     report.notes.append(f"load: {shape}, {request.window_s:g} s per measurement; "
                         f"{len(points)} candidates in the grid")
+    if request.power is not None and any(r.power_mw is not None for r in results):
+        report.notes.append(f"power: {request.power.described}, read every {SAMPLE_S:g} s "
+                            "through each load and averaged")
     if found:
         report.notes.append("variants: " + "; ".join(v.label() for v in found.values()))
     if request.knobs is not None and request.knobs.labels:

@@ -8,12 +8,17 @@ mA, µW for INA2xx ``power1_input``; INA3221 power is mV * mA, as discovery comp
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from agent.discovery.model import PowerRail, Topology
 from agent.discovery.power import HWMON, INA2XX_CHIPS, INA3221_CHANNELS, REGULATORS
 from agent.kernel.reader import SysReader
 from agent.telemetry.collectors.base import resolved, rounded
+
+# A module's input rail: where a board has one, its other rails are parts of it (Orin NX/Nano's
+# VDD_IN beside VDD_CPU_GPU_CV and VDD_SOC), and adding them would count their power twice
+INPUT_RAILS = ("VDD_IN", "POM_5V_IN")
 
 
 class RailFiles(NamedTuple):
@@ -78,3 +83,18 @@ class PowerCollector:
             rails.append({"name": rail.name, "voltage_mv": rounded(voltage),
                           "current_ma": rounded(current), "power_mw": rounded(power)})
         return rails
+
+
+def summed_rails(names: Sequence[str]) -> list[str]:
+    """The rails whose power is the device's: the input rail where the board has one, else
+    every rail (the sum is then approximate: AGX Orin's rails do not cover the module)."""
+    return [name for name in INPUT_RAILS if name in names][:1] or list(names)
+
+
+def total_mw(rails: Sequence[Mapping[str, Any]]) -> float | None:
+    """The device's power from what ``PowerCollector.collect`` reported (summed_rails' rule):
+    None when none of those rails has power (regulators only; an input rail unread)."""
+    counted = summed_rails([rail["name"] for rail in rails])
+    powers = [rail["power_mw"] for rail in rails
+              if rail["name"] in counted and rail["power_mw"] is not None]
+    return rounded(sum(powers)) if powers else None
