@@ -28,7 +28,7 @@ from agent.link.settings import LinkSettings
 from agent.service.builds import Builder
 from agent.service.node import Service
 from agent.telemetry.outbox import Outbox
-from agent.telemetry.records import Sequence
+from agent.telemetry.records import Sequence, encode
 
 FLEET = "lab"
 
@@ -131,8 +131,10 @@ class SimulatedNode:
 
     def __init__(self, name: str, broker: Broker, state: Path, keys: TrustedKeys,
                  groups: tuple[str, ...] = (), *, brokers: tuple[str, ...] = (),
-                 ping: Callable[..., dict[str, Any]] | None = None) -> None:
-        """``brokers``: a broker list to fail over between, in place of ``broker``."""
+                 ping: Callable[..., dict[str, Any]] | None = None,
+                 birth: bool = False) -> None:
+        """``brokers``: a broker list to fail over between, in place of ``broker``;
+        ``birth``: announce a (minimal) birth on each connect, as the service does."""
         identity = Identity(FLEET, name, groups)
         self.outbox = Outbox(state / f"{name}.outbox", 1 << 20, 3600)
         self.store = CommandStore(state / f"{name}.commands")
@@ -143,7 +145,9 @@ class SimulatedNode:
             LinkSettings(client_id=name, topic_root=identity.root, host=broker.host,
                          port=broker.port, brokers=brokers, reconnect_min_s=0.2,
                          reconnect_max_s=2),
-            self.outbox, Sequence(self.outbox.bump("session")), lambda session: [],
+            self.outbox, Sequence(self.outbox.bump("session")),
+            lambda session: [(protocol.topic(identity.root, protocol.BIRTH), encode(
+                {"schema": "birth/1", "node_id": name, "session": session}))] if birth else [],
             on_message=self.controller.on_message,
             subscriptions=self.controller.subscriptions())
 

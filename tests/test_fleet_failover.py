@@ -200,3 +200,31 @@ def test_fleet_speaks_mqtt_3_1_1_to_a_broker_without_5(tmp_path: Path, broker: B
     # Mosquitto's log names the protocol of each client: p2 is 3.1.1, p5 is 5
     operators = [line for line in broker.log().splitlines() if "as edge-operator-" in line]
     assert [line.split("(")[-1][:3] for line in operators] == ["p2,", "p5,"], operators
+
+
+def test_a_command_sent_while_the_node_is_away_is_answered_once_it_is_back(
+        tmp_path: Path, broker: Broker) -> None:
+    """The node's session is clean: a command published while it is away (its member died,
+    it has not landed on another yet) reaches no one.  Its birth on coming back is what the
+    operator publishes it again on; the node answers once."""
+    key = Ed25519PrivateKey.generate()
+    bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), "lab",
+                           [protocol.STATE, protocol.BIRTH, protocol.reply_suffix("ping")])
+    outcomes: dict[str, operator.Outcome] = {}
+    node = SimulatedNode("node-1", broker, tmp_path, trusted_keys(key), birth=True)
+    try:
+        envelope = sign(key, "ping", "node:node-1", {})
+        sent_at = time.time()
+        operator.publish_command(bus, "node-1", envelope)  # nobody subscribed: gone
+        collecting = threading.Thread(target=lambda: outcomes.update(operator.collect(
+            bus, envelope["id"], {"node-1"}, sent_at, 30,
+            again=lambda: operator.publish_command(bus, "node-1", envelope))))
+        collecting.start()
+        node.start()
+        collecting.join(35)
+        runs = node.store.get(envelope["id"])
+    finally:
+        node.stop()
+        bus.close()
+    assert outcomes["node-1"].status == protocol.SUCCEEDED, outcomes
+    assert runs is not None and runs["status"] == protocol.SUCCEEDED

@@ -354,14 +354,21 @@ class Outcome:
 def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
             timeout: float, again: Callable[[], None] | None = None) -> dict[str, Outcome]:
     """Replies by node until every expected node has a final one, or the timeout.  When the
-    session moved to another member meanwhile, ``again`` publishes the command once more
-    (same id): a node answers from its store, so a reply that went to the old member is
-    not lost, and nothing runs twice."""
+    session moved to another member meanwhile, or a node still to answer connected again
+    (a new birth: it was away, or moved to another member, when the command went out and
+    its clean session kept nothing), ``again`` publishes the command once more (same id):
+    a node answers from its store, so a reply that went to the old member is not lost, and
+    nothing runs twice."""
     outcomes = {node: Outcome(node) for node in expected}
     seen, moves = 0, bus.moves
+    births = _births(bus, expected)
     deadline = time.monotonic() + timeout
     while True:
-        if bus.moves != moves and again is not None:
+        now = _births(bus, expected)
+        back = any(now[n] is not None and now[n] != births[n]
+                   and outcomes[n].status not in protocol.FINAL for n in expected)
+        births = now
+        if (bus.moves != moves or back) and again is not None:
             moves = bus.moves
             again()
         with bus.lock:
@@ -377,3 +384,9 @@ def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
         if time.monotonic() >= deadline:
             return outcomes
         bus.wait_past(seen, deadline - time.monotonic(), moves)
+
+
+def _births(bus: Bus, nodes: set[str]) -> dict[str, Any]:
+    """Each node's session as its newest birth says (None: no birth seen)."""
+    facts = bus.nodes()
+    return {node: (facts.get(node, {}).get("birth") or {}).get("session") for node in nodes}

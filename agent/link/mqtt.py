@@ -335,9 +335,9 @@ class MqttLink:
         self._set_state("connected")
         logger.info("mqtt: connected to %s, session %d", self.status.broker, session)
         self._failover.accepted()  # a failover's event goes out in the new session
-        self._announce(client)
-        if self.subscriptions:
+        if self.subscriptions:  # before the birth: an operator that sees it may resend at once
             subscribe(client, self.settings, self.subscriptions)
+        self._announce(client)
 
     def _announce(self, client: mqtt.Client) -> None:
         """The retained state, birth and Home Assistant discovery of this session."""
