@@ -108,14 +108,20 @@ class RabbitCluster:
     def env(self) -> dict[str, str]:
         """What the servers and the CLI tools share: the cookie (in HOME), the epmd, no
         system-wide rabbitmq-env.conf, and CLI tools on any free distribution port (their
-        default range, 35672-35682, is the system node's)."""
-        return {**os.environ, "HOME": str(self.directory), "ERL_EPMD_PORT": str(self.epmd_port),
+        default range, 35672-35682, is the system node's).  Nothing of the caller's RabbitMQ
+        or Erlang settings, nor systemd's NOTIFY_SOCKET (which changes how the server runs)."""
+        inherited = {name: value for name, value in os.environ.items()
+                     if not name.startswith(("RABBITMQ_", "ERL_")) and name != "NOTIFY_SOCKET"}
+        return {**inherited, "HOME": str(self.directory), "ERL_EPMD_PORT": str(self.epmd_port),
                 "ERL_EPMD_ADDRESS": HOST,
                 "RABBITMQ_CONF_ENV_FILE": str(self.directory / "rabbitmq-env.conf"),
                 "RABBITMQ_CTL_DIST_PORT_MIN": "0", "RABBITMQ_CTL_DIST_PORT_MAX": "0"}
 
+    def _node_dir(self, member: Member) -> Path:
+        return self.directory / member.name.partition("@")[0]
+
     def _node_env(self, member: Member) -> dict[str, str]:
-        node = self.directory / member.name.partition("@")[0]
+        node = self._node_dir(member)
         return {**self.env(), "RABBITMQ_NODENAME": member.name,
                 "RABBITMQ_NODE_IP_ADDRESS": HOST, "RABBITMQ_NODE_PORT": str(member.amqp_port),
                 "RABBITMQ_DIST_PORT": str(member.dist_port),
@@ -136,7 +142,7 @@ class RabbitCluster:
         (self.directory / "enabled_plugins").write_text("[rabbitmq_mqtt].\n")
         seed = self.members[0].name
         for member in self.members:
-            node = self.directory / member.name.partition("@")[0]
+            node = self._node_dir(member)
             node.mkdir(exist_ok=True)
             lines = [f"mqtt.listeners.tcp.default = {HOST}:{member.port}",
                      # anonymous MQTT clients are guest, whom RabbitMQ admits on loopback only
@@ -172,7 +178,7 @@ class RabbitCluster:
             raise
 
     def _launch(self, member: Member) -> None:
-        node = self.directory / member.name.partition("@")[0]
+        node = self._node_dir(member)
         with open(node / "console.log", "ab") as console:
             process = subprocess.Popen([str(SCRIPTS / "rabbitmq-server")],
                                        env=self._node_env(member), cwd=node,
@@ -243,7 +249,7 @@ class RabbitCluster:
             process.wait(30)
 
     def log_tail(self, member: Member, lines: int = 30) -> str:
-        node = self.directory / member.name.partition("@")[0]
+        node = self._node_dir(member)
         texts = [path.read_text(errors="replace").splitlines()[-lines:]
                  for path in (node / "console.log", node / "log" / f"{member.name}.log")
                  if path.exists()]
