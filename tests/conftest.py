@@ -88,7 +88,7 @@ def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitC
     cluster = RabbitCluster.create(tmp_path_factory.mktemp("rabbitmq-cluster"))
     cluster.boot()
     yield cluster
-    cluster.stop()
+    cluster.stop(remove=False)  # its logs stay with the session's other temporary files
 
 
 @pytest.fixture()

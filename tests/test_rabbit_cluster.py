@@ -1,8 +1,8 @@
 """The RabbitMQ cluster the fleet-failover tests run on (tests/rabbit_cluster.py), and what
 its MQTT plugin gives a fleet, asserted so that a RabbitMQ upgrade that changes it is noticed:
 a QoS 1 message crosses members, the clients of the surviving members carry on when one is
-killed, the killed member rejoins, and retained messages stay on the member they were
-published on.
+killed, the killed member rejoins, retained messages stay on the member they were published
+on, a client id is one session cluster-wide, and MQTT 5 is refused.
 
 paho-mqtt with MQTT 3.1.1: RabbitMQ 3.10's plugin speaks no MQTT 5.
 """
@@ -29,14 +29,16 @@ class Client:
     """A 3.1.1 client on one member: connecting, subscribing and publishing return once the
     broker has acknowledged them; what arrives is queued."""
 
-    def __init__(self, member: Member, name: str) -> None:
+    def __init__(self, member: Member, client_id: str) -> None:
         self.messages: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
         self.subacks: set[int] = set()
         self.connected = threading.Event()
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2,
-                                  client_id=f"{name}-{uuid.uuid4().hex[:8]}",
+        self.disconnected = threading.Event()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                                   protocol=mqtt.MQTTv311)
+        self.client.reconnect_delay_set(60, 60)  # no reconnect within a test: each is seen
         self.client.on_connect = self._connected
+        self.client.on_disconnect = lambda c, u, flags, code, p: self.disconnected.set()
         self.client.on_subscribe = lambda c, u, mid, codes, p: self.subacks.add(mid)
         self.client.on_message = lambda c, u, message: self.messages.put(message)
         self.client.connect(member.host, member.port, keepalive=10)
@@ -72,7 +74,7 @@ def connect() -> Iterator[Callable[[Member, str], Client]]:
     made: list[Client] = []
 
     def client(member: Member, name: str) -> Client:
-        made.append(Client(member, name))
+        made.append(Client(member, f"{name}-{uuid.uuid4().hex[:8]}"))
         return made[-1]
 
     yield client
@@ -142,7 +144,7 @@ def test_clients_of_the_other_members_carry_on_when_one_is_killed_and_it_rejoins
     publisher = connect(c, "on-c")
     rabbit_cluster.kill(a)
     try:
-        assert wait_until(lambda: not on_a.client.is_connected(), WAIT)
+        assert on_a.disconnected.wait(WAIT)
         assert rabbit_cluster.running(b) == {b.name, c.name}
         publisher.publish(where, b"while a is down")
         assert on_b.next().payload == b"while a is down"
@@ -153,3 +155,42 @@ def test_clients_of_the_other_members_carry_on_when_one_is_killed_and_it_rejoins
     assert rabbit_cluster.running(a) == {a.name, b.name, c.name}
     connect(a, "back-on-a").publish(where, b"a is back")
     assert on_b.next().payload == b"a is back"
+
+
+def test_a_client_id_connecting_on_another_member_takes_the_session_over(
+        rabbit_cluster: RabbitCluster) -> None:
+    """Client ids are tracked cluster-wide: two nodes sharing an id knock each other off
+    whichever members they are on (what the agent's takeover diagnosis sees)."""
+    a, b, _ = rabbit_cluster.members
+    shared = f"same-id-{uuid.uuid4().hex[:8]}"
+    first = Client(a, shared)
+    try:
+        second = Client(b, shared)
+        try:
+            assert first.disconnected.wait(WAIT)
+            assert not second.disconnected.is_set()
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def test_mqtt5_is_refused(rabbit_cluster: RabbitCluster) -> None:
+    """RabbitMQ 3.10 speaks MQTT 3.1.1: an MQTT 5 CONNECT is closed without a CONNACK, so a
+    node on this cluster needs mqtt.protocol 3.1.1, and no member redirects (an MQTT 5
+    feature)."""
+    member = rabbit_cluster.members[0]
+    acks: list[Any] = []
+    closed = threading.Event()
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"v5-{uuid.uuid4().hex[:8]}",
+                         protocol=mqtt.MQTTv5)
+    client.reconnect_delay_set(60, 60)
+    client.on_connect = lambda c, u, flags, code, p: acks.append(code)
+    client.on_disconnect = lambda c, u, flags, code, p: closed.set()
+    client.connect(member.host, member.port, keepalive=10)
+    client.loop_start()
+    try:
+        assert closed.wait(WAIT)
+        assert acks == []
+    finally:
+        client.loop_stop()
