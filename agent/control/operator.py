@@ -28,6 +28,7 @@ from agent import protocol
 from agent.control.envelope import key_id, private_key_pem, public_key_text
 from agent.control.roaming import Roaming
 from agent.link.brokers import parse_member
+from agent.link.client import subscription_qos
 from agent.link.settings import read_password
 from agent.link.sockets import no_delay
 
@@ -124,16 +125,24 @@ class Bus:
             self.acks[mid] = str(reason) if reason.is_failure else None
 
     def publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
-        """Publish at QoS 1 and wait for the broker's acknowledgement; FleetError if it
-        refuses the message (an ACL, say) or never acknowledges it.  While it moves to
-        another member, it waits for that connection first."""
-        if self.roaming is not None:
-            self.roaming.connected.wait(HANDSHAKE_TIMEOUT_S)
-        info = self.client.publish(topic, payload, qos=1, retain=retain)
-        try:
-            info.wait_for_publish(PUBLISH_TIMEOUT_S)
-        except (RuntimeError, ValueError) as error:
-            raise FleetError(f"could not publish on {topic}: {error}") from None
+        """Publish at QoS 1 and wait for the broker's acknowledgement (again on the next
+        member when the session moves first); FleetError if it refuses it (an ACL) or none."""
+        deadline = time.monotonic() + PUBLISH_TIMEOUT_S
+        while True:  # a member that dies before it acknowledges: again on the next one
+            if self.roaming is not None:
+                self.roaming.connected.wait(HANDSHAKE_TIMEOUT_S)
+            moves, info = self.moves, self.client.publish(topic, payload, qos=1, retain=retain)
+            try:
+                while not info.is_published() and self.moves == moves and \
+                        time.monotonic() < deadline:
+                    info.wait_for_publish(0.1)
+            except (RuntimeError, ValueError) as error:  # not connected: wait for the move
+                while self.moves == moves and time.monotonic() < deadline:
+                    self.wait_past(1 << 62, deadline - time.monotonic(), moves)
+                if self.moves == moves:
+                    raise FleetError(f"could not publish on {topic}: {error}") from None
+            if info.is_published() or time.monotonic() >= deadline:
+                break
         if not info.is_published():
             raise FleetError(f"the broker did not acknowledge the message on {topic} "
                              f"within {PUBLISH_TIMEOUT_S:.0f} s")
@@ -254,7 +263,7 @@ def _connect_one(settings: BrokerSettings, fleet: str, watch: Sequence[str],
     wanted = [protocol.each_node(fleet, suffix) if share is None or suffix in
               protocol.RETAINED else f"$share/{share}/{protocol.each_node(fleet, suffix)}"
               for suffix in watch]
-    bus.topics = [(topic, 1) for topic in wanted]
+    bus.topics = [(topic, subscription_qos(settings.brokers)) for topic in wanted]
     topics_sent = [*wanted, sync_topic]
     client.on_connect, client.on_subscribe, client.on_message = (on_connect, on_subscribe,
                                                                  on_message)
@@ -273,7 +282,8 @@ def _connect_one(settings: BrokerSettings, fleet: str, watch: Sequence[str],
         if refused:
             raise BrokerError(f"the broker {where} refused the connection: {refused[0]}")
         if wanted:
-            client.subscribe([(topic, 1) for topic in topics_sent])
+            client.subscribe([(topic, subscription_qos(settings.brokers))
+                              for topic in topics_sent])
             if not subscribed.wait(HANDSHAKE_TIMEOUT_S):
                 raise BrokerError(f"the broker {where} did not confirm the subscription "
                                   f"within {HANDSHAKE_TIMEOUT_S:.0f} s")
@@ -354,11 +364,9 @@ class Outcome:
 def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
             timeout: float, again: Callable[[], None] | None = None) -> dict[str, Outcome]:
     """Replies by node until every expected node has a final one, or the timeout.  When the
-    session moved to another member meanwhile, or a node still to answer connected again
-    (a new birth: it was away, or moved to another member, when the command went out and
-    its clean session kept nothing), ``again`` publishes the command once more (same id):
-    a node answers from its store, so a reply that went to the old member is not lost, and
-    nothing runs twice."""
+    session moved to another member, or a node still to answer connected again (a new
+    birth: its clean session kept nothing), ``again`` publishes the command once more (same
+    id): a node answers from its store, so no reply is lost and nothing runs twice."""
     outcomes = {node: Outcome(node) for node in expected}
     seen, moves = 0, bus.moves
     births = _births(bus, expected)

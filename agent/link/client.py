@@ -86,7 +86,18 @@ def new_client(s: LinkSettings, will_topic: str, will: bytes, events: deque[tupl
 
 
 def subscribe(client: mqtt.Client, s: LinkSettings, patterns: tuple[str, ...]) -> None:
-    """At QoS 1; MQTT 5 keeps the retain flag as published, so a command sent retained is
-    recognised (and refused) even when it arrives live."""
-    options: Any = SubscribeOptions(qos=1, retainAsPublished=True) if s.protocol == "5" else 1
+    """At QoS 1, or 0 on a broker list (a cluster's members: RabbitMQ 3.10 keeps a QoS 1
+    subscription in a queue on the member it was made on, and refuses the same client id
+    the same subscription elsewhere while that member is down; a command's delivery rests
+    on the operator sending it again on a move and on the node's birth, and on its store).
+    MQTT 5 keeps the retain flag as published, so a command sent retained is recognised
+    (and refused) even when it arrives live."""
+    qos = subscription_qos(s.brokers)
+    options: Any = SubscribeOptions(qos=qos, retainAsPublished=True) if s.protocol == "5" \
+        else qos
     client.subscribe([(pattern, options) for pattern in patterns])
+
+
+def subscription_qos(brokers: tuple[str, ...]) -> int:
+    """The QoS to subscribe at: 0 with more than one member (see ``subscribe``)."""
+    return 0 if len(brokers) > 1 else 1

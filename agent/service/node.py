@@ -145,10 +145,9 @@ class Service:
         inference = self.inference  # waited for last: the node is on the broker meanwhile
         self._start(Wrapped(inference.launch, inference.stop, inference.problems))
         if config.qos.mode != "off" and inference.enabled:
-            self.qos = QosLoop(config.qos, inference.supervisor,
-                               Objectives(inference.repository), self.event,
-                               ladder=ProfileLadder(self.tuning),
-                               device=DeviceReader(self.tuning))
+            self.qos = QosLoop(
+                config.qos, inference.supervisor, Objectives(inference.repository),
+                self.event, ladder=ProfileLadder(self.tuning), device=DeviceReader(self.tuning))
             self._start(self.qos)
         self.sampler = Sampler(self._collectors(), self.outbox, self.sequence,
                                protocol.topic(self.config.topic_root, protocol.TELEMETRY),
