@@ -98,6 +98,10 @@ if [ "$mode" = dev ]; then
     dpkg -s mosquitto >/dev/null 2>&1 || apt_packages+=(mosquitto)
     # mosquitto_sub, which the README uses to watch the agent's messages
     dpkg -s mosquitto-clients >/dev/null 2>&1 || apt_packages+=(mosquitto-clients)
+    # the cluster tests start a three-node RabbitMQ cluster of their own on loopback ports
+    # (tests/rabbit_cluster.py: own epmd, node names and ports, so Debian's service, which the
+    # package starts where systemd runs, is not in their way)
+    dpkg -s rabbitmq-server >/dev/null 2>&1 || apt_packages+=(rabbitmq-server)
     # the overlay tests compile and apply real overlays (dtc, fdtoverlay)
     dpkg -s device-tree-compiler >/dev/null 2>&1 || apt_packages+=(device-tree-compiler)
     # the unit test runs systemd-analyze verify

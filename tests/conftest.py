@@ -1,5 +1,5 @@
-"""Fixtures shared by the tests: a real MQTT broker, an operator key and client on it, loop
-devices for real uevents."""
+"""Fixtures shared by the tests: a real MQTT broker, an operator key and client on it, a real
+three-node RabbitMQ cluster, loop devices for real uevents."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from control_helpers import Operator
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from loop_devices import LoopDevices
 from mqtt_helpers import Broker
+from rabbit_cluster import RabbitCluster, installed
 from tuning_helpers import FIXTURES, copy_board, tree_listing
 
 TMPFS = "/dev/shm"
@@ -71,6 +72,23 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def rabbit_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
+    """Three RabbitMQ members with the MQTT plugin, one cluster, for the whole session (a
+    boot costs 10-20 s): ``.members`` (``host``/``port`` the MQTT listener), ``kill(member)``
+    and ``start(member)``.  A test that kills a member starts it again before it ends.
+    Skipped where Debian's rabbitmq-server is missing, except in CI, which must have it."""
+    if not installed():
+        reason = "Debian's rabbitmq-server is not installed (./install.sh --dev installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason}; CI must run the cluster tests", pytrace=False)
+        pytest.skip(reason)
+    cluster = RabbitCluster.create(tmp_path_factory.mktemp("rabbitmq-cluster"))
+    cluster.boot()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture()

@@ -264,7 +264,8 @@ def test_dev_asks_for_mosquitto_clients_once_each(tmp_path: Path) -> None:
     else:
         asked = result.stderr.split("please install these Debian packages first:")[1].split()
     packages = [word for word in asked if not word.startswith("-") and word != "install"]
-    for package in ("mosquitto", "mosquitto-clients", "device-tree-compiler", "libudev1"):
+    for package in ("mosquitto", "mosquitto-clients", "rabbitmq-server", "device-tree-compiler",
+                    "libudev1"):
         assert packages.count(package) == 1, packages
     if os.geteuid() == 0:
         assert f"install.sh: installing Debian packages: {' '.join(packages)}" in result.stdout
