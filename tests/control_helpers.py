@@ -69,10 +69,14 @@ class Operator:
     """The product's operator client on the fleet's res topics, recording every reply; its raw
     publish also sends what a real operator never would (malformed, retained, replayed)."""
 
-    def __init__(self, broker: Broker, key: Ed25519PrivateKey) -> None:
+    def __init__(self, broker: Broker, key: Ed25519PrivateKey, *,
+                 brokers: tuple[str, ...] = (), protocol_version: str = "5") -> None:
+        """``brokers``: a broker list to roam over, in place of ``broker``;
+        ``protocol_version``: "3.1.1" for a broker without MQTT 5."""
         self.key = key
-        self.bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), FLEET,
-                                    [protocol.reply_suffix("+")])
+        self.bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port,
+                                                   brokers=brokers, protocol=protocol_version),
+                                    FLEET, [protocol.reply_suffix("+")])
         self.client = self.bus.client  # to watch more topics
 
     @property
@@ -101,14 +105,24 @@ class Operator:
             return self._by_id(command_id)
 
     def wait_finals(self, command_id: str, count: int, seconds: float) -> dict[str, str]:
-        """node -> final status, once ``count`` nodes have one (or the time is up)."""
-        def finals() -> dict[str, str]:
-            return {r["node_id"]: r["status"] for r in self._by_id(command_id)
-                    if r["status"] in protocol.FINAL}
+        """node -> final status, once ``count`` nodes have one (or the time is up).  Each
+        wake reads only the replies that arrived since the last: a rescan of every reply on
+        each of a broadcast's thousand wakes held the GIL the simulated nodes of the same
+        process needed (quadratic in the fleet's size)."""
+        finals: dict[str, str] = {}
+        read = 0
+
+        def done() -> bool:  # under the bus lock
+            nonlocal read
+            for _topic, reply in self.bus.messages[read:]:
+                if reply.get("id") == command_id and reply["status"] in protocol.FINAL:
+                    finals[reply["node_id"]] = reply["status"]
+            read = len(self.bus.messages)
+            return len(finals) >= count
 
         with self.bus.arrived:  # woken by each reply, not polling
-            self.bus.arrived.wait_for(lambda: len(finals()) >= count, seconds)
-            return finals()
+            self.bus.arrived.wait_for(done, seconds)
+            return dict(finals)
 
     def final(self, command_id: str | None, node: str | None = None,
               seconds: float = 20) -> dict[str, Any]:
@@ -132,9 +146,10 @@ class SimulatedNode:
     def __init__(self, name: str, broker: Broker, state: Path, keys: TrustedKeys,
                  groups: tuple[str, ...] = (), *, brokers: tuple[str, ...] = (),
                  ping: Callable[..., dict[str, Any]] | None = None,
-                 birth: bool = False) -> None:
+                 birth: bool = False, protocol_version: str = "5") -> None:
         """``brokers``: a broker list to fail over between, in place of ``broker``;
-        ``birth``: announce a (minimal) birth on each connect, as the service does."""
+        ``birth``: announce a (minimal) birth on each connect, as the service does;
+        ``protocol_version``: "3.1.1" for a broker without MQTT 5 (RabbitMQ 3.10)."""
         identity = Identity(FLEET, name, groups)
         self.outbox = Outbox(state / f"{name}.outbox", 1 << 20, 3600)
         self.store = CommandStore(state / f"{name}.commands")
@@ -143,7 +158,8 @@ class SimulatedNode:
             {"ping": ping or (lambda args, progress: {"pong": True})}, self._reply)
         self.link = MqttLink(
             LinkSettings(client_id=name, topic_root=identity.root, host=broker.host,
-                         port=broker.port, brokers=brokers, reconnect_min_s=0.2,
+                         port=broker.port, brokers=brokers, protocol=protocol_version,
+                         reconnect_min_s=0.2,
                          reconnect_max_s=2),
             self.outbox, Sequence(self.outbox.bump("session")),
             lambda session: [(protocol.topic(identity.root, protocol.BIRTH), encode(
