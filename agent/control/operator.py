@@ -368,20 +368,23 @@ def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
     birth: its clean session kept nothing), ``again`` publishes the command once more (same
     id): a node answers from its store, so no reply is lost and nothing runs twice."""
     outcomes = {node: Outcome(node) for node in expected}
-    seen, moves = 0, bus.moves
-    births = _births(bus, expected)
+    seen, moves, back = 0, bus.moves, False
+    known = bus.nodes()  # the births retained now; then each new one as it arrives
+    births = {n: (known.get(n, {}).get("birth") or {}).get("session") for n in expected}
     deadline = time.monotonic() + timeout
     while True:
-        now = _births(bus, expected)
-        back = any(now[n] is not None and now[n] != births[n]
-                   and outcomes[n].status not in protocol.FINAL for n in expected)
-        births = now
         if (bus.moves != moves or back) and again is not None:
-            moves = bus.moves
+            moves, back = bus.moves, False
             again()
         with bus.lock:
             fresh, seen = bus.messages[seen:], len(bus.messages)
         for topic, reply in fresh:
+            parsed = protocol.node_topic(bus.fleet, topic)
+            if parsed is not None and parsed[1] == protocol.BIRTH and parsed[0] in births:
+                node, session = parsed[0], reply.get("session")
+                back |= session != births[node] and outcomes[node].status not in \
+                    protocol.FINAL
+                births[node] = session
             if not protocol.is_reply(topic) or reply.get("id") != command_id:
                 continue
             node = reply.get("node_id", "?")
@@ -391,10 +394,6 @@ def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
             return outcomes
         if time.monotonic() >= deadline:
             return outcomes
-        bus.wait_past(seen, deadline - time.monotonic(), moves)
+        if not back:
+            bus.wait_past(seen, deadline - time.monotonic(), moves)
 
-
-def _births(bus: Bus, nodes: set[str]) -> dict[str, Any]:
-    """Each node's session as its newest birth says (None: no birth seen)."""
-    facts = bus.nodes()
-    return {node: (facts.get(node, {}).get("birth") or {}).get("session") for node in nodes}

@@ -13,9 +13,9 @@ No message stops the thread: what the handler (the controller) raises is caught 
 per reason (``status.faults``); a publish paho refuses drops that message.  Incoming messages
 wait in a bounded inbox, each at most ``max_incoming_bytes`` (``client.BoundedClient``),
 dispatched a batch a round and fewer while replies wait (replies are never dropped, a flood
-cannot grow memory).  A thread that dies anyway leaves the state
-``dead``, its cause in ``died``, for the service to ``restart``.  ``status.subscribed``
-says when commands sent from now on reach the node (the broker confirmed the subscriptions).
+cannot grow memory).  A thread that dies anyway leaves the state ``dead``, its cause in
+``died``, for the service to ``restart``.  ``status.subscribed``: the broker confirmed the
+subscriptions (on a broker list, a ``probe.DeliveryProbe`` checks they deliver).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from agent.link.client import connect, new_client, subscribe
 from agent.link.delivery import WINDOW, Delivery, reason_failed
 from agent.link.failover import EventSink, Failover
 from agent.link.outgoing import REPLY_HIGH, Faults, Message, Outgoing
+from agent.link.probe import PROBE, DeliveryProbe
 from agent.link.settings import LinkSettings, LinkStatus
 from agent.link.sockets import Waker, close_now, cork, watch
 from agent.link.takeover import Takeover
@@ -62,6 +63,7 @@ class MqttLink:
         self.status = LinkStatus()
         self._failover = Failover(settings, self.status, event)  # names status.broker
         self.takeover = Takeover(settings.client_id, self.status)  # another client, our id
+        self._probe = DeliveryProbe(self.topic(protocol.command_suffix(PROBE)), settings.brokers)
         self._stop, self._waker = threading.Event(), Waker()
         self.faults = Faults(self.status.faults)
         self._outgoing = Outgoing(self.faults)  # live-only: replies, state changes
@@ -119,10 +121,9 @@ class MqttLink:
 
     def publish_reply(self, topic: str, payload: dict[str, Any], response_topic: str | None,
                       correlation: bytes | None, droppable: bool = False) -> None:
-        """A command reply on ``topic``, and under MQTT 5 also to the request's response
-        topic with its correlation data (a requester then needs no wildcard).  Never
-        dropped while the link is up, unless ``droppable`` (a reply to junk) and too many
-        wait; an unpublishable response topic is skipped (counted), ``topic`` still gets it."""
+        """A command reply on ``topic`` (and under MQTT 5 the request's response topic, with
+        its correlation data); never dropped while the link is up, unless ``droppable`` (a
+        reply to junk) and too many wait; a bad response topic is skipped (counted)."""
         self._outgoing.reply(topic, encode(payload), droppable,
                              response_topic if self.settings.protocol == "5" else None,
                              correlation)
@@ -147,8 +148,6 @@ class MqttLink:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
-
-    # -- the thread -------------------------------------------------------------------------
 
     def _main(self) -> None:
         try:
@@ -175,7 +174,8 @@ class MqttLink:
                 if self._stop.is_set():
                     break
             # a connection that ended on an oversized packet (resent): its member backs off
-            self._failover.ended(accepted and not self._oversized, self.status.last_error)
+            self._failover.ended(accepted and not (self._oversized or self._probe.broken),
+                                 self.status.last_error)
             self._set_state("disconnected")
         self._set_state("stopped")
 
@@ -235,6 +235,9 @@ class MqttLink:
                     self._on_accepted(client)
                 elif outcome in ("refused", "gone") or (self._stop.is_set() and not accepted):
                     return accepted
+                if accepted and (broken := self._probe.failed(self.status.broker)):
+                    self.status.last_error = broken
+                    return accepted
                 if accepted:
                     self._dispatch()
                     self._pump(client)
@@ -282,7 +285,7 @@ class MqttLink:
         while budget > 0 and self._inbox:
             budget -= 1
             message = self._inbox.popleft()
-            if self.on_message is None:
+            if self.on_message is None or self._probe.take(message):
                 continue
             try:
                 self.on_message(message)
@@ -308,6 +311,7 @@ class MqttLink:
                 self.status.last_error, self._oversized = event[1], True
             elif kind == "suback":  # commands sent from now on reach this node
                 self.status.subscribed = True
+                self._probe.start(self._client)
             elif kind == "gone":
                 self._delivery.forget_acked()
                 self.status.subscribed = False
@@ -335,6 +339,7 @@ class MqttLink:
         self._set_state("connected")
         logger.info("mqtt: connected to %s, session %d", self.status.broker, session)
         self._failover.accepted()  # a failover's event goes out in the new session
+        self._probe.reset()
         if self.subscriptions:  # before the birth: an operator that sees it may resend at once
             subscribe(client, self.settings, self.subscriptions)
         self._announce(client)

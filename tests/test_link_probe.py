@@ -1,0 +1,111 @@
+"""The delivery probe on a broker list (agent.link.probe): a member that acknowledges the
+node's subscriptions but delivers nothing on them (RabbitMQ 3.10 with a queue left by a
+member that died; here a Mosquitto whose ACL lets the node subscribe to its commands but
+never read them) is left within PROBE_S for the next member, where the probe passes and the
+node stays; the probe never reaches the controller."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mqtt_helpers import Broker, wait_until
+from test_link_failover import in_node_order
+
+from agent.link import probe
+from agent.link.mqtt import MqttLink
+from agent.link.probe import DeliveryProbe
+from agent.link.settings import LinkSettings
+from agent.telemetry.outbox import Outbox
+from agent.telemetry.records import Sequence
+
+ROOT = "edge/v1/test/node-1"
+
+
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.published: list[tuple[str, bytes]] = []
+
+    def publish(self, topic: str, payload: bytes, qos: int) -> None:
+        self.published.append((topic, payload))
+
+
+class Message:
+    def __init__(self, topic: str, payload: bytes) -> None:
+        self.topic, self.payload = topic, payload
+
+
+def test_the_probe_passes_when_its_nonce_comes_back_and_fails_after_probe_s() -> None:
+    clock, client = Clock(), Sent()
+    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", ("a:1", "b:1"), clock)
+    check.start(client)
+    ((topic, nonce),) = client.published
+    assert topic == f"{ROOT}/cmd/_link-probe" and len(nonce) == 16
+    assert not check.take(Message(f"{ROOT}/cmd/ping", nonce))  # a command: the handler's
+    assert check.take(Message(topic, b"someone else's"))  # a probe, not ours: swallowed
+    clock.now += probe.PROBE_S
+    assert check.take(Message(topic, nonce))
+    assert check.failed("a:1") is None and not check.broken
+    check.reset()
+    check.start(client)
+    clock.now += probe.PROBE_S - 0.1
+    assert check.failed("a:1") is None
+    clock.now += 0.2
+    why = check.failed("a:1")
+    assert why is not None and why.startswith("a:1 acknowledged the subscriptions but "
+                                              "delivered nothing") and check.broken
+    assert check.failed("a:1") is None  # said once
+    one = DeliveryProbe("t", ("a:1",), clock)  # one broker: no probe
+    one.start(client)
+    assert len(client.published) == 2 and one.failed("a:1") is None
+
+
+@pytest.fixture()
+def deaf_and_good(tmp_path: Path) -> Iterator[tuple[Broker, Broker]]:
+    deaf, good = Broker(tmp_path / "deaf"), Broker(tmp_path / "good")
+    acl = tmp_path / "deaf.acl"
+    acl.write_text("topic readwrite edge/v1/test/node-1/state\n"
+                   "topic readwrite edge/v1/test/node-1/birth\n"
+                   "topic write edge/v1/test/node-1/cmd/#\n"  # subscribed, never delivered
+                   "topic readwrite edge/v1/test/node-1/telemetry\n")
+    deaf.config.write_text(deaf.config.read_text() + f"acl_file {acl}\n")
+    deaf.start()
+    good.start()
+    yield deaf, good
+    deaf.stop()
+    good.stop()
+
+
+def test_a_member_that_delivers_nothing_is_left_for_one_that_does(
+        tmp_path: Path, deaf_and_good: tuple[Broker, Broker]) -> None:
+    deaf, good = deaf_and_good
+    listed = in_node_order("node-1", [f"127.0.0.1:{deaf.port}", f"127.0.0.1:{good.port}"])
+    handled: list[Any] = []
+    outbox = Outbox(tmp_path / "outbox.sqlite", max_bytes=1 << 20, max_age_s=3600)
+    link = MqttLink(LinkSettings(client_id="node-1", topic_root=ROOT, brokers=tuple(listed),
+                                 reconnect_min_s=0.1, reconnect_max_s=0.5),
+                    outbox, Sequence(outbox.bump("session")), announce=lambda session: [],
+                    on_message=handled.append, subscriptions=(f"{ROOT}/cmd/+",))
+    link.start()
+    try:
+        assert wait_until(lambda: link.status.broker == f"127.0.0.1:{deaf.port}"
+                          and link.status.subscribed, 10)
+        assert wait_until(lambda: link.status.broker == f"127.0.0.1:{good.port}"
+                          and link.status.subscribed, probe.PROBE_S + 10), link.status
+        assert link.status.failovers == 1
+        connects = link.status.connects
+        # on the good member the probe comes back: it stays there (past another PROBE_S)
+        assert not wait_until(lambda: link.status.connects != connects, probe.PROBE_S + 2)
+        assert handled == [], "a probe reached the handler"
+    finally:
+        link.stop(flush_s=0)
+        outbox.close()
