@@ -187,9 +187,9 @@ def resent_broadcasts(op: Operator, count: int, rounds: int) -> list[float]:
         outcomes = collect(op.bus, envelope["id"], names, sent_at, 60, again=lambda e=envelope:
                            publish_command(op.bus, "all", e))
         answered = sum(o.status == protocol.SUCCEEDED for o in outcomes.values())
-        if answered < count:
-            raise RuntimeError(f"{answered} of {count} nodes answered")
         durations.append(time.perf_counter() - start)
+        if answered < count:  # said, not raised: the rest of the run is still measured
+            print(f"broadcast: {answered} of {count} nodes answered within 60 s", flush=True)
     return durations
 
 
