@@ -59,6 +59,9 @@ class _Track:
     # the p99 when the first lever on another model (or the device) moved for it, in this
     # run of violations: what a release compares the best p99 since with
     moved_others_at: float | None = None
+    # once a release starts it runs to the end: a lucky window halfway through it is noise,
+    # not proof that the levers left on the others help
+    releasing_at: float | None = None  # the best p99 when the release was decided
 
 
 @dataclass
@@ -178,6 +181,7 @@ class QosController:
         # it holds (again): the levers may move once more, and a new run of violations
         # judges what the levers on the others do afresh
         track.violating, track.unmet, track.moved_others_at = 0, None, None
+        track.releasing_at = None
         return "comfortable" if window.p99_ms <= self.h.margin * limit else "holding"
 
     def _after_relax(self, violated: list[str]) -> None:
@@ -234,10 +238,13 @@ class QosController:
         device for it, when that did not help; None when it did, or nothing is left."""
         track = self._tracks[model]
         before, unmet = track.moved_others_at, track.unmet
-        if before is None or unmet is None or unmet.best_p99_ms < self.h.helped * before:
+        if before is None or unmet is None or (
+                track.releasing_at is None and unmet.best_p99_ms < self.h.helped * before):
             return None
+        if track.releasing_at is None:
+            track.releasing_at = unmet.best_p99_ms
         why = (f"{model} misses its objective with every lever at its limit, and what "
-               f"was moved on others for it did not help (p99 {unmet.best_p99_ms:.1f} ms "
+               f"was moved on others for it did not help (p99 {track.releasing_at:.1f} ms "
                f"at best, {before:.1f} ms before): given back")
         steps = relax_steps(objectives, levers, baseline, figures, device, why, rank(
             objectives, model))
