@@ -175,11 +175,12 @@ def spread(fleet: Fleet) -> Counter[str]:
     return Counter(link[2] for link in fleet.links())
 
 
-def resent_broadcasts(op: Operator, count: int, rounds: int) -> list[float]:
+def resent_broadcasts(op: Operator, fleet: Fleet, rounds: int) -> list[float]:
     """As bench/control.py's broadcasts, but collected as ``fleet send`` does (the
     product's ``collect``): published again when the operator's session moves to another
     member, which a 3.1.1 clean session on a cluster does when its member drops it."""
     durations = []
+    count = fleet.count
     names = {f"sim-{i:04d}" for i in range(count)}
     for _ in range(rounds):
         start, sent_at = time.perf_counter(), time.time()
@@ -189,7 +190,11 @@ def resent_broadcasts(op: Operator, count: int, rounds: int) -> list[float]:
         answered = sum(o.status == protocol.SUCCEEDED for o in outcomes.values())
         durations.append(time.perf_counter() - start)
         if answered < count:  # said, not raised: the rest of the run is still measured
-            print(f"broadcast: {answered} of {count} nodes answered within 60 s", flush=True)
+            silent = {n for n, o in outcomes.items() if o.status != protocol.SUCCEEDED}
+            where = Counter((link[2], link[4]) for link in fleet.links() if link[0] in silent)
+            print(f"broadcast: {answered} of {count} nodes answered within 60 s; the silent "
+                  "ones by (member, failovers): " + ", ".join(
+                      f"{m} {f}: {n}" for (m, f), n in sorted(where.items())), flush=True)
     return durations
 
 
@@ -293,7 +298,7 @@ def cluster_run(args: argparse.Namespace, scratch: Path, key: Ed25519PrivateKey,
         rows.append(("sampler rounds behind schedule", str(sum(fleet.ask("behind")))))
         operator = Operator(survivor, key, brokers=tuple(m.address for m in cluster.members),
                             protocol_version="3.1.1")
-        durations = resent_broadcasts(operator, fleet.count, args.rounds)
+        durations = resent_broadcasts(operator, fleet, args.rounds)
         operator.close()
         cpu3, rss3 = fleet.usage()
         rows.append((f"broadcast to {fleet.count} nodes after recovery (<= 2 s)",

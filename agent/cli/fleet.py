@@ -318,6 +318,7 @@ def watch(args: argparse.Namespace) -> int:
     cleanly (exit 0), Ctrl-C too (exit 130)."""
     bus = connect(args, [protocol.STATE, protocol.BIRTH, protocol.TELEMETRY,
                          protocol.REPORTED], share=args.share)
+    bus.log = False  # a table of the newest per node: a watch of days must not keep the rest
     redraw = not args.once and not args.json and sys.stdout.isatty()
     try:
         with StopSignals() as stop:

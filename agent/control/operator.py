@@ -26,6 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from agent import protocol
 from agent.control.envelope import key_id, private_key_pem, public_key_text
+from agent.control.received import Telemetry
 from agent.control.roaming import Roaming
 from agent.link.brokers import parse_member
 from agent.link.client import subscription_qos
@@ -89,12 +90,16 @@ def generate_key(path: Path) -> dict[str, str]:
 
 @dataclass
 class Bus:
-    """An operator's MQTT session that records what arrives on the topics it watches."""
+    """An operator's MQTT session that records what arrives on the topics it watches: the
+    newest of each node's retained topics and telemetry, and (``log``, for an operation of
+    bounded time) every message, a copy of a telemetry record dropped."""
 
     fleet: str
     client: mqtt.Client
     lock: threading.Lock = field(default_factory=threading.Lock)
     retained: dict[str, dict[str, Any]] = field(default_factory=dict)  # topic -> payload
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    log: bool = True  # a watch of days keeps the newest of each node only
     messages: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     acks: dict[int, str | None] = field(default_factory=dict)  # mid -> refusal, if any
     arrived: threading.Condition = field(init=False)  # notified on each message and move
@@ -109,13 +114,18 @@ class Bus:
             payload = json.loads(message.payload) if message.payload else None
         except ValueError:
             return
+        if payload is not None and not isinstance(payload, dict):
+            return  # every payload of the protocol is an object
         with self.arrived:
             if message.retain or protocol.suffix_of(message.topic) in protocol.RETAINED:
                 if payload is None:
                     self.retained.pop(message.topic, None)
                 else:
                     self.retained[message.topic] = payload
-            if payload is not None:
+            elif payload is not None and protocol.suffix_of(message.topic) == \
+                    protocol.TELEMETRY and not self.telemetry.take(message.topic, payload):
+                return  # a copy (at-least-once delivery, a replay after a failover)
+            if payload is not None and self.log:
                 self.messages.append((message.topic, payload))
             self.arrived.notify_all()
 
@@ -178,19 +188,11 @@ class Bus:
         """node id -> {state, birth, reported, telemetry (the newest)} from what arrived."""
         found: dict[str, dict[str, Any]] = {}
         with self.lock:
-            items = list(self.retained.items()) + [
-                (t, p) for t, p in self.messages
-                if protocol.suffix_of(t) == protocol.TELEMETRY]
+            items = list(self.retained.items()) + list(self.telemetry.newest.items())
         for topic, payload in items:
             parsed = protocol.node_topic(self.fleet, topic)
-            if parsed is None or parsed[1] not in protocol.NODE_FACTS:
-                continue
-            node, suffix = parsed
-            facts = found.setdefault(node, {})
-            if suffix == protocol.TELEMETRY and (facts.get("telemetry") or {}).get("ts", 0) > \
-                    payload.get("ts", 0):
-                continue  # a replayed (historical) record arriving after a live one
-            facts[suffix] = payload
+            if parsed is not None and parsed[1] in protocol.NODE_FACTS:
+                found.setdefault(parsed[0], {})[parsed[1]] = payload
         return found
 
 
@@ -389,10 +391,8 @@ def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
                 continue
             node = reply.get("node_id", "?")
             outcomes.setdefault(node, Outcome(node)).absorb(reply, sent_at)
-        if all(o.status in protocol.FINAL for o in outcomes.values() if o.node in expected) \
-                and (expected or time.monotonic() >= deadline):
-            return outcomes
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (expected and all(
+                o.status in protocol.FINAL for o in outcomes.values() if o.node in expected)):
             return outcomes
         if not back:
             bus.wait_past(seen, deadline - time.monotonic(), moves)
