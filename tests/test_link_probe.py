@@ -69,6 +69,41 @@ def test_the_probe_passes_when_its_nonce_comes_back_and_fails_after_probe_s() ->
     assert len(client.published) == 2 and one.failed("a:1") is None
 
 
+def test_later_probes_follow_the_subscriptions_and_one_lost_then_ends_the_connection() -> None:
+    """A member's clean-up can take the bindings after the first probe passed: a probe
+    goes again at each of AGAIN_S after the subscriptions, and the one that does not come
+    back ends the connection; after the last, one every EVERY_S."""
+    clock, client = Clock(), Sent()
+    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", ("a:1", "b:1"), clock)
+    check.start(client)
+    assert check.take(Message(*client.published[-1]))
+    for again in probe.AGAIN_S:
+        clock.now = 100.0 + again - 0.1
+        assert check.failed("a:1", client) is None and len(client.published) == 1 + \
+            probe.AGAIN_S.index(again)
+        clock.now = 100.0 + again
+        assert check.failed("a:1", client) is None  # sent now
+        topic, nonce = client.published[-1]
+        assert topic == f"{ROOT}/cmd/_link-probe" and nonce != client.published[-2][1]
+        assert check.take(Message(topic, nonce))
+    clock.now = 100.0 + probe.AGAIN_S[-1] + probe.EVERY_S - 0.1
+    assert check.failed("a:1", client) is None and len(client.published) == 3
+    clock.now += 0.1  # and from then on every EVERY_S
+    assert check.failed("a:1", client) is None and len(client.published) == 4
+    assert check.take(Message(*client.published[-1]))
+    check.reset()
+    clock.now = 100.0
+    check.start(client)
+    assert check.take(Message(*client.published[-1]))
+    clock.now = 100.0 + probe.AGAIN_S[0]
+    assert check.failed("a:1", client) is None
+    clock.now += probe.PROBE_S  # the second probe never came back
+    why = check.failed("a:1", client)
+    assert why is not None and "delivered nothing" in why and check.broken
+    clock.now += 1000
+    assert check.failed("a:1", client) is None and len(client.published) == 6
+
+
 @pytest.fixture()
 def deaf_and_good(tmp_path: Path) -> Iterator[tuple[Broker, Broker]]:
     deaf, good = Broker(tmp_path / "deaf"), Broker(tmp_path / "good")

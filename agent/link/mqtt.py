@@ -235,7 +235,7 @@ class MqttLink:
                     self._on_accepted(client)
                 elif outcome in ("refused", "gone") or (self._stop.is_set() and not accepted):
                     return accepted
-                if accepted and (broken := self._probe.failed(self.status.broker)):
+                if accepted and (broken := self._probe.failed(self.status.broker, client)):
                     self.status.last_error = broken
                     return accepted
                 if accepted:

@@ -1,14 +1,19 @@
-"""A check that a cluster member delivers the node's commands, once per connection.
+"""A check that a cluster member delivers the node's commands, a few times per connection.
 
 RabbitMQ 3.10 keeps each MQTT subscription in a queue named after the client id.  When a
-node's member dies and the node lands on another within a second or two, the cluster may
-not yet have removed the dead member's queue: the SUBSCRIBE is acknowledged, but it is bound
-to a queue nobody reads, and the node's commands go nowhere while its telemetry flows
-(measured: 342 of 1,000 nodes of ``bench/fleet.py`` answered no broadcast).  So on a broker
-list the link publishes a nonce to a topic of its own command subscription once subscribed;
-when it has not come back within ``PROBE_S`` the connection ends, and the member is treated
-as a failed one (its backoff, the next member).  The probe message never reaches the
-controller.
+node's member dies and the node lands on another within a second or two, the survivors are
+still removing the dead member's queues by name, in batches, and then their topic bindings
+(``rabbit_amqqueue:on_node_down``; rabbitmq-server issues 6271 and 9798, fixed for MQTT only
+in 3.12.12 / 3.13): the new queue's record or bindings, made in between, go too.  The
+SUBSCRIBE was acknowledged, the node's telemetry flows, and its commands go nowhere, for
+good (measured: 342 of 1,000 nodes of ``bench/fleet.py`` answered no broadcast).  So on a
+broker list the link publishes a nonce to a topic of its own command subscription, the
+first filter of its SUBSCRIBE (bound first: when it survived the clean-up, so did the
+rest), once subscribed, again ``AGAIN_S`` later, when the clean-up is over, and every
+``EVERY_S`` from then on; when one
+has not come back within ``PROBE_S`` the connection ends, and the member is treated as a
+failed one (its backoff, the next member), where the subscriptions are made anew.  The
+probe message never reaches the controller.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 logger = logging.getLogger("agent.link.mqtt")  # its lines are the link's
 PROBE = "_link-probe"  # a command name no controller has: ``cmd/_link-probe``
 PROBE_S = 10.0
+AGAIN_S = (30.0, 90.0)  # after the subscriptions, once more each: past a member's clean-up
+EVERY_S = 600.0  # and from then on: a subscription lost later is found within this
 
 
 class DeliveryProbe:
@@ -31,18 +38,25 @@ class DeliveryProbe:
         self.topic, self.enabled, self.clock = topic, len(brokers) > 1, clock
         self._nonce = b""
         self._sent_at: float | None = None
+        self._subscribed_at: float | None = None
+        self._again: list[float] = []  # the later probes still to send on this connection
         self.broken = False  # the last connection failed its probe
 
     def reset(self) -> None:
         """A new connection: nothing sent on it yet."""
-        self._sent_at, self.broken = None, False
+        self._sent_at, self._subscribed_at, self._again, self.broken = None, None, [], False
 
     def start(self, client: Any) -> None:
-        """The subscriptions are acknowledged: send the nonce through them."""
+        """The subscriptions are acknowledged: send the nonce through them (and later
+        again)."""
         if self.enabled and client is not None:
-            self._nonce = secrets.token_hex(8).encode()
-            self._sent_at = self.clock()
-            client.publish(self.topic, self._nonce, qos=1)
+            self._subscribed_at, self._again = self.clock(), list(AGAIN_S)
+            self._send(client)
+
+    def _send(self, client: Any) -> None:
+        self._nonce = secrets.token_hex(8).encode()
+        self._sent_at = self.clock()
+        client.publish(self.topic, self._nonce, qos=1)
 
     def take(self, message: Any) -> bool:
         """Whether ``message`` is a probe (the handler never sees one); ours passes it."""
@@ -52,12 +66,20 @@ class DeliveryProbe:
             self._sent_at = None
         return True
 
-    def failed(self, broker: str) -> str | None:
-        """Why the connection to ``broker`` must end (its probe did not come back in time,
-        logged), or None."""
-        if self._sent_at is None or self.clock() - self._sent_at < PROBE_S:
+    def failed(self, broker: str, client: Any = None) -> str | None:
+        """Why the connection to ``broker`` must end (a probe did not come back in time,
+        logged), or None; a later probe that is due is sent on ``client``."""
+        now = self.clock()
+        if self._sent_at is None:
+            if self._again and self._subscribed_at is not None and client is not None and \
+                    now - self._subscribed_at >= self._again[0]:
+                due = self._again.pop(0)
+                self._again = self._again or [due + EVERY_S]
+                self._send(client)
             return None
-        self._sent_at, self.broken = None, True
+        if now - self._sent_at < PROBE_S:
+            return None
+        self._sent_at, self._again, self.broken = None, [], True
         why = (f"{broker} acknowledged the subscriptions but delivered nothing on them within "
                f"{PROBE_S:.0f} s (a queue left by a member that died?)")
         logger.warning("mqtt: %s; reconnecting", why)
