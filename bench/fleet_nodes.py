@@ -68,7 +68,7 @@ class Worker:
         endpoint = Endpoint(first[0], int(first[2]))
         self.spec = spec
         self.nodes = [SimulatedNode(name, endpoint, Path(spec.state), keys,  # type: ignore[arg-type]
-                                    brokers=spec.brokers,
+                                    brokers=spec.brokers, birth=True,
                                     protocol_version=spec.protocol_version)
                       for name in spec.names]
         self.samplers = [Sampler([FunctionCollector("link", node.link.status.metrics)],
