@@ -255,6 +255,12 @@ def cluster_run(args: argparse.Namespace, scratch: Path, key: Ed25519PrivateKey,
         rows.append(("CPU per node to connect", f"{1000 * cpu0 / fleet.count:.1f} ms"))
         rows.append(("descriptors per worker process", ", ".join(
             str(n) for n in fleet.ask("descriptors"))))
+        operator = Operator(survivor, key, brokers=tuple(m.address for m in cluster.members),
+                            protocol_version="3.1.1")
+        first = resent_broadcasts(operator, fleet, 1)
+        operator.close()
+        rows.append((f"broadcast to {fleet.count} nodes before the kill", f"{first[0]:.3f} s"))
+        cpu0, _ = fleet.usage()  # steady telemetry's CPU from here
         fleet.ask("telemetry", True)
         time.sleep(args.steady)  # the fleet's steady state, measured below
         cpu1, _ = fleet.usage()

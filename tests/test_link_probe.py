@@ -100,8 +100,13 @@ def test_later_probes_follow_the_subscriptions_and_one_lost_then_ends_the_connec
     clock.now += probe.PROBE_S  # the second probe never came back
     why = check.failed("a:1", client)
     assert why is not None and "delivered nothing" in why and check.broken
+    # the next connect waits for what the lost connection leaves behind to go
+    assert all(probe.PAUSE_S <= check.delay(0.1) <= 2 * probe.PAUSE_S for _ in range(20))
+    assert check.delay(30.0) == 30.0
     clock.now += 1000
     assert check.failed("a:1", client) is None and len(client.published) == 6
+    check.reset()
+    assert check.delay(0.1) == 0.1
 
 
 @pytest.fixture()

@@ -162,8 +162,8 @@ class MqttLink:
             self._set_state("dead", f"the link thread died: {self.died}")
 
     def _run(self) -> None:
-        while (member := self._failover.wait(self._stop, self._beat,
-                                               self.takeover.delay)) is not None:
+        while (member := self._failover.wait(self._stop, self._beat, lambda normal: self._probe
+                                             .delay(self.takeover.delay(normal)))) is not None:
             client = self._client = self._connect(member.host, member.port)
             accepted = False
             if client is not None:

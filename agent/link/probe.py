@@ -10,15 +10,16 @@ good (measured: 342 of 1,000 nodes of ``bench/fleet.py`` answered no broadcast).
 broker list the link publishes a nonce to a topic of its own command subscription, the
 first filter of its SUBSCRIBE (bound first: when it survived the clean-up, so did the
 rest), once subscribed, again ``AGAIN_S`` later, when the clean-up is over, and every
-``EVERY_S`` from then on; when one
-has not come back within ``PROBE_S`` the connection ends, and the member is treated as a
-failed one (its backoff, the next member), where the subscriptions are made anew.  The
-probe message never reaches the controller.
+``EVERY_S`` from then on.  When one has not come back within ``PROBE_S`` the connection
+ends, and the member is treated as a failed one (its backoff, the next member, after
+``PAUSE_S``), where the subscriptions are made anew.  The probe message never reaches the
+controller.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import secrets
 import time
 from collections.abc import Callable
@@ -29,6 +30,9 @@ PROBE = "_link-probe"  # a command name no controller has: ``cmd/_link-probe``
 PROBE_S = 10.0
 AGAIN_S = (30.0, 90.0)  # after the subscriptions, once more each: past a member's clean-up
 EVERY_S = 600.0  # and from then on: a subscription lost later is found within this
+# after a lost probe, before the next connect: the queue the dead connection leaves is
+# deleted by name when it goes, and must go before a new one of that name is made
+PAUSE_S = 5.0
 
 
 class DeliveryProbe:
@@ -65,6 +69,12 @@ class DeliveryProbe:
         if message.payload == self._nonce:
             self._sent_at = None
         return True
+
+    def delay(self, normal: float) -> float:
+        """The wait before the next connect: ``normal``, or after a lost probe at least
+        PAUSE_S (up to twice that, spread so the nodes of one member do not come back at
+        once)."""
+        return max(normal, PAUSE_S * (1 + random.random())) if self.broken else normal
 
     def failed(self, broker: str, client: Any = None) -> str | None:
         """Why the connection to ``broker`` must end (a probe did not come back in time,
