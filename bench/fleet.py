@@ -46,7 +46,8 @@ from mqtt_helpers import Broker, wait_until
 from rabbit_cluster import SCRIPTS, Member, RabbitCluster
 
 from agent import protocol
-from agent.control.operator import collect, publish_command
+from agent.control.operator import collect
+from agent.control.resend import resender
 from agent.link import probe
 
 POLL_S = 0.05
@@ -186,8 +187,8 @@ def resent_broadcasts(op: Operator, fleet: Fleet, rounds: int) -> list[float]:
     for _ in range(rounds):
         start, sent_at = time.perf_counter(), time.time()
         envelope = op.send("all", "ping")
-        outcomes = collect(op.bus, envelope["id"], names, sent_at, 60, again=lambda e=envelope:
-                           publish_command(op.bus, "all", e))
+        outcomes = collect(op.bus, envelope["id"], names, sent_at, 60,
+                           again=resender(op.bus, op.key, "all", envelope))
         answered = sum(o.status == protocol.SUCCEEDED for o in outcomes.values())
         durations.append(time.perf_counter() - start)
         if answered < count:  # said, not raised: the rest of the run is still measured

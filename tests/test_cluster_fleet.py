@@ -93,7 +93,7 @@ def test_edge_agent_run_fails_over_with_no_gap_and_the_operator_moves_with_it(
 
         assert wait_until(moved, 5), status(config)[1].get("link")  # within 5 s of the kill
         outcomes = operator.collect(bus, envelope["id"], {"orin-1"}, sent_at, 60,
-                                    again=lambda: operator.publish_command(bus, "orin-1",
+                                    again=lambda _node: operator.publish_command(bus, "orin-1",
                                                                            envelope))
         assert outcomes["orin-1"].status == protocol.SUCCEEDED, outcomes
         assert bus.moves >= 1 and bus.roaming is not None and bus.roaming.broker != a.address

@@ -22,6 +22,7 @@ from test_link_failover import Node, kill
 from agent import protocol
 from agent.control import operator
 from agent.control.operator import BrokerSettings
+from agent.control.resend import resender
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,7 +106,7 @@ def test_a_command_sent_before_the_member_dies_is_answered_after(
             operator.publish_command(bus, "node-1", envelope)
             collecting = threading.Thread(target=lambda: outcomes.update(operator.collect(
                 bus, envelope["id"], {"node-1"}, sent_at, 20,
-                again=lambda: operator.publish_command(bus, "node-1", envelope))))
+                again=lambda _node: operator.publish_command(bus, "node-1", envelope))))
             collecting.start()
             assert node.started.wait(10)  # accepted and running on A
             b.start()
@@ -139,7 +140,7 @@ def test_after_a_move_the_command_is_published_again(
             kill(a)
             outcomes = operator.collect(
                 bus, envelope["id"], {"node-1"}, time.time(), 20,
-                again=lambda: operator.publish_command(bus, "node-1", envelope))
+                again=lambda _node: operator.publish_command(bus, "node-1", envelope))
             runs = node.store.get(envelope["id"])
     finally:
         bus.close()
@@ -218,7 +219,7 @@ def test_a_command_sent_while_the_node_is_away_is_answered_once_it_is_back(
         operator.publish_command(bus, "node-1", envelope)  # nobody subscribed: gone
         collecting = threading.Thread(target=lambda: outcomes.update(operator.collect(
             bus, envelope["id"], {"node-1"}, sent_at, 30,
-            again=lambda: operator.publish_command(bus, "node-1", envelope))))
+            again=lambda _node: operator.publish_command(bus, "node-1", envelope))))
         collecting.start()
         node.start()
         collecting.join(35)
@@ -228,3 +229,40 @@ def test_a_command_sent_while_the_node_is_away_is_answered_once_it_is_back(
         bus.close()
     assert outcomes["node-1"].status == protocol.SUCCEEDED, outcomes
     assert runs is not None and runs["status"] == protocol.SUCCEEDED
+
+
+def test_a_broadcast_goes_again_only_to_the_node_that_came_back(
+        tmp_path: Path, broker: Broker) -> None:
+    """Sent to the whole fleet again for one node's return, a broadcast would reach every
+    node once more (quadratic over a member's failover): the node that came back gets it
+    on its own topic, signed for it with the same id, and the others hear it once."""
+    key = Ed25519PrivateKey.generate()
+    bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), "lab",
+                           [protocol.STATE, protocol.BIRTH, protocol.reply_suffix("ping")])
+    nodes = {name: SimulatedNode(name, broker, tmp_path, trusted_keys(key), birth=True)
+             for name in ("node-a", "node-b", "node-c")}
+    outcomes: dict[str, operator.Outcome] = {}
+    try:
+        for name in ("node-a", "node-b"):
+            nodes[name].start()
+        assert wait_until(lambda: {"node-a", "node-b"} <= set(bus.nodes()), 10)
+        envelope = sign(key, "ping", "all", {})
+        sent_at = time.time()
+        operator.publish_command(bus, "all", envelope)
+        collecting = threading.Thread(target=lambda: outcomes.update(operator.collect(
+            bus, envelope["id"], set(nodes), sent_at, 30,
+            again=resender(bus, key, "all", envelope))))
+        collecting.start()
+        assert wait_until(lambda: all(nodes[n].store.get(envelope["id"]) is not None
+                                      for n in ("node-a", "node-b")), 10)
+        nodes["node-c"].start()  # away when it was sent: its birth brings it again
+        collecting.join(35)
+    finally:
+        for node in nodes.values():
+            node.stop()
+        bus.close()
+    assert {n: o.status for n, o in outcomes.items()} == dict.fromkeys(nodes, "succeeded")
+    with bus.lock:
+        replies = [p for t, p in bus.messages if protocol.is_reply(t)
+                   and p.get("id") == envelope["id"]]
+    assert not [r for r in replies if r.get("duplicate")], "a node heard it twice"

@@ -173,6 +173,7 @@ def send(args: argparse.Namespace) -> int:
     from agent.cli.fleet_replies import details, table
     from agent.control.envelope import sign
     from agent.control.operator import collect, expected_nodes, publish_command
+    from agent.control.resend import resender
 
     key = _private_key(args.key)
     arguments = parse_args_list(args.arg or [])
@@ -203,7 +204,7 @@ def send(args: argparse.Namespace) -> int:
         publish_command(bus, scope, envelope)
         timeout = args.timeout or LONG_TIMEOUTS_S.get(args.fleet_command, DEFAULT_TIMEOUT_S)
         outcomes = collect(bus, envelope["id"], expected, sent_at, timeout,
-                           again=lambda: publish_command(bus, scope, envelope))
+                           again=resender(bus, key, scope, envelope))
     finally:
         bus.close()
     if args.json:

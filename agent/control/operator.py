@@ -363,29 +363,31 @@ class Outcome:
         self.ms = round((time.time() - sent_at) * 1000, 1)
 
 
-def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
-            timeout: float, again: Callable[[], None] | None = None) -> dict[str, Outcome]:
-    """Replies by node until every expected node has a final one, or the timeout.  When the
-    session moved to another member, or a node still to answer connected again (a new
-    birth: its clean session kept nothing), ``again`` publishes the command once more (same
-    id): a node answers from its store, so no reply is lost and nothing runs twice."""
+def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float, timeout: float,
+            again: Callable[[str | None], None] | None = None) -> dict[str, Outcome]:
+    """Replies by node until every expected node has a final one, or the timeout.
+    ``again(None)`` publishes the command once more (same id) when the session moved to
+    another member, ``again(node)`` when a node still to answer came back (a new birth: its
+    clean session kept nothing; ``resend.resender``): it answers from its store, once."""
     outcomes = {node: Outcome(node) for node in expected}
-    seen, moves, back = 0, bus.moves, False
+    seen, moves, back = 0, bus.moves, set[str]()  # back: nodes to send it to again
     known = bus.nodes()  # the births retained now; then each new one as it arrives
     births = {n: (known.get(n, {}).get("birth") or {}).get("session") for n in expected}
     deadline = time.monotonic() + timeout
     while True:
-        if (bus.moves != moves or back) and again is not None:
-            moves, back = bus.moves, False
-            again()
+        if again is not None and (bus.moves != moves or back):
+            for node in [None] if bus.moves != moves else sorted(back):
+                again(node)
+            moves, back = bus.moves, set()
         with bus.lock:
             fresh, seen = bus.messages[seen:], len(bus.messages)
         for topic, reply in fresh:
             parsed = protocol.node_topic(bus.fleet, topic)
             if parsed is not None and parsed[1] == protocol.BIRTH and parsed[0] in births:
                 node, session = parsed[0], reply.get("session")
-                back |= session != births[node] and outcomes[node].status not in \
-                    protocol.FINAL
+                if again and session != births[node] and outcomes[node].status not in \
+                        protocol.FINAL:
+                    back.add(node)
                 births[node] = session
             if not protocol.is_reply(topic) or reply.get("id") != command_id:
                 continue
@@ -396,4 +398,3 @@ def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float,
             return outcomes
         if not back:
             bus.wait_past(seen, deadline - time.monotonic(), moves)
-
