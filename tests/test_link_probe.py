@@ -139,8 +139,12 @@ def test_a_member_that_delivers_nothing_is_left_for_one_that_does(
     try:
         assert wait_until(lambda: link.status.broker == f"127.0.0.1:{deaf.port}"
                           and link.status.subscribed, 10)
+        # the probe is lost: from then until the next member accepts, nothing is subscribed
+        assert wait_until(lambda: "delivered nothing" in (link.status.last_error or ""),
+                          probe.PROBE_S + 10), link.status
+        assert not link.status.subscribed, link.status
         assert wait_until(lambda: link.status.broker == f"127.0.0.1:{good.port}"
-                          and link.status.subscribed, probe.PROBE_S + 10), link.status
+                          and link.status.subscribed, 2 * probe.PAUSE_S + 10), link.status
         assert link.status.failovers == 1
         connects = link.status.connects
         # on the good member the probe comes back: it stays there (past another PROBE_S)

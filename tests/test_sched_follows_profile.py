@@ -181,7 +181,8 @@ def test_a_new_schedule_reaches_a_server_that_is_still_starting(tmp_path: Path) 
         assert json.loads((supervisor.directory / "sched.json").read_text()) is None
         deadline = time.monotonic() + 20
         log = tmp_path / "heard.log"
-        while time.monotonic() < deadline and not log.exists():
+        # the file exists before its line is written
+        while time.monotonic() < deadline and not (log.exists() and log.read_text()[-1:] == "\n"):
             time.sleep(0.1)
         assert supervisor.process is not None and supervisor.process.poll() is None
         assert log.read_text() == "null\n"  # signalled once it was ready, and it read null

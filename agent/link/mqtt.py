@@ -236,7 +236,7 @@ class MqttLink:
                 elif outcome in ("refused", "gone") or (self._stop.is_set() and not accepted):
                     return accepted
                 if accepted and (broken := self._probe.failed(self.status.broker, client)):
-                    self.status.last_error = broken
+                    self.status.subscribed, self.status.last_error = False, broken  # in order
                     return accepted
                 if accepted:
                     self._dispatch()
