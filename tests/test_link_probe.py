@@ -55,6 +55,7 @@ def test_the_probe_passes_when_its_nonce_comes_back_and_fails_after_probe_s() ->
     clock.now += probe.PROBE_S
     assert check.take(Message(topic, nonce))
     assert check.failed("a:1") is None and not check.broken
+    assert check.client_id("node-1") == "node-1"
     check.reset()
     check.start(client)
     clock.now += probe.PROBE_S - 0.1
@@ -64,9 +65,14 @@ def test_the_probe_passes_when_its_nonce_comes_back_and_fails_after_probe_s() ->
     assert why is not None and why.startswith("a:1 acknowledged the subscriptions but "
                                               "delivered nothing") and check.broken
     assert check.failed("a:1") is None  # said once
+    assert check.client_id("node-1") == "node-1~1"  # from now on, and another for each loss
+    check.reset()
+    check.start(client)
+    clock.now += probe.PROBE_S
+    assert check.failed("a:1") is not None and check.client_id("node-1") == "node-1~2"
     one = DeliveryProbe("t", ("a:1",), clock)  # one broker: no probe
     one.start(client)
-    assert len(client.published) == 2 and one.failed("a:1") is None
+    assert len(client.published) == 3 and one.failed("a:1") is None
 
 
 def test_later_probes_follow_the_subscriptions_and_one_lost_then_ends_the_connection() -> None:
@@ -109,6 +115,22 @@ def test_later_probes_follow_the_subscriptions_and_one_lost_then_ends_the_connec
     assert check.delay(0.1) == 0.1
 
 
+def test_a_refused_subscription_is_said_and_ends_the_connection_on_a_list() -> None:
+    clock, client = Clock(), Sent()
+    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", ("a:1", "b:1"), clock)
+    filters = (f"{ROOT}/cmd/+", "edge/v1/test/all/cmd/+")
+    assert check.acknowledged(client, "a:1", filters, [False, False]) is None
+    assert len(client.published) == 1 and not check.broken  # all granted: the probe goes
+    check.reset()
+    why = check.acknowledged(client, "a:1", filters, [False, True])
+    assert why == "a:1 refused the subscription to edge/v1/test/all/cmd/+"
+    assert check.broken and check.client_id("node-1") == "node-1~1"  # as a lost probe
+    assert len(client.published) == 1  # no probe on a connection that is ending
+    one = DeliveryProbe("t", ("a:1",), clock)  # one broker: said, and nothing to move to
+    assert one.acknowledged(client, "a:1", filters, [True, False]) is not None
+    assert not one.broken and one.client_id("node-1") == "node-1"
+
+
 @pytest.fixture()
 def deaf_and_good(tmp_path: Path) -> Iterator[tuple[Broker, Broker]]:
     deaf, good = Broker(tmp_path / "deaf"), Broker(tmp_path / "good")
@@ -146,6 +168,8 @@ def test_a_member_that_delivers_nothing_is_left_for_one_that_does(
         assert wait_until(lambda: link.status.broker == f"127.0.0.1:{good.port}"
                           and link.status.subscribed, 2 * probe.PAUSE_S + 10), link.status
         assert link.status.failovers == 1
+        # under a client id of its own: a clean-up deleting by the node's name misses it
+        assert " as node-1 " in deaf.log() and " as node-1~1 " in good.log(), good.log()
         connects = link.status.connects
         # on the good member the probe comes back: it stays there (past another PROBE_S)
         assert not wait_until(lambda: link.status.connects != connects, probe.PROBE_S + 2)

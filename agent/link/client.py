@@ -63,9 +63,10 @@ def connect(client: mqtt.Client, s: LinkSettings, host: str, port: int) -> None:
 
 
 def new_client(s: LinkSettings, will_topic: str, will: bytes, events: deque[tuple[Any, ...]],
-               inbox: deque[mqtt.MQTTMessage]) -> mqtt.Client:
+               inbox: deque[mqtt.MQTTMessage], client_id: str | None = None) -> mqtt.Client:
+    """A paho client for one connection (``client_id``: another than the node's)."""
     version = MQTTProtocolVersion.MQTTv5 if s.protocol == "5" else MQTTProtocolVersion.MQTTv311
-    client = BoundedClient(CallbackAPIVersion.VERSION2, client_id=s.client_id,
+    client = BoundedClient(CallbackAPIVersion.VERSION2, client_id=client_id or s.client_id,
                            protocol=version, max_packet_bytes=s.max_incoming_bytes,
                            events=events,
                            clean_session=None if version == MQTTProtocolVersion.MQTTv5 else True)
@@ -81,7 +82,8 @@ def new_client(s: LinkSettings, will_topic: str, will: bytes, events: deque[tupl
     client.on_disconnect = lambda c, u, flags, code, props: events.append(("gone", code, props))
     client.on_publish = lambda c, u, mid, code, props: events.append(("ack", mid, code))
     client.on_message = lambda c, u, message: inbox.append(message)
-    client.on_subscribe = lambda c, u, mid, codes, props: events.append(("suback",))
+    client.on_subscribe = lambda c, u, mid, codes, props: events.append(
+        ("suback", [getattr(code, "is_failure", False) for code in codes]))
     return client
 
 

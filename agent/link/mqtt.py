@@ -162,8 +162,8 @@ class MqttLink:
             self._set_state("dead", f"the link thread died: {self.died}")
 
     def _run(self) -> None:
-        while (member := self._failover.wait(self._stop, self._beat, lambda normal: self._probe
-                                             .delay(self.takeover.delay(normal)))) is not None:
+        while (member := self._failover.wait(self._stop, self.status.beat, lambda normal: (
+                self._probe.delay(self.takeover.delay(normal))))) is not None:
             client = self._client = self._connect(member.host, member.port)
             accepted = False
             if client is not None:
@@ -178,9 +178,6 @@ class MqttLink:
                                  self.status.last_error)
             self._set_state("disconnected")
         self._set_state("stopped")
-
-    def _beat(self) -> None:
-        self.status.heartbeat = time.monotonic()
 
     def _set_state(self, state: str, error: str | None = None) -> None:
         if state != self.status.state:
@@ -198,13 +195,13 @@ class MqttLink:
         self._set_state("connecting")
         # The LWT must name the session before the broker knows it; it is committed only
         # when the broker accepts the connection.
-        self._candidate_session = self.outbox.counter("session") + 1
+        self._candidate_session, self._oversized = self.outbox.counter("session") + 1, False
         self._events.clear()
-        self._oversized = False
         try:
             client = new_client(self.settings, self.topic(protocol.STATE),
                                 self._state_payload("offline", self._candidate_session),
-                                self._events, self._inbox)
+                                self._events, self._inbox,
+                                self._probe.client_id(self.settings.client_id))
             connect(client, self.settings, host, port)
         except (OSError, ValueError) as error:
             self._set_state("connecting", self._failover.unreachable(error,
@@ -273,7 +270,7 @@ class MqttLink:
                                "reconnecting", error, exc_info=True)
             return False
         finally:
-            self.status.heartbeat = time.monotonic()
+            self.status.beat()
         return client.socket() is sock
 
     def _dispatch(self) -> None:
@@ -309,9 +306,12 @@ class MqttLink:
             elif kind == "oversized":  # the connection ends: "gone" follows
                 self.faults.record("oversized_packet", "%s; connecting again", event[1])
                 self.status.last_error, self._oversized = event[1], True
-            elif kind == "suback":  # commands sent from now on reach this node
-                self.status.subscribed = True
-                self._probe.start(self._client)
+            elif kind == "suback":  # commands sent from now on reach this node, unless refused
+                if why := self._probe.acknowledged(self._client, self.status.broker,
+                                                   self.subscriptions, event[1]):
+                    self.status.last_error = why
+                    outcome = "refused" if self._probe.broken else outcome
+                self.status.subscribed = why is None
             elif kind == "gone":
                 self._delivery.forget_acked()
                 self.status.subscribed = False

@@ -59,6 +59,10 @@ class LinkStatus:
     sessions_ended: dict[int, int] = field(default_factory=dict)  # session -> records taken
     heartbeat: float = field(default_factory=time.monotonic)  # the link thread's last round
 
+    def beat(self) -> None:
+        """The link thread is not hanging (a round, or a wait before a connect)."""
+        self.heartbeat = time.monotonic()
+
     def metrics(self) -> dict[str, Any]:
         """Telemetry's ``link`` group: the member the node was on when a record was taken."""
         return {"broker": self.broker, "state": self.state, "connects": self.connects,
