@@ -5,6 +5,7 @@ meet on the member that is left."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -13,10 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as mqtt
 import pytest
 from control_helpers import SimulatedNode, sign, trusted_keys
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, wait_until
+from paho.mqtt.enums import CallbackAPIVersion
 from test_link_failover import Node, kill
 
 from agent import protocol
@@ -266,3 +269,36 @@ def test_a_broadcast_goes_again_only_to_the_node_that_came_back(
         replies = [p for t, p in bus.messages if protocol.is_reply(t)
                    and p.get("id") == envelope["id"]]
     assert not [r for r in replies if r.get("duplicate")], "a node heard it twice"
+
+
+def test_a_birth_from_a_retained_store_is_no_return(broker: Broker) -> None:
+    """A session that subscribes to births while it collects (an operator that just
+    connected, or moved) hears every node's retained birth then: an old connection, not a
+    node that came back; sending again for each was 330 resends per member of
+    bench/fleet.py's broadcast.  A live birth is a return."""
+    bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), "lab",
+                           [protocol.reply_suffix("ping")])
+    topic = protocol.topic(f"{protocol.fleet_root('lab')}/node-x", protocol.BIRTH)
+    node = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="node-x")
+    node.connect(broker.host, broker.port)
+    node.loop_start()
+    asked: list[str | None] = []
+    try:
+        node.publish(topic, json.dumps({"session": 1}), qos=1, retain=True).wait_for_publish(5)
+        collecting = threading.Thread(target=operator.collect, args=(
+            bus, "an-id", {"node-x"}, time.time(), 30, asked.append))
+        collecting.start()
+        bus.client.subscribe(topic, qos=1)
+        assert wait_until(lambda: (topic, {"session": 1}) in bus.messages, 10)
+        node.publish(topic, json.dumps({"session": 2}), qos=1, retain=True).wait_for_publish(5)
+        assert wait_until(lambda: asked, 10)
+        reply = {"id": "an-id", "node_id": "node-x", "status": protocol.SUCCEEDED}
+        node.publish(protocol.topic(f"{protocol.fleet_root('lab')}/node-x",
+                                    protocol.reply_suffix("ping")), json.dumps(reply), qos=1)
+        collecting.join(35)  # the answer ends it
+        assert not collecting.is_alive()
+    finally:
+        node.loop_stop()
+        node.disconnect()
+        bus.close()
+    assert asked == ["node-x"]  # for the live birth only

@@ -67,11 +67,7 @@ class BrokerSettings:
     @property
     def members(self) -> list[tuple[str, int]]:
         parsed = [parse_member(text) for text in self.brokers]
-        return [member for member in parsed if member is not None] or [(self.host,
-                                                                         self.port)]
-
-
-# -- keys -----------------------------------------------------------------------------------
+        return [member for member in parsed if member is not None] or [(self.host, self.port)]
 
 
 def generate_key(path: Path) -> dict[str, str]:
@@ -101,6 +97,7 @@ class Bus:
     telemetry: Telemetry = field(default_factory=Telemetry)
     log: bool = True  # a watch of days keeps the newest of each node only
     messages: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    stale: set[int] = field(default_factory=set)  # messages that came from a retained store
     acks: dict[int, str | None] = field(default_factory=dict)  # mid -> refusal, if any
     arrived: threading.Condition = field(init=False)  # notified on each message and move
     topics: list[tuple[str, int]] = field(default_factory=list)  # subscribed, with QoS
@@ -126,6 +123,8 @@ class Bus:
                     protocol.TELEMETRY and not self.telemetry.take(message.topic, payload):
                 return  # a copy (at-least-once delivery, a replay after a failover)
             if payload is not None and self.log:
+                if message.retain:  # what was, not what happens: a birth of long ago
+                    self.stale.add(len(self.messages))
                 self.messages.append((message.topic, payload))
             self.arrived.notify_all()
 
@@ -367,8 +366,9 @@ def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float, timeo
             again: Callable[[str | None], None] | None = None) -> dict[str, Outcome]:
     """Replies by node until every expected node has a final one, or the timeout.
     ``again(None)`` publishes the command once more (same id) when the session moved to
-    another member, ``again(node)`` when a node still to answer came back (a new birth: its
-    clean session kept nothing; ``resend.resender``): it answers from its store, once."""
+    another member, ``again(node)`` when a node still to answer came back (a new birth, live,
+    not from a retained store: its clean session kept nothing; ``resend.resender``): it
+    answers from its store, once."""
     outcomes = {node: Outcome(node) for node in expected}
     seen, moves, back = 0, bus.moves, set[str]()  # back: nodes to send it to again
     known = bus.nodes()  # the births retained now; then each new one as it arrives
@@ -380,13 +380,13 @@ def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float, timeo
                 again(node)
             moves, back = bus.moves, set()
         with bus.lock:
-            fresh, seen = bus.messages[seen:], len(bus.messages)
-        for topic, reply in fresh:
+            fresh, first, seen = bus.messages[seen:], seen, len(bus.messages)
+        for index, (topic, reply) in enumerate(fresh, first):
             parsed = protocol.node_topic(bus.fleet, topic)
             if parsed is not None and parsed[1] == protocol.BIRTH and parsed[0] in births:
                 node, session = parsed[0], reply.get("session")
-                if again and session != births[node] and outcomes[node].status not in \
-                        protocol.FINAL:
+                if again and session != births[node] and index not in bus.stale and \
+                        outcomes[node].status not in protocol.FINAL:
                     back.add(node)
                 births[node] = session
             if not protocol.is_reply(topic) or reply.get("id") != command_id:
