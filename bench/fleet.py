@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+import psutil
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from fleet_nodes import Spec, serve
@@ -51,6 +53,23 @@ from agent.control.resend import resender
 from agent.link import probe
 
 POLL_S = 0.05
+IDLE_S = 5.0
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds of these processes and their children (a broker's beam under its
+    start script) until now."""
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for process in [root, *root.children(recursive=True)]:
+                times = process.cpu_times()
+                total += times.user + times.system + times.children_user + \
+                    times.children_system
+        except psutil.Error:
+            continue  # a killed member
+    return total
 
 
 class Fleet:
@@ -177,11 +196,25 @@ def spread(fleet: Fleet) -> Counter[str]:
     return Counter(link[2] for link in fleet.links())
 
 
-def resent_broadcasts(op: Operator, fleet: Fleet, rounds: int) -> list[float]:
+def alone(op: Operator, nodes: set[str]) -> int:
+    """How many of ``nodes`` answer a command sent to each alone within 10 s (deaf to
+    ``all`` only, or to their own topic too)."""
+    sent_at = time.time()
+    ids = {node: op.send(node, "ping")["id"] for node in sorted(nodes)}
+    return sum(collect(op.bus, command_id, {node}, sent_at, 10)[node].status ==
+               protocol.SUCCEEDED for node, command_id in ids.items())
+
+
+def resent_broadcasts(op: Operator, fleet: Fleet, rounds: int,
+                      brokers: list[int]) -> list[str]:
     """As bench/control.py's broadcasts, but collected as ``fleet send`` does (the
     product's ``collect``): published again when the operator's session moves to another
-    member, which a 3.1.1 clean session on a cluster does when its member drops it."""
+    member, which a 3.1.1 clean session on a cluster does when its member drops it.  Each
+    round: until every node answered (or 60 s), and until 99 % had; and the first round's
+    share of the machine's cores taken by the brokers, the nodes and the operator."""
     durations = []
+    cores = psutil.cpu_count() or 1
+    used = (cpu_seconds(brokers), fleet.usage()[0], cpu_seconds([os.getpid()]))
     count = fleet.count
     names = {f"sim-{i:04d}" for i in range(count)}
     for _ in range(rounds):
@@ -190,13 +223,23 @@ def resent_broadcasts(op: Operator, fleet: Fleet, rounds: int) -> list[float]:
         outcomes = collect(op.bus, envelope["id"], names, sent_at, 60,
                            again=resender(op.bus, op.key, "all", envelope))
         answered = sum(o.status == protocol.SUCCEEDED for o in outcomes.values())
-        durations.append(time.perf_counter() - start)
+        times = sorted(o.ms for o in outcomes.values() if o.ms is not None
+                       and o.status == protocol.SUCCEEDED)
+        most = -(-99 * count // 100)
+        durations.append(f"{time.perf_counter() - start:.3f} (99 %: " + (
+            f"{times[most - 1] / 1000:.3f})" if len(times) >= most else "never)"))
+        if len(durations) == 1:
+            wall = (time.perf_counter() - start) * cores / 100
+            now = (cpu_seconds(brokers), fleet.usage()[0], cpu_seconds([os.getpid()]))
+            durations[0] += " [{:.0f} / {:.0f} / {:.0f} % of {} cores]".format(
+                *((b - a) / wall for a, b in zip(used, now, strict=True)), cores)
         if answered < count:  # said, not raised: the rest of the run is still measured
             silent = {n for n, o in outcomes.items() if o.status != protocol.SUCCEEDED}
             where = Counter((link[2], link[4]) for link in fleet.links() if link[0] in silent)
             print(f"broadcast: {answered} of {count} nodes answered within 60 s; the silent "
                   "ones by (member, failovers): " + ", ".join(
-                      f"{m} {f}: {n}" for (m, f), n in sorted(where.items())), flush=True)
+                      f"{m} {f}: {n}" for (m, f), n in sorted(where.items())) +
+                  f"; answering a ping sent to each alone: {alone(op, silent)}", flush=True)
     return durations
 
 
@@ -239,6 +282,7 @@ def cluster_run(args: argparse.Namespace, scratch: Path, key: Ed25519PrivateKey,
                      f"{'' if args.mirror else 'not '}mirrored)",
                      f"{time.monotonic() - started:.1f} s"))
         collector = Collector(survivor)
+        brokers = [cluster.pids[member.name] for member in cluster.members]
         started = time.monotonic()
         fleet.ask("start")
         up = recovery(fleet, 300, started)
@@ -258,9 +302,9 @@ def cluster_run(args: argparse.Namespace, scratch: Path, key: Ed25519PrivateKey,
             str(n) for n in fleet.ask("descriptors"))))
         operator = Operator(survivor, key, brokers=tuple(m.address for m in cluster.members),
                             protocol_version="3.1.1")
-        first = resent_broadcasts(operator, fleet, 1)
+        first = resent_broadcasts(operator, fleet, 1, brokers)
         operator.close()
-        rows.append((f"broadcast to {fleet.count} nodes before the kill", f"{first[0]:.3f} s"))
+        rows.append((f"broadcast to {fleet.count} nodes before the kill", f"{first[0]} s"))
         cpu0, _ = fleet.usage()  # steady telemetry's CPU from here
         fleet.ask("telemetry", True)
         time.sleep(args.steady)  # the fleet's steady state, measured below
@@ -313,16 +357,24 @@ def cluster_run(args: argparse.Namespace, scratch: Path, key: Ed25519PrivateKey,
         rows.append((f"after the later delivery probes (kill + {probe.AGAIN_S[0] + probe.PROBE_S:g}"
                      " s): failovers since (a later probe lost) / 100 % subscribed",
                      f"{connects - sum(back_links)} / {seconds(later['subscribed_100'])}"))
+        idle0, idle_at = fleet.usage()[0], time.monotonic()
+        time.sleep(IDLE_S)  # the links alone, no telemetry: what the broadcasts add to
+        idle_s = (fleet.usage()[0] - idle0) / (time.monotonic() - idle_at)
+        rows.append(("CPU of idle links (telemetry off)",
+                     f"{1000 * idle_s / fleet.count:.2f} ms per node per s"))
         operator = Operator(survivor, key, brokers=tuple(m.address for m in cluster.members),
                             protocol_version="3.1.1")
-        durations = resent_broadcasts(operator, fleet, args.rounds)
+        cpu2b, started = fleet.usage()[0], time.monotonic()
+        durations = resent_broadcasts(operator, fleet, args.rounds, brokers)
+        broadcasts_s = fleet.usage()[0] - cpu2b - idle_s * (time.monotonic() - started)
         operator.close()
-        cpu3, rss3 = fleet.usage()
+        rss3 = fleet.usage()[1]
         rows.append((f"broadcast to {fleet.count} nodes after recovery (<= 2 s)",
-                     ", ".join(f"{d:.3f}" for d in durations) + " s"))
-        rows.append(("CPU per node beyond steady telemetry: failover / broadcasts",
+                     ", ".join(durations) + " s"))
+        rows.append(("CPU per node beyond steady telemetry and idle links: failover / "
+                     "each broadcast",
                      f"{1000 * (cpu2 - cpu1 - per_s * failover_s) / fleet.count:.1f} ms / "
-                     f"{1000 * (cpu3 - cpu2 - per_s * args.after) / fleet.count:.1f} ms"))
+                     f"{1000 * broadcasts_s / fleet.count / args.rounds:.2f} ms"))
         rows.append(("RSS per node at the end", f"{1024 * rss3 / fleet.count:.0f} KB"))
     finally:
         fleet.stop()
