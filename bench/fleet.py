@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import json
 import multiprocessing
-import os
 import subprocess
 import sys
 import tempfile
@@ -48,7 +47,7 @@ from mqtt_helpers import Broker, wait_until
 from rabbit_cluster import SCRIPTS, Member, RabbitCluster
 
 from agent import protocol
-from agent.control.operator import collect
+from agent.control.collect import collect
 from agent.control.resend import resender
 from agent.link import probe
 
@@ -214,7 +213,7 @@ def resent_broadcasts(op: Operator, fleet: Fleet, rounds: int,
     share of the machine's cores taken by the brokers, the nodes and the operator."""
     durations = []
     cores = psutil.cpu_count() or 1
-    used = (cpu_seconds(brokers), fleet.usage()[0], cpu_seconds([os.getpid()]))
+    used = (cpu_seconds(brokers), fleet.usage()[0], time.process_time())
     count = fleet.count
     names = {f"sim-{i:04d}" for i in range(count)}
     for _ in range(rounds):
@@ -230,7 +229,7 @@ def resent_broadcasts(op: Operator, fleet: Fleet, rounds: int,
             f"{times[most - 1] / 1000:.3f})" if len(times) >= most else "never)"))
         if len(durations) == 1:
             wall = (time.perf_counter() - start) * cores / 100
-            now = (cpu_seconds(brokers), fleet.usage()[0], cpu_seconds([os.getpid()]))
+            now = (cpu_seconds(brokers), fleet.usage()[0], time.process_time())
             durations[0] += " [{:.0f} / {:.0f} / {:.0f} % of {} cores]".format(
                 *((b - a) / wall for a, b in zip(used, now, strict=True)), cores)
         if answered < count:  # said, not raised: the rest of the run is still measured

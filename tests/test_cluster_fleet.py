@@ -21,7 +21,7 @@ from mqtt_helpers import Subscriber, wait_until
 from rabbit_cluster import Member, RabbitCluster
 
 from agent import protocol
-from agent.control import operator
+from agent.control import collect, operator
 from agent.control.operator import BrokerSettings
 
 pytestmark = pytest.mark.cluster
@@ -92,7 +92,7 @@ def test_edge_agent_run_fails_over_with_no_gap_and_the_operator_moves_with_it(
             return link.get("state") == "connected" and link.get("broker") != a.address
 
         assert wait_until(moved, 5), status(config)[1].get("link")  # within 5 s of the kill
-        outcomes = operator.collect(bus, envelope["id"], {"orin-1"}, sent_at, 60,
+        outcomes = collect.collect(bus, envelope["id"], {"orin-1"}, sent_at, 60,
                                     again=lambda _node: operator.publish_command(bus, "orin-1",
                                                                            envelope))
         assert outcomes["orin-1"].status == protocol.SUCCEEDED, outcomes

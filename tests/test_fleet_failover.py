@@ -23,7 +23,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from test_link_failover import Node, kill
 
 from agent import protocol
-from agent.control import operator
+from agent.control import collect, operator
 from agent.control.operator import BrokerSettings
 from agent.control.resend import resender
 
@@ -101,13 +101,13 @@ def test_a_command_sent_before_the_member_dies_is_answered_after(
     key = Ed25519PrivateKey.generate()
     bus = operator.connect(BrokerSettings(brokers=listed(a, b)), "lab",
                            [protocol.STATE, protocol.reply_suffix("ping")])
-    outcomes: dict[str, operator.Outcome] = {}
+    outcomes: dict[str, collect.Outcome] = {}
     try:
         with SlowNode(tmp_path, a, listed(a, b), key) as node:
             envelope = sign(key, "ping", "node:node-1", {})
             sent_at = time.time()
             operator.publish_command(bus, "node-1", envelope)
-            collecting = threading.Thread(target=lambda: outcomes.update(operator.collect(
+            collecting = threading.Thread(target=lambda: outcomes.update(collect.collect(
                 bus, envelope["id"], {"node-1"}, sent_at, 20,
                 again=lambda _node: operator.publish_command(bus, "node-1", envelope))))
             collecting.start()
@@ -141,7 +141,7 @@ def test_after_a_move_the_command_is_published_again(
             envelope = sign(key, "ping", "node:node-1", {})
             operator.publish_command(bus, "node-1", envelope)
             kill(a)
-            outcomes = operator.collect(
+            outcomes = collect.collect(
                 bus, envelope["id"], {"node-1"}, time.time(), 20,
                 again=lambda _node: operator.publish_command(bus, "node-1", envelope))
             runs = node.store.get(envelope["id"])
@@ -214,13 +214,13 @@ def test_a_command_sent_while_the_node_is_away_is_answered_once_it_is_back(
     key = Ed25519PrivateKey.generate()
     bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), "lab",
                            [protocol.STATE, protocol.BIRTH, protocol.reply_suffix("ping")])
-    outcomes: dict[str, operator.Outcome] = {}
+    outcomes: dict[str, collect.Outcome] = {}
     node = SimulatedNode("node-1", broker, tmp_path, trusted_keys(key), birth=True)
     try:
         envelope = sign(key, "ping", "node:node-1", {})
         sent_at = time.time()
         operator.publish_command(bus, "node-1", envelope)  # nobody subscribed: gone
-        collecting = threading.Thread(target=lambda: outcomes.update(operator.collect(
+        collecting = threading.Thread(target=lambda: outcomes.update(collect.collect(
             bus, envelope["id"], {"node-1"}, sent_at, 30,
             again=lambda _node: operator.publish_command(bus, "node-1", envelope))))
         collecting.start()
@@ -235,16 +235,17 @@ def test_a_command_sent_while_the_node_is_away_is_answered_once_it_is_back(
 
 
 def test_a_broadcast_goes_again_only_to_the_node_that_came_back(
-        tmp_path: Path, broker: Broker) -> None:
+        tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sent to the whole fleet again for one node's return, a broadcast would reach every
     node once more (quadratic over a member's failover): the node that came back gets it
     on its own topic, signed for it with the same id, and the others hear it once."""
+    monkeypatch.setattr(collect, "SILENT_S", 3600.0)  # its birth, not its silence, here
     key = Ed25519PrivateKey.generate()
     bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), "lab",
                            [protocol.STATE, protocol.BIRTH, protocol.reply_suffix("ping")])
     nodes = {name: SimulatedNode(name, broker, tmp_path, trusted_keys(key), birth=True)
              for name in ("node-a", "node-b", "node-c")}
-    outcomes: dict[str, operator.Outcome] = {}
+    outcomes: dict[str, collect.Outcome] = {}
     try:
         for name in ("node-a", "node-b"):
             nodes[name].start()
@@ -252,7 +253,7 @@ def test_a_broadcast_goes_again_only_to_the_node_that_came_back(
         envelope = sign(key, "ping", "all", {})
         sent_at = time.time()
         operator.publish_command(bus, "all", envelope)
-        collecting = threading.Thread(target=lambda: outcomes.update(operator.collect(
+        collecting = threading.Thread(target=lambda: outcomes.update(collect.collect(
             bus, envelope["id"], set(nodes), sent_at, 30,
             again=resender(bus, key, "all", envelope))))
         collecting.start()
@@ -271,11 +272,13 @@ def test_a_broadcast_goes_again_only_to_the_node_that_came_back(
     assert not [r for r in replies if r.get("duplicate")], "a node heard it twice"
 
 
-def test_a_birth_from_a_retained_store_is_no_return(broker: Broker) -> None:
+def test_a_birth_from_a_retained_store_is_no_return(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
     """A session that subscribes to births while it collects (an operator that just
     connected, or moved) hears every node's retained birth then: an old connection, not a
-    node that came back; sending again for each was 330 resends per member of
-    bench/fleet.py's broadcast.  A live birth is a return."""
+    node that came back, or a broadcast would go again to each node of the member.  A live
+    birth is a return."""
+    monkeypatch.setattr(collect, "SILENT_S", 3600.0)  # births, not silence, here
     bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), "lab",
                            [protocol.reply_suffix("ping")])
     topic = protocol.topic(f"{protocol.fleet_root('lab')}/node-x", protocol.BIRTH)
@@ -285,7 +288,7 @@ def test_a_birth_from_a_retained_store_is_no_return(broker: Broker) -> None:
     asked: list[str | None] = []
     try:
         node.publish(topic, json.dumps({"session": 1}), qos=1, retain=True).wait_for_publish(5)
-        collecting = threading.Thread(target=operator.collect, args=(
+        collecting = threading.Thread(target=collect.collect, args=(
             bus, "an-id", {"node-x"}, time.time(), 30, asked.append))
         collecting.start()
         bus.client.subscribe(topic, qos=1)
@@ -302,3 +305,39 @@ def test_a_birth_from_a_retained_store_is_no_return(broker: Broker) -> None:
         node.disconnect()
         bus.close()
     assert asked == ["node-x"]  # for the live birth only
+
+
+def test_a_node_deaf_to_the_broadcast_gets_it_on_its_own_topic(
+        tmp_path: Path, broker: Broker) -> None:
+    """A node the broker no longer delivers broadcasts to (RabbitMQ 3.10 after a member's
+    clean-up; here its link leaves the ``all`` filter out) still answers: silent after
+    SILENT_S, it gets the command on its own topic, signed for it, once; the node that
+    answered does not hear it again."""
+    key = Ed25519PrivateKey.generate()
+    bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), "lab",
+                           [protocol.reply_suffix("ping")])
+    nodes = {name: SimulatedNode(name, broker, tmp_path, trusted_keys(key))
+             for name in ("node-a", "node-b")}
+    deaf = nodes["node-b"].link
+    deaf.subscriptions = tuple(t for t in deaf.subscriptions if "/all/" not in t)
+    try:
+        for node in nodes.values():
+            node.start()
+        assert wait_until(lambda: all(n.link.status.subscribed for n in nodes.values()), 10)
+        envelope = sign(key, "ping", "all", {})
+        sent_at = time.time()
+        operator.publish_command(bus, "all", envelope)
+        outcomes = collect.collect(bus, envelope["id"], set(nodes), sent_at, 30,
+                                   again=resender(bus, key, "all", envelope))
+    finally:
+        for node in nodes.values():
+            node.stop()
+        bus.close()
+    assert {n: o.status for n, o in outcomes.items()} == dict.fromkeys(nodes, "succeeded")
+    late = outcomes["node-b"].ms
+    assert late is not None and late >= 1000 * collect.SILENT_S  # sent again, not heard
+    with bus.lock:
+        replies = [p for t, p in bus.messages if protocol.is_reply(t)
+                   and p.get("id") == envelope["id"]]
+    assert sorted(r["node_id"] for r in replies if r.get("status") == "succeeded") == \
+        ["node-a", "node-b"] and not [r for r in replies if r.get("duplicate")]

@@ -171,8 +171,9 @@ def parse_args_list(pairs: list[str]) -> dict[str, Any]:
 
 def send(args: argparse.Namespace) -> int:
     from agent.cli.fleet_replies import details, table
+    from agent.control.collect import collect
     from agent.control.envelope import sign
-    from agent.control.operator import collect, expected_nodes, publish_command
+    from agent.control.operator import expected_nodes, publish_command
     from agent.control.resend import resender
 
     key = _private_key(args.key)

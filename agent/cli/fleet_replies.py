@@ -18,7 +18,7 @@ from agent.cli.common import render_table
 from agent.terminal import status_line, status_notes
 
 if TYPE_CHECKING:
-    from agent.control.operator import Outcome
+    from agent.control.collect import Outcome
 
 MESSAGE_WIDTH = 80  # the table's message column
 TEXT_WIDTH = 100  # a whole message, wrapped under its node

@@ -15,7 +15,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -337,64 +337,3 @@ def expected_nodes(bus: Bus, target: str) -> set[str]:
         if group is None or group in (facts.get("birth") or {}).get("groups", []):
             found.add(node)
     return found
-
-
-@dataclass
-class Outcome:
-    """One node's answer to a command, its result put back together from chunks."""
-
-    node: str
-    status: str = "no reply"
-    code: str = ""
-    message: str = ""
-    ms: float | None = None
-    result: Any = None
-    chunks: dict[int, str] = field(default_factory=dict)
-
-    def absorb(self, reply: dict[str, Any], sent_at: float) -> None:
-        whole = protocol.reassembled(self.chunks, reply)
-        if whole is None or self.status in protocol.FINAL:
-            return
-        self.status = whole.get("status", "?")
-        self.code = whole.get("code", "")
-        self.message = whole.get("message") or whole.get("step") or ""
-        self.result = whole.get("result")
-        self.ms = round((time.time() - sent_at) * 1000, 1)
-
-
-def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float, timeout: float,
-            again: Callable[[str | None], None] | None = None) -> dict[str, Outcome]:
-    """Replies by node until every expected node has a final one, or the timeout.
-    ``again(None)`` publishes the command once more (same id) when the session moved to
-    another member, ``again(node)`` when a node still to answer came back (a new birth, live,
-    not from a retained store: its clean session kept nothing; ``resend.resender``): it
-    answers from its store, once."""
-    outcomes = {node: Outcome(node) for node in expected}
-    seen, moves, back = 0, bus.moves, set[str]()  # back: nodes to send it to again
-    known = bus.nodes()  # the births retained now; then each new one as it arrives
-    births = {n: (known.get(n, {}).get("birth") or {}).get("session") for n in expected}
-    deadline = time.monotonic() + timeout
-    while True:
-        if again is not None and (bus.moves != moves or back):
-            for node in [None] if bus.moves != moves else sorted(back):
-                again(node)
-            moves, back = bus.moves, set()
-        with bus.lock:
-            fresh, first, seen = bus.messages[seen:], seen, len(bus.messages)
-        for index, (topic, reply) in enumerate(fresh, first):
-            parsed = protocol.node_topic(bus.fleet, topic)
-            if parsed is not None and parsed[1] == protocol.BIRTH and parsed[0] in births:
-                node, session = parsed[0], reply.get("session")
-                if again and session != births[node] and index not in bus.stale and \
-                        outcomes[node].status not in protocol.FINAL:
-                    back.add(node)
-                births[node] = session
-            if not protocol.is_reply(topic) or reply.get("id") != command_id:
-                continue
-            node = reply.get("node_id", "?")
-            outcomes.setdefault(node, Outcome(node)).absorb(reply, sent_at)
-        if time.monotonic() >= deadline or (expected and all(
-                o.status in protocol.FINAL for o in outcomes.values() if o.node in expected)):
-            return outcomes
-        if not back:
-            bus.wait_past(seen, deadline - time.monotonic(), moves)
