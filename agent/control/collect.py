@@ -4,10 +4,12 @@ have arrived.
 A command reaches a node when the broker delivers it; nothing in MQTT says it did.  So
 while the replies come in, the command goes again (same id: a node that ran it answers
 from its store) when the operator's session moved to another member, when a node that
-has not answered announces a new birth, and once, after ``SILENT_S``, to each node still
-silent, on its own topic: a RabbitMQ 3.10 member's clean-up after another member died was
-measured to leave nodes that hear commands on their own topic but no broadcast (21 of
-1,000 in bench/fleet.py, every one answering a command sent to it alone).
+has not answered announces a new birth, and once, when no reply came for ``SILENT_S``, to
+each node still silent, on its own topic (while replies flow, a busy fleet is still
+answering, and more sends would only make it busier).  A RabbitMQ 3.10 member's clean-up
+after another member died was measured to leave nodes that hear commands on their own
+topic but no broadcast (21 of 1,000 in bench/fleet.py, every one answering a command sent
+to it alone).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from agent import protocol
 from agent.control.operator import Bus
 
-SILENT_S = 5.0  # a node that has not answered by then gets the command on its own topic
+SILENT_S = 5.0  # no reply for this long: each silent node gets the command on its own topic
 NO_REPLY = "no reply"
 
 
@@ -53,7 +55,8 @@ def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float, timeo
     ``again(None)`` publishes the command once more (same id) when the session moved to
     another member, ``again(node)`` when a node still to answer came back (a new birth, live,
     not from a retained store: its clean session kept nothing; ``resend.resender``) and,
-    once, for each node silent after ``SILENT_S``: it answers from its store, once."""
+    once, for each node silent when no reply came for ``SILENT_S``: it answers from its
+    store, once."""
     outcomes = {node: Outcome(node) for node in expected}
     seen, moves, back = 0, bus.moves, set[str]()  # back: nodes to send it to again
     known = bus.nodes()  # the births retained now; then each new one as it arrives
@@ -82,6 +85,7 @@ def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float, timeo
                 continue
             node = reply.get("node_id", "?")
             outcomes.setdefault(node, Outcome(node)).absorb(reply, sent_at)
+            silent_at = silent_at and time.monotonic() + SILENT_S  # replies flow: not yet
         if time.monotonic() >= deadline or (expected and all(
                 o.status in protocol.FINAL for o in outcomes.values() if o.node in expected)):
             return outcomes
