@@ -85,7 +85,8 @@ def collect(bus: Bus, command_id: str, expected: set[str], sent_at: float, timeo
                 continue
             node = reply.get("node_id", "?")
             outcomes.setdefault(node, Outcome(node)).absorb(reply, sent_at)
-            silent_at = silent_at and time.monotonic() + SILENT_S  # replies flow: not yet
+            if silent_at is not None:  # replies flow: not yet
+                silent_at = time.monotonic() + SILENT_S
         if time.monotonic() >= deadline or (expected and all(
                 o.status in protocol.FINAL for o in outcomes.values() if o.node in expected)):
             return outcomes

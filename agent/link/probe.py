@@ -70,7 +70,7 @@ class DeliveryProbe:
             self.start(client)
             return None
         if self.enabled:
-            self.broken, self.lost = True, self.lost + 1
+            self._lose()
         why = f"{broker} refused the subscription to {', '.join(refused)}"
         logger.error("mqtt: %s; %s", why, "reconnecting" if self.enabled else
                      "the commands sent there do not reach this node")
@@ -80,6 +80,11 @@ class DeliveryProbe:
         """The client id of the next connection: the node id until a probe is lost, then
         one with ``~`` and the count (a node id has no ``~``), which no clean-up deletes."""
         return f"{node_id}~{self.lost}" if self.lost else node_id
+
+    def _lose(self) -> None:
+        """This connection does not deliver: no more probes on it, the next waits and has
+        a client id of its own."""
+        self._sent_at, self._again, self.broken, self.lost = None, [], True, self.lost + 1
 
     def _send(self, client: Any) -> None:
         self._nonce = secrets.token_hex(8).encode()
@@ -113,7 +118,7 @@ class DeliveryProbe:
             return None
         if now - self._sent_at < PROBE_S:
             return None
-        self._sent_at, self._again, self.broken, self.lost = None, [], True, self.lost + 1
+        self._lose()
         why = (f"{broker} acknowledged the subscriptions but delivered nothing on them within "
                f"{PROBE_S:.0f} s (a queue left by a member that died?)")
         logger.warning("mqtt: %s; reconnecting", why)
