@@ -80,7 +80,7 @@ def test_later_probes_follow_the_subscriptions_and_one_lost_then_ends_the_connec
     goes again at each of AGAIN_S after the subscriptions, and the one that does not come
     back ends the connection; after the last, one every EVERY_S."""
     clock, client = Clock(), Sent()
-    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", ("a:1", "b:1"), clock)
+    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", ("a:1", "b:1"), clock, lambda: 0.0)
     check.start(client)
     assert check.take(Message(*client.published[-1]))
     for again in probe.AGAIN_S:
@@ -113,6 +113,32 @@ def test_later_probes_follow_the_subscriptions_and_one_lost_then_ends_the_connec
     assert check.failed("a:1", client) is None and len(client.published) == 6
     check.reset()
     assert check.delay(0.1) == 0.1
+
+
+def test_later_probes_are_spread_and_a_probe_waiting_in_the_inbox_came_back() -> None:
+    """The nodes of a dead member land on the others together: each stretches its later
+    probes by its own share of SPREAD, so they never probe in waves.  A node busy with
+    replies reads its socket but dispatches later: the nonce already in its inbox counts."""
+    clock, client = Clock(), Sent()
+    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", ("a:1", "b:1"), clock, lambda: 0.5)
+    check.start(client)
+    assert check.take(Message(*client.published[-1]))
+    stretched = probe.AGAIN_S[0] * (1 + probe.SPREAD / 2)
+    clock.now = 100.0 + stretched - 0.1
+    assert check.failed("a:1", client) is None and len(client.published) == 1
+    clock.now = 100.0 + stretched
+    assert check.failed("a:1", client) is None and len(client.published) == 2
+    topic, nonce = client.published[-1]
+    clock.now += probe.PROBE_S
+    inbox = [Message(f"{ROOT}/cmd/ping", b"{}"), Message(topic, b"an old one")]
+    assert check.failed("a:1", client, inbox) is not None and check.broken  # not there
+    check.reset()
+    clock.now = 100.0
+    check.start(client)
+    topic, nonce = client.published[-1]
+    clock.now += probe.PROBE_S
+    assert check.failed("a:1", client, [*inbox, Message(topic, nonce)]) is None
+    assert not check.broken and check.failed("a:1", client) is None  # came back: settled
 
 
 def test_a_refused_subscription_is_said_and_ends_the_connection_on_a_list() -> None:

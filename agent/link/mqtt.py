@@ -232,10 +232,10 @@ class MqttLink:
                     self._on_accepted(client)
                 elif outcome in ("refused", "gone") or (self._stop.is_set() and not accepted):
                     return accepted
-                if accepted and (broken := self._probe.failed(self.status.broker, client)):
-                    self.status.subscribed, self.status.last_error = False, broken  # in order
-                    return accepted
                 if accepted:
+                    if broken := self._probe.failed(self.status.broker, client, self._inbox):
+                        self.status.subscribed, self.status.last_error = False, broken  # in order
+                        return accepted
                     self._dispatch()
                     self._pump(client)
             self._shut_down(client, sock, selector)

@@ -9,12 +9,15 @@ SUBSCRIBE was acknowledged, the node's telemetry flows, and its commands go nowh
 good (measured: 342 of 1,000 nodes of ``bench/fleet.py`` answered no broadcast).  So on a
 broker list the link publishes a nonce to a topic of its own command subscription, the
 first filter of its SUBSCRIBE (bound first: when it survived the clean-up, so did the
-rest), once subscribed, again ``AGAIN_S`` later, when the clean-up is over, and every
-``EVERY_S`` from then on.  When one has not come back within ``PROBE_S`` the connection
-ends, and the member is treated as a failed one (its backoff, the next member, after
-``PAUSE_S``), where the subscriptions are made anew, under a client id of its own
-(``client_id``): a clean-up that is still going on deletes by name, and the node's own name
-was measured to be deleted again after 5-10 s (317 of 1,000 nodes twice or three times).
+rest), once subscribed, again ``AGAIN_S`` later (each stretched by up to ``SPREAD``: the
+nodes of a dead member land together and must not probe in waves for good), when the
+clean-up is over, and every ``EVERY_S`` from then on.  When one has not come back within
+``PROBE_S`` (in the link's inbox counts: a node busy with replies reads its socket but
+dispatches later) the connection ends, and the member is treated as a failed one (its
+backoff, the next member, after ``PAUSE_S``), where the subscriptions are made anew,
+under a client id of its own (``client_id``): a clean-up that is still going on deletes by
+name, and the node's own name was measured to be deleted again after 5-10 s (317 of 1,000
+nodes twice or three times).
 The probe message never reaches the controller.
 """
 
@@ -24,13 +27,14 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 logger = logging.getLogger("agent.link.mqtt")  # its lines are the link's
 PROBE = "_link-probe"  # a command name no controller has: ``cmd/_link-probe``
 PROBE_S = 10.0
 AGAIN_S = (30.0, 90.0)  # after the subscriptions, once more each: past a member's clean-up
+SPREAD = 0.5  # each of AGAIN_S is stretched by a random share up to this
 EVERY_S = 600.0  # and from then on: a subscription lost later is found within this
 # after a lost probe, before the next connect: the queue the dead connection leaves is
 # deleted by name when it goes, and must go before a new one of that name is made
@@ -39,9 +43,11 @@ PAUSE_S = 5.0
 
 class DeliveryProbe:
     def __init__(self, topic: str, brokers: tuple[str, ...],
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """Enabled on a broker list of more than one member."""
-        self.topic, self.enabled, self.clock = topic, len(brokers) > 1, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 share: Callable[[], float] = random.random) -> None:
+        """Enabled on a broker list of more than one member; ``share``: a number in [0, 1)
+        that stretches each later probe (tests pin it)."""
+        self.topic, self.enabled, self.clock, self.share = topic, len(brokers) > 1, clock, share
         self._nonce = b""
         self._sent_at: float | None = None
         self._subscribed_at: float | None = None
@@ -57,7 +63,8 @@ class DeliveryProbe:
         """The subscriptions are acknowledged: send the nonce through them (and later
         again)."""
         if self.enabled and client is not None:
-            self._subscribed_at, self._again = self.clock(), list(AGAIN_S)
+            self._subscribed_at = self.clock()
+            self._again = [again * (1 + SPREAD * self.share()) for again in AGAIN_S]
             self._send(client)
 
     def acknowledged(self, client: Any, broker: str, filters: tuple[str, ...],
@@ -105,9 +112,10 @@ class DeliveryProbe:
         once)."""
         return max(normal, PAUSE_S * (1 + random.random())) if self.broken else normal
 
-    def failed(self, broker: str, client: Any = None) -> str | None:
+    def failed(self, broker: str, client: Any = None, inbox: Iterable[Any] = ()) -> str | None:
         """Why the connection to ``broker`` must end (a probe did not come back in time,
-        logged), or None; a later probe that is due is sent on ``client``."""
+        logged), or None; a later probe that is due is sent on ``client``; ``inbox``: the
+        messages received and not yet dispatched (``take`` swallows the probe there later)."""
         now = self.clock()
         if self._sent_at is None:
             if self._again and self._subscribed_at is not None and client is not None and \
@@ -116,7 +124,8 @@ class DeliveryProbe:
                 self._again = self._again or [due + EVERY_S]
                 self._send(client)
             return None
-        if now - self._sent_at < PROBE_S:
+        if now - self._sent_at < PROBE_S or any(self.take(message) for message in inbox
+                                                 if message.payload == self._nonce):
             return None
         self._lose()
         why = (f"{broker} acknowledged the subscriptions but delivered nothing on them within "
