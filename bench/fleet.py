@@ -202,9 +202,10 @@ def spread(fleet: Fleet) -> Counter[str]:
 def alone(op: Operator, nodes: set[str]) -> int:
     """How many of ``nodes`` answer a command sent to each alone within 10 s (deaf to
     ``all`` only, or to their own topic too)."""
-    sent_at = time.time()
+    sent_at, deadline = time.time(), time.monotonic() + 10  # one wait for them all
     ids = {node: op.send(node, "ping")["id"] for node in sorted(nodes)}
-    return sum(collect(op.bus, command_id, {node}, sent_at, 10)[node].status ==
+    return sum(collect(op.bus, command_id, {node}, sent_at,
+                       max(0.0, deadline - time.monotonic()))[node].status ==
                protocol.SUCCEEDED for node, command_id in ids.items())
 
 
