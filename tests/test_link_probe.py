@@ -31,12 +31,28 @@ class Clock:
         return self.now
 
 
+LIST = LinkSettings(client_id="node-1", topic_root=ROOT, brokers=("a:1", "b:1"),
+                    protocol="3.1.1")
+ONE = LinkSettings(client_id="node-1", topic_root=ROOT, brokers=("a:1",))
+FILTERS = (f"{ROOT}/cmd/+", "edge/v1/test/all/cmd/+")
+
+
 class Sent:
+    """A paho client's sending half: what went out, in order."""
+
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes]] = []
+        self.packets: list[tuple[str, Any]] = []
 
     def publish(self, topic: str, payload: bytes, qos: int) -> None:
         self.published.append((topic, payload))
+        self.packets.append(("publish", topic))
+
+    def unsubscribe(self, topics: list[str]) -> None:
+        self.packets.append(("unsubscribe", tuple(topics)))
+
+    def subscribe(self, topics: list[tuple[str, int]]) -> None:
+        self.packets.append(("subscribe", tuple(topic for topic, _qos in topics)))
 
 
 class Message:
@@ -46,7 +62,7 @@ class Message:
 
 def test_the_probe_passes_when_its_nonce_comes_back_and_fails_after_probe_s() -> None:
     clock, client = Clock(), Sent()
-    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", ("a:1", "b:1"), clock)
+    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", LIST, clock)
     check.start(client)
     ((topic, nonce),) = client.published
     assert topic == f"{ROOT}/cmd/_link-probe" and len(nonce) == 16
@@ -70,7 +86,7 @@ def test_the_probe_passes_when_its_nonce_comes_back_and_fails_after_probe_s() ->
     check.start(client)
     clock.now += probe.PROBE_S
     assert check.failed("a:1") is not None and check.client_id("node-1") == "node-1~2"
-    one = DeliveryProbe("t", ("a:1",), clock)  # one broker: no probe
+    one = DeliveryProbe("t", ONE, clock)  # one broker: no probe
     one.start(client)
     assert len(client.published) == 3 and one.failed("a:1") is None
 
@@ -80,7 +96,7 @@ def test_later_probes_follow_the_subscriptions_and_one_lost_then_ends_the_connec
     goes again at each of AGAIN_S after the subscriptions, and the one that does not come
     back ends the connection; after the last, one every EVERY_S."""
     clock, client = Clock(), Sent()
-    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", ("a:1", "b:1"), clock, lambda: 0.0)
+    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", LIST, clock, lambda: 0.0)
     check.start(client)
     assert check.take(Message(*client.published[-1]))
     for again in probe.AGAIN_S:
@@ -120,7 +136,7 @@ def test_later_probes_are_spread_and_a_probe_waiting_in_the_inbox_came_back() ->
     probes by its own share of SPREAD, so they never probe in waves.  A node busy with
     replies reads its socket but dispatches later: the nonce already in its inbox counts."""
     clock, client = Clock(), Sent()
-    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", ("a:1", "b:1"), clock, lambda: 0.5)
+    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", LIST, clock, lambda: 0.5)
     check.start(client)
     assert check.take(Message(*client.published[-1]))
     stretched = probe.AGAIN_S[0] * (1 + probe.SPREAD / 2)
@@ -141,10 +157,33 @@ def test_later_probes_are_spread_and_a_probe_waiting_in_the_inbox_came_back() ->
     assert not check.broken and check.failed("a:1", client) is None  # came back: settled
 
 
+def test_each_later_probe_follows_the_subscriptions_made_anew() -> None:
+    """A shared filter (``all``, a group) cannot be probed without reaching every node; a
+    RabbitMQ 3.10 member's clean-up left nodes deaf to ``all`` alone.  So before each later
+    probe the link renews every subscription, in order on the connection, and the probe
+    after it checks its own; the renewal's SUBACK starts no new round of probes."""
+    clock, client = Clock(), Sent()
+    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", LIST, clock, lambda: 0.0)
+    assert check.acknowledged(client, "a:1", FILTERS, [False, False]) is None
+    assert client.packets == [("publish", f"{ROOT}/cmd/_link-probe")]
+    assert check.take(Message(*client.published[-1]))
+    clock.now = 100.0 + probe.AGAIN_S[0]
+    assert check.failed("a:1", client) is None
+    assert client.packets[1:] == [("unsubscribe", FILTERS), ("subscribe", FILTERS),
+                                  ("publish", f"{ROOT}/cmd/_link-probe")]
+    assert check.acknowledged(client, "a:1", FILTERS, [False, False]) is None  # renewed
+    assert len(client.packets) == 4  # no probe more: the one in flight checks it
+    assert check.take(Message(*client.published[-1]))
+    clock.now = 100.0 + probe.AGAIN_S[1]
+    assert check.failed("a:1", client) is None and len(client.packets) == 7
+    clock.now += probe.PROBE_S  # that one is lost: the renewal did not bring delivery back
+    assert check.failed("a:1", client) is not None and check.broken
+
+
 def test_a_refused_subscription_is_said_and_ends_the_connection_on_a_list() -> None:
     clock, client = Clock(), Sent()
-    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", ("a:1", "b:1"), clock)
-    filters = (f"{ROOT}/cmd/+", "edge/v1/test/all/cmd/+")
+    check = DeliveryProbe(f"{ROOT}/cmd/_link-probe", LIST, clock)
+    filters = FILTERS
     assert check.acknowledged(client, "a:1", filters, [False, False]) is None
     assert len(client.published) == 1 and not check.broken  # all granted: the probe goes
     check.reset()
@@ -152,7 +191,7 @@ def test_a_refused_subscription_is_said_and_ends_the_connection_on_a_list() -> N
     assert why == "a:1 refused the subscription to edge/v1/test/all/cmd/+"
     assert check.broken and check.client_id("node-1") == "node-1~1"  # as a lost probe
     assert len(client.published) == 1  # no probe on a connection that is ending
-    one = DeliveryProbe("t", ("a:1",), clock)  # one broker: said, and nothing to move to
+    one = DeliveryProbe("t", ONE, clock)  # one broker: said, and nothing to move to
     assert one.acknowledged(client, "a:1", filters, [True, False]) is not None
     assert not one.broken and one.client_id("node-1") == "node-1"
 

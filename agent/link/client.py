@@ -100,6 +100,15 @@ def subscribe(client: mqtt.Client, s: LinkSettings, patterns: tuple[str, ...]) -
     client.subscribe([(pattern, options) for pattern in patterns])
 
 
+def renew(client: mqtt.Client, s: LinkSettings, patterns: tuple[str, ...]) -> None:
+    """The subscriptions made anew on the connection (UNSUBSCRIBE, then SUBSCRIBE: a broker
+    takes them in order): a binding a cluster member lost while the SUBSCRIBE stood
+    acknowledged is bound again (see agent.link.probe)."""
+    if patterns:
+        client.unsubscribe(list(patterns))
+        subscribe(client, s, patterns)
+
+
 def subscription_qos(brokers: tuple[str, ...]) -> int:
     """The QoS to subscribe at: 0 with more than one member (see ``subscribe``)."""
     return 0 if len(brokers) > 1 else 1

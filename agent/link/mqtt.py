@@ -63,7 +63,7 @@ class MqttLink:
         self.status = LinkStatus()
         self._failover = Failover(settings, self.status, event)  # names status.broker
         self.takeover = Takeover(settings.client_id, self.status)  # another client, our id
-        self._probe = DeliveryProbe(self.topic(protocol.command_suffix(PROBE)), settings.brokers)
+        self._probe = DeliveryProbe(self.topic(protocol.command_suffix(PROBE)), settings)
         self._stop, self._waker = threading.Event(), Waker()
         self.faults = Faults(self.status.faults)
         self._outgoing = Outgoing(self.faults)  # live-only: replies, state changes

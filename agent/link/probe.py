@@ -30,6 +30,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from agent.link.client import renew
+from agent.link.settings import LinkSettings
+
 logger = logging.getLogger("agent.link.mqtt")  # its lines are the link's
 PROBE = "_link-probe"  # a command name no controller has: ``cmd/_link-probe``
 PROBE_S = 10.0
@@ -42,12 +45,15 @@ PAUSE_S = 5.0
 
 
 class DeliveryProbe:
-    def __init__(self, topic: str, brokers: tuple[str, ...],
+    def __init__(self, topic: str, settings: LinkSettings,
                  clock: Callable[[], float] = time.monotonic,
                  share: Callable[[], float] = random.random) -> None:
         """Enabled on a broker list of more than one member; ``share``: a number in [0, 1)
         that stretches each later probe (tests pin it)."""
-        self.topic, self.enabled, self.clock, self.share = topic, len(brokers) > 1, clock, share
+        self.topic, self.settings, self.clock, self.share = topic, settings, clock, share
+        self.enabled = len(settings.brokers) > 1
+        self._filters: tuple[str, ...] = ()  # the node's subscriptions, renewed before a probe
+        self._renewing = False  # a renewal's SUBACK is due: no new round of probes
         self._nonce = b""
         self._sent_at: float | None = None
         self._subscribed_at: float | None = None
@@ -58,6 +64,7 @@ class DeliveryProbe:
     def reset(self) -> None:
         """A new connection: nothing sent on it yet."""
         self._sent_at, self._subscribed_at, self._again, self.broken = None, None, [], False
+        self._renewing = False
 
     def start(self, client: Any) -> None:
         """The subscriptions are acknowledged: send the nonce through them (and later
@@ -74,7 +81,10 @@ class DeliveryProbe:
         and a client id of its own, may take them)."""
         refused = [pattern for pattern, bad in zip(filters, failed, strict=False) if bad]
         if not refused:
-            self.start(client)
+            if not self._renewing:  # a renewal's probe went after it
+                self._filters = filters
+                self.start(client)
+            self._renewing = False
             return None
         if self.enabled:
             self._lose()
@@ -122,6 +132,8 @@ class DeliveryProbe:
                     now - self._subscribed_at >= self._again[0]:
                 due = self._again.pop(0)
                 self._again = self._again or [due + EVERY_S]
+                renew(client, self.settings, self._filters)  # then the probe, in order
+                self._renewing = bool(self._filters)
                 self._send(client)
             return None
         if now - self._sent_at < PROBE_S or any(self.take(message) for message in inbox
