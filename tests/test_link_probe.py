@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mqtt_helpers import Broker, wait_until
+from mqtt_helpers import Broker, Subscriber, wait_until
 from test_link_failover import in_node_order
 
 from agent.link import probe
@@ -242,3 +242,47 @@ def test_a_member_that_delivers_nothing_is_left_for_one_that_does(
     finally:
         link.stop(flush_s=0)
         outbox.close()
+
+
+def test_renewed_subscriptions_keep_delivering_on_a_real_broker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The later probes' renewals on a real Mosquitto: UNSUBSCRIBE and SUBSCRIBE of every
+    filter go out, the probe after each comes back (no reconnect), and a command on the
+    shared filter still reaches the node."""
+    monkeypatch.setattr(probe, "AGAIN_S", (1.0, 2.0))
+    monkeypatch.setattr(probe, "SPREAD", 0.0)
+    first, second = Broker(tmp_path / "a"), Broker(tmp_path / "b")
+    for broker in (first, second):
+        broker.config.write_text(broker.config.read_text() + "log_type subscribe\n"
+                                 "log_type unsubscribe\n")
+        broker.start()
+    listed = in_node_order("node-1", [f"127.0.0.1:{first.port}", f"127.0.0.1:{second.port}"])
+    handled: list[Any] = []
+    outbox = Outbox(tmp_path / "outbox.sqlite", max_bytes=1 << 20, max_age_s=3600)
+    shared = "edge/v1/test/all/cmd/+"
+    link = MqttLink(LinkSettings(client_id="node-1", topic_root=ROOT, brokers=tuple(listed)),
+                    outbox, Sequence(outbox.bump("session")), announce=lambda session: [],
+                    on_message=handled.append, subscriptions=(f"{ROOT}/cmd/+", shared))
+    link.start()
+    try:
+        assert wait_until(lambda: link.status.subscribed, 10)
+        assert wait_until(lambda: first.log().count(f"node-1 {shared}") >= 2, 10), \
+            first.log()  # UNSUBSCRIBE's line: both renewals went out
+        connects = link.status.connects
+        assert wait_until(lambda: first.log().count(f"node-1 0 {shared}") == 3, 5), \
+            first.log()
+        # both renewals' probes came back: no reconnect past another PROBE_S
+        assert not wait_until(lambda: link.status.connects != connects, probe.PROBE_S + 1)
+        assert link.status.subscribed and link.status.broker == f"127.0.0.1:{first.port}"
+        sender = Subscriber(first, [], client_id="sender")
+        try:
+            sender.client.publish("edge/v1/test/all/cmd/ping", b"{}", qos=1).wait_for_publish(5)
+        finally:
+            sender.close()
+        assert wait_until(lambda: [m.topic for m in handled] ==
+                          ["edge/v1/test/all/cmd/ping"], 5), handled
+    finally:
+        link.stop(flush_s=0)
+        outbox.close()
+        first.stop()
+        second.stop()
