@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,15 @@ def alone(op: Operator, nodes: set[str]) -> int:
                protocol.SUCCEEDED for node, command_id in ids.items())
 
 
+def noting(resend: Callable[[str | None], None],
+           alone: set[str]) -> Callable[[str | None], None]:
+    """``resend``, adding to ``alone`` each node it sends to on its own topic."""
+    def again(node: str | None) -> None:
+        alone.update([node] if node else [])
+        resend(node)
+    return again
+
+
 def resent_broadcasts(op: Operator, fleet: Fleet, rounds: int,
                       brokers: list[int]) -> list[str]:
     """As bench/control.py's broadcasts, but collected as ``fleet send`` does (the
@@ -224,14 +234,20 @@ def resent_broadcasts(op: Operator, fleet: Fleet, rounds: int,
     for _ in range(rounds):
         start, sent_at = time.perf_counter(), time.time()
         envelope = op.send("all", "ping")
-        outcomes = collect(op.bus, envelope["id"], names, sent_at, 60,
-                           again=resender(op.bus, op.key, "all", envelope))
+        alone_sent: set[str] = set()
+        outcomes = collect(op.bus, envelope["id"], names, sent_at, 60, again=noting(
+            resender(op.bus, op.key, "all", envelope), alone_sent))
         answered = sum(o.status == protocol.SUCCEEDED for o in outcomes.values())
         times = sorted(o.ms for o in outcomes.values() if o.ms is not None
                        and o.status == protocol.SUCCEEDED)
         most = -(-99 * count // 100)
         durations.append(f"{time.perf_counter() - start:.3f} (99 %: " + (
-            f"{times[most - 1] / 1000:.3f})" if len(times) >= most else "never)"))
+            f"{times[most - 1] / 1000:.3f}" if len(times) >= most else "never"))
+        if alone_sent:  # deaf to ``all``, or back from another member: its own topic
+            heard = [o.ms for o in outcomes.values() if o.node not in alone_sent and o.ms]
+            durations[-1] += (f"; {len(alone_sent)} sent again alone, the others in "
+                              f"{max(heard, default=0) / 1000:.3f}")
+        durations[-1] += ")"
         if len(durations) == 1:
             wall = (time.perf_counter() - start) * cores / 100
             now = (cpu_seconds(brokers), fleet.usage()[0], time.process_time())
