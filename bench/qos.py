@@ -409,6 +409,8 @@ def main() -> None:
     parser.add_argument("--be-threads", type=int, default=2)
     parser.add_argument("--levers-rounds", type=int, default=200)
     args = parser.parse_args()
+    if args.levers_rounds < 1:
+        parser.error(f"--levers-rounds must be 1 or more, not {args.levers_rounds}")
     rng = np.random.default_rng(0)
     feeds = {"lc": {"x": rng.random((1, 3, 224, 224), dtype=np.float32)},
              "be": {"input:0": rng.random((1, 224, 224, 3), dtype=np.float32)}}
