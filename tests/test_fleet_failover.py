@@ -341,3 +341,49 @@ def test_a_node_deaf_to_the_broadcast_gets_it_on_its_own_topic(
                    and p.get("id") == envelope["id"]]
     assert sorted(r["node_id"] for r in replies if r.get("status") == "succeeded") == \
         ["node-a", "node-b"] and not [r for r in replies if r.get("duplicate")]
+
+
+def test_the_silent_nodes_wait_until_the_replies_stop_flowing(
+        tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet still answering is sent nothing more: the resend to the silent nodes waits
+    until no reply came for SILENT_S, each reply moving that on (here one node reports
+    progress for twice SILENT_S while another never heard the broadcast)."""
+    monkeypatch.setattr(collect, "SILENT_S", 3.0)
+    key = Ed25519PrivateKey.generate()
+    bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), "lab",
+                           [protocol.reply_suffix("ping")])
+
+    def slow(args: dict[str, Any], progress: Any) -> dict[str, Any]:
+        for step in range(24):  # a command that works 6 s, and says so every 0.25 s
+            time.sleep(0.25)
+            progress(f"step {step}")
+        return {"pong": True}
+
+    nodes = {"node-a": SimulatedNode("node-a", broker, tmp_path, trusted_keys(key), ping=slow),
+             "node-b": SimulatedNode("node-b", broker, tmp_path, trusted_keys(key))}
+    deaf = nodes["node-b"].link
+    deaf.subscriptions = tuple(t for t in deaf.subscriptions if "/all/" not in t)
+    sent_again: list[str | None] = []
+    try:
+        for node in nodes.values():
+            node.start()
+        assert wait_until(lambda: all(n.link.status.subscribed for n in nodes.values()), 10)
+        envelope = sign(key, "ping", "all", {})
+        sent_at = time.time()
+        operator.publish_command(bus, "all", envelope)
+        resend = resender(bus, key, "all", envelope)
+
+        def again(node: str | None) -> None:
+            sent_again.append(node)
+            resend(node)
+
+        outcomes = collect.collect(bus, envelope["id"], set(nodes), sent_at, 30, again=again)
+    finally:
+        for node in nodes.values():
+            node.stop()
+        bus.close()
+    assert {n: o.status for n, o in outcomes.items()} == dict.fromkeys(nodes, "succeeded")
+    assert sent_again == ["node-b"]
+    busy, late = outcomes["node-a"].ms, outcomes["node-b"].ms
+    assert busy is not None and late is not None
+    assert late > busy, (busy, late)  # sent again only once node-a had gone quiet
