@@ -307,60 +307,16 @@ def test_a_birth_from_a_retained_store_is_no_return(
     assert asked == ["node-x"]  # for the live birth only
 
 
-def test_a_node_deaf_to_the_broadcast_gets_it_on_its_own_topic(
-        tmp_path: Path, broker: Broker) -> None:
-    """A node the broker no longer delivers broadcasts to (RabbitMQ 3.10 after a member's
-    clean-up; here its link leaves the ``all`` filter out) still answers: silent after
-    SILENT_S, it gets the command on its own topic, signed for it, once; the node that
-    answered does not hear it again."""
-    key = Ed25519PrivateKey.generate()
+def ping_all_one_deaf(broker: Broker, key: Ed25519PrivateKey,
+                      nodes: dict[str, SimulatedNode]) -> tuple[str, operator.Bus,
+                                                                dict[str, collect.Outcome],
+                                                                list[str | None]]:
+    """``node-b`` leaves the ``all`` filter out (deaf to broadcasts, as RabbitMQ 3.10 left
+    some nodes); the nodes start, a ping to ``all`` is collected as ``fleet send`` does, and
+    the nodes stop: the command's id, the (closed) bus, the outcomes, and what the resend
+    was called with, in order."""
     bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), "lab",
                            [protocol.reply_suffix("ping")])
-    nodes = {name: SimulatedNode(name, broker, tmp_path, trusted_keys(key))
-             for name in ("node-a", "node-b")}
-    deaf = nodes["node-b"].link
-    deaf.subscriptions = tuple(t for t in deaf.subscriptions if "/all/" not in t)
-    try:
-        for node in nodes.values():
-            node.start()
-        assert wait_until(lambda: all(n.link.status.subscribed for n in nodes.values()), 10)
-        envelope = sign(key, "ping", "all", {})
-        sent_at = time.time()
-        operator.publish_command(bus, "all", envelope)
-        outcomes = collect.collect(bus, envelope["id"], set(nodes), sent_at, 30,
-                                   again=resender(bus, key, "all", envelope))
-    finally:
-        for node in nodes.values():
-            node.stop()
-        bus.close()
-    assert {n: o.status for n, o in outcomes.items()} == dict.fromkeys(nodes, "succeeded")
-    late = outcomes["node-b"].ms
-    assert late is not None and late >= 1000 * collect.SILENT_S  # sent again, not heard
-    with bus.lock:
-        replies = [p for t, p in bus.messages if protocol.is_reply(t)
-                   and p.get("id") == envelope["id"]]
-    assert sorted(r["node_id"] for r in replies if r.get("status") == "succeeded") == \
-        ["node-a", "node-b"] and not [r for r in replies if r.get("duplicate")]
-
-
-def test_the_silent_nodes_wait_until_the_replies_stop_flowing(
-        tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A fleet still answering is sent nothing more: the resend to the silent nodes waits
-    until no reply came for SILENT_S, each reply moving that on (here one node reports
-    progress for twice SILENT_S while another never heard the broadcast)."""
-    monkeypatch.setattr(collect, "SILENT_S", 3.0)
-    key = Ed25519PrivateKey.generate()
-    bus = operator.connect(BrokerSettings(host=broker.host, port=broker.port), "lab",
-                           [protocol.reply_suffix("ping")])
-
-    def slow(args: dict[str, Any], progress: Any) -> dict[str, Any]:
-        for step in range(24):  # a command that works 6 s, and says so every 0.25 s
-            time.sleep(0.25)
-            progress(f"step {step}")
-        return {"pong": True}
-
-    nodes = {"node-a": SimulatedNode("node-a", broker, tmp_path, trusted_keys(key), ping=slow),
-             "node-b": SimulatedNode("node-b", broker, tmp_path, trusted_keys(key))}
     deaf = nodes["node-b"].link
     deaf.subscriptions = tuple(t for t in deaf.subscriptions if "/all/" not in t)
     sent_again: list[str | None] = []
@@ -382,6 +338,46 @@ def test_the_silent_nodes_wait_until_the_replies_stop_flowing(
         for node in nodes.values():
             node.stop()
         bus.close()
+    return envelope["id"], bus, outcomes, sent_again
+
+
+def test_a_node_deaf_to_the_broadcast_gets_it_on_its_own_topic(
+        tmp_path: Path, broker: Broker) -> None:
+    """A node the broker no longer delivers broadcasts to (RabbitMQ 3.10 after a member's
+    clean-up; here its link leaves the ``all`` filter out) still answers: silent after
+    SILENT_S, it gets the command on its own topic, signed for it, once; the node that
+    answered does not hear it again."""
+    key = Ed25519PrivateKey.generate()
+    nodes = {name: SimulatedNode(name, broker, tmp_path, trusted_keys(key))
+             for name in ("node-a", "node-b")}
+    command_id, bus, outcomes, _sent_again = ping_all_one_deaf(broker, key, nodes)
+    assert {n: o.status for n, o in outcomes.items()} == dict.fromkeys(nodes, "succeeded")
+    late = outcomes["node-b"].ms
+    assert late is not None and late >= 1000 * collect.SILENT_S  # sent again, not heard
+    with bus.lock:
+        replies = [p for t, p in bus.messages if protocol.is_reply(t)
+                   and p.get("id") == command_id]
+    assert sorted(r["node_id"] for r in replies if r.get("status") == "succeeded") == \
+        ["node-a", "node-b"] and not [r for r in replies if r.get("duplicate")]
+
+
+def test_the_silent_nodes_wait_until_the_replies_stop_flowing(
+        tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet still answering is sent nothing more: the resend to the silent nodes waits
+    until no reply came for SILENT_S, each reply moving that on (here one node reports
+    progress for twice SILENT_S while another never heard the broadcast)."""
+    monkeypatch.setattr(collect, "SILENT_S", 3.0)
+    key = Ed25519PrivateKey.generate()
+
+    def slow(args: dict[str, Any], progress: Any) -> dict[str, Any]:
+        for step in range(24):  # a command that works 6 s, and says so every 0.25 s
+            time.sleep(0.25)
+            progress(f"step {step}")
+        return {"pong": True}
+
+    nodes = {"node-a": SimulatedNode("node-a", broker, tmp_path, trusted_keys(key), ping=slow),
+             "node-b": SimulatedNode("node-b", broker, tmp_path, trusted_keys(key))}
+    _command_id, _bus, outcomes, sent_again = ping_all_one_deaf(broker, key, nodes)
     assert {n: o.status for n, o in outcomes.items()} == dict.fromkeys(nodes, "succeeded")
     assert sent_again == ["node-b"]
     busy, late = outcomes["node-a"].ms, outcomes["node-b"].ms
