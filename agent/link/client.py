@@ -104,9 +104,8 @@ def renew(client: mqtt.Client, s: LinkSettings, patterns: tuple[str, ...]) -> No
     """The subscriptions made anew on the connection (UNSUBSCRIBE, then SUBSCRIBE: a broker
     takes them in order): a binding a cluster member lost while the SUBSCRIBE stood
     acknowledged is bound again (see agent.link.probe)."""
-    if patterns:
-        client.unsubscribe(list(patterns))
-        subscribe(client, s, patterns)
+    client.unsubscribe(list(patterns))
+    subscribe(client, s, patterns)
 
 
 def subscription_qos(brokers: tuple[str, ...]) -> int:

@@ -138,8 +138,9 @@ class DeliveryProbe:
                     now - self._subscribed_at >= self._again[0]:
                 due = self._again.pop(0)
                 self._again = self._again or [due + EVERY_S]
-                renew(client, self.settings, self._filters)  # then the probe, in order
-                self._renewing = bool(self._filters)
+                if self._filters:  # renewed, then the probe, in order on the connection
+                    renew(client, self.settings, self._filters)
+                    self._renewing = True
                 self._send(client)
             return None
         if now - self._sent_at < PROBE_S or any(self.take(message) for message in inbox
