@@ -79,7 +79,7 @@ def serve(config: Config, state_dir: Path, *, ready_file: Path | None = None,
         tls_cert=s.tls.cert if s.tls else None, tls_key=s.tls.key if s.tls else None,
         tls_client_ca=s.tls.client_ca if s.tls else None,
         sched_file=sched_file, ready_file=ready_file, metrics=s.metrics, frigate=frigate,
-        shm_prefix=s.shm_prefix, topology=topology, state_dir=state_dir,
+        shm_prefix=s.shm_prefix, topology=topology, state_dir=state_dir, freeze_heap=True,
         available=ort.get_available_providers(),
         versions=runtime_versions(ort.__version__, topology.runtimes),
         building=functools.partial(write_building, ready_file.with_name(BUILDING_FILE))

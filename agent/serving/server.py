@@ -30,7 +30,7 @@ from agent.inference.backends import Backend
 from agent.inference.backends.onnx import OnnxBackend
 from agent.inference.options import spinning_for
 from agent.inference.session import Building, build_session
-from agent.kernel.process import keep_freed_buffers, release_freed_memory
+from agent.kernel.process import freeze_long_lived, keep_freed_buffers, release_freed_memory
 from agent.serving.access import Access, is_loopback
 from agent.serving.budget import MemoryBudget, default_limit_bytes
 from agent.serving.connections import (
@@ -103,6 +103,9 @@ class ServerSettings:
     http_header_timeout_s: float = 5.0
     http_idle_timeout_s: float = 5.0
     local: LocalSettings | None = None  # the local front end (serve.local); None: off
+    # startup's heap out of the cyclic collector's reach once the models load (the serve
+    # process's own; a plane embedded in another process leaves its collector alone)
+    freeze_heap: bool = False
     frigate: FrigateSettings | None = None  # serve.frigate: Frigate's zmq detector (off)
 
 
@@ -231,6 +234,7 @@ class DataPlane:
         self.addresses: dict[str, str] = {}
         self.accept_errors = AcceptErrors()
         self._trimmer: asyncio.Task[None] | None = None
+        self._freezer: asyncio.Task[None] | None = None
 
     def resched(self) -> None:
         """SIGHUP: the supervisor wrote a new profile's scheduling."""
@@ -256,6 +260,8 @@ class DataPlane:
         logger.info("listening (HTTP %s, gRPC %s%s); loading the models",
                     self.addresses["http"], self.addresses["grpc"], others)
         await loop.run_in_executor(None, self.registry.start_loading)
+        if self.settings.freeze_heap:
+            self._freezer = loop.create_task(self._freeze_when_loaded())
 
     async def _listen(self) -> None:
         from agent.serving.grpc_api import build_grpc_server
@@ -325,6 +331,14 @@ class DataPlane:
         except BindError as error:
             raise ListenError(str(error)) from None
 
+    async def _freeze_when_loaded(self) -> None:
+        """Once the first load round is over, startup's objects are out of the cyclic
+        collector's way (freeze_long_lived): its full collections then stop pausing
+        every request for tens of milliseconds."""
+        while not self.registry.wait_loaded(0):
+            await asyncio.sleep(0.2)
+        freeze_long_lived()
+
     async def _trim_when_idle(self) -> None:
         """Give a burst's freed buffers back once a whole IDLE_TRIM_S has passed without a
         run (see KEPT_BUFFER_BYTES): kept while they are reused, not once traffic stops."""
@@ -338,8 +352,9 @@ class DataPlane:
             seen = now
 
     async def stop(self) -> None:
-        if self._trimmer is not None:
-            self._trimmer.cancel()
+        for task in (self._trimmer, self._freezer):
+            if task is not None:
+                task.cancel()
         if self.metrics is not None:
             await self.metrics.stop()
         if self.grpc_server is not None:
