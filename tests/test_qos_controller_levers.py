@@ -5,6 +5,7 @@ first, and levers moved on others given back when they did not help."""
 
 from __future__ import annotations
 
+import pytest
 from qos_sim import BE, CONFIGURED_BE_THREADS, LC, held, run, two_models
 
 from agent.control.qos import ADMIT, CPUS, RUNG, THREADS, Device, QosController
@@ -64,19 +65,44 @@ def test_a_rebuild_is_not_judged_until_it_is_swapped_in() -> None:
     assert len(windows) >= 8, "no rebuild was asked for"
 
 
-def test_relaxation_gives_the_device_back_first_then_cpus_threads_and_admission() -> None:
+@pytest.mark.parametrize(("cpus", "order"), [(8, (RUNG, CPUS, THREADS, ADMIT)),
+                                             (2, (RUNG, ADMIT, CPUS, THREADS))])
+def test_relaxation_gives_the_device_back_first_then_the_others_in_reverse(
+        cpus: int, order: tuple[str, ...]) -> None:
+    """Relaxing walks the tightening order back: CPUs, threads, then admission; where BE's
+    four threads outnumber the CPUs (contended, tightened threads first) its admission
+    comes back before its threads and CPUs."""
     sim, objectives, baseline = two_models(be_demand=30, be_threads=CONFIGURED_BE_THREADS)
     sim.interference_ms, sim.device = 6.0, Device(rung=0, rungs=2)
     sim.extra_ms = 4.0
     controller = QosController()
-    run(controller, sim, objectives, baseline, 150, cpus=2)
+    run(controller, sim, objectives, baseline, 150, cpus=cpus)
     assert sim.device.rung == 1 and sim.levers[BE].threads == 1
+    assert sim.levers[BE].admit_rps is not None
     sim.demand[BE], sim.extra_ms = 2, 0.0
-    run(controller, sim, objectives, baseline, 600, cpus=2)
+    run(controller, sim, objectives, baseline, 600, cpus=cpus)
     relaxed = [a.lever for a in sim.applied if not a.tighten]
-    firsts = [relaxed.index(lever) for lever in (RUNG, CPUS, THREADS, ADMIT)]
+    firsts = [relaxed.index(lever) for lever in order]
     assert firsts == sorted(firsts), relaxed
     assert sim.levers[BE] == baseline[BE] and sim.device.rung == 0
+
+
+def test_where_threads_outnumber_the_cpus_the_others_threads_come_before_admission() -> None:
+    """BE's four threads on two CPUs (ORT's workers spin): its threads are halved before
+    its admission is held, and with the interference gone at one thread it keeps its whole
+    rate (no cap is ever set); on eight CPUs admission comes first, as its cost says."""
+    sim, objectives, baseline = two_models(be_demand=8, be_threads=CONFIGURED_BE_THREADS)
+    sim.interference_ms = 12.0
+    trace = run(QosController(), sim, objectives, baseline, 60, cpus=2)
+    kinds = [a.lever for a in sim.applied if a.tighten and a.model == BE]
+    assert kinds[:2] == [THREADS, THREADS], kinds
+    assert ADMIT not in kinds and sim.levers[BE].admit_rps is None
+    assert held(trace[-20:], 12.0) == 1.0
+    sim, objectives, baseline = two_models(be_demand=8, be_threads=CONFIGURED_BE_THREADS)
+    sim.interference_ms = 12.0
+    run(QosController(), sim, objectives, baseline, 60, cpus=8)
+    kinds = [a.lever for a in sim.applied if a.tighten and a.model == BE]
+    assert kinds[0] == ADMIT, kinds
 
 
 def test_levers_on_others_that_did_not_help_are_given_back_once_unmet() -> None:

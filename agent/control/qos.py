@@ -118,10 +118,11 @@ class QosController:
                 continue
             action: Action | bool | None
             if track.unmet is not None:
-                action = self._release(model, objectives, levers, baseline, figures, device)
+                action = self._release(model, objectives, levers, baseline, figures, device,
+                                       cpus)
             else:
-                action = self._tighten(model, objectives, levers, figures, device, cpus,
-                                       moved)
+                action = self._tighten(model, objectives, levers, baseline, figures, device,
+                                       cpus, moved)
             if action is False:  # every lever at its limit: say so, and stop moving
                 p99 = figures[model].p99_ms
                 track.unmet = Unmet(model, float(objectives[model].p99_ms or 0), p99)
@@ -142,11 +143,12 @@ class QosController:
         if decision.actions:
             pass
         elif self._comfortable >= self._relax_needed:
-            relaxed = self._first(relax_steps(objectives, levers, baseline, figures, device),
-                                  levers, device, False, "", set(), False)
+            relaxed = self._first(relax_steps(objectives, levers, baseline, figures, device,
+                                              cpus=cpus), levers, device, False, "", set(),
+                                  False)
         elif self._holding >= self._relax_needed * self.h.probe_factor:  # not own batching
             relaxed = self._first(relax_steps(objectives, levers, baseline, figures, device,
-                                              below_rank=-1), levers, device, False, "",
+                                              below_rank=-1, cpus=cpus), levers, device, False, "",
                                   set(), False)
         if relaxed is not None:
             self._comfortable = self._holding = 0
@@ -222,18 +224,21 @@ class QosController:
             self.window - failed < self._relax_needed * self.h.probe_factor)
 
     def _tighten(self, model: str, objectives: Mapping[str, Objective],
-                 levers: Mapping[str, Levers], figures: Mapping[str, Figures],
-                 device: Device | None, cpus: int, moved: set[str]) -> Action | bool:
+                 levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
+                 figures: Mapping[str, Figures], device: Device | None, cpus: int,
+                 moved: set[str]) -> Action | bool:
         """The cheapest step toward ``model``'s objective; True when the steps left are on
         models (or the device) already moved this window, False when none is left."""
-        steps = [step for step in tighten_steps(model, objectives, levers, figures, device,
-                                                cpus) if self._available(step[0], step[1])]
+        steps = [step for step in tighten_steps(model, objectives, levers, baseline, figures,
+                                                device, cpus)
+                 if self._available(step[0], step[1])]
         action = self._first(steps, levers, device, True, model, moved, True)
         return action if action is not None else bool(steps)
 
     def _release(self, model: str, objectives: Mapping[str, Objective],
                  levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
-                 figures: Mapping[str, Figures], device: Device | None) -> Action | None:
+                 figures: Mapping[str, Figures], device: Device | None,
+                 cpus: int) -> Action | None:
         """For an unmet model: one step back on what was moved on the others and on the
         device for it, when that did not help; None when it did, or nothing is left."""
         track = self._tracks[model]
@@ -247,7 +252,7 @@ class QosController:
                f"was moved on others for it did not help (p99 {track.releasing_at:.1f} ms "
                f"at best, {before:.1f} ms before): given back")
         steps = relax_steps(objectives, levers, baseline, figures, device, why, rank(
-            objectives, model))
+            objectives, model), cpus)
         return self._first(steps, levers, device, True, model, set(), False)
 
     def _first(self, steps: list[Step], levers: Mapping[str, Levers], device: Device | None,

@@ -9,6 +9,13 @@ engine, within the profile's bounds, never while the device throttles).  Relaxin
 same levers back in the reverse order, so the costliest comes back first: the device's
 power, then the other models' CPUs, threads and admission (best-effort throughput), then
 the model's own batching; never past what config.yaml (or the profile) set.
+
+One exception to that order: when the busy models' intra-op threads, as configured,
+outnumber the CPUs (``contended``), a lower class's threads and CPUs come before its
+admission, and its admission comes back before them.  ONNX Runtime's intra-op workers spin
+between operators, so there the surplus threads are what delays the protected model, and
+halving them costs the lower class less throughput than a rate cap does (bench/qos.py: a
+best-effort ResNet-50 on one thread instead of two kept almost all its rate).
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ RELAXED = "every objective holds with margin"
 
 
 def tighten_steps(model: str, objectives: Mapping[str, Objective],
-                  levers: Mapping[str, Levers], figures: Mapping[str, Figures],
-                  device: Device | None, cpus: int) -> list[Step]:
+                  levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
+                  figures: Mapping[str, Figures], device: Device | None,
+                  cpus: int) -> list[Step]:
     """Every step toward ``model``'s objective, cheapest first."""
     p99, limit = figures[model].p99_ms, objectives[model].p99_ms
     why = f"p99 {p99:.1f} ms above the objective {limit:g} ms of {model}"
@@ -52,6 +60,7 @@ def tighten_steps(model: str, objectives: Mapping[str, Objective],
     if own.preferred_batch_size > 1 and own.max_queue_delay_us > 0:  # else it waits not
         steps.append((model, PREFERRED, own.preferred_batch_size // 2, why))
     lower = below(objectives, levers, rank(objectives, model))
+    admission: list[Step] = []
     for other in lower:
         floor = admit_floor(objectives.get(other))
         current = levers[other].admit_rps
@@ -60,19 +69,24 @@ def tighten_steps(model: str, objectives: Mapping[str, Objective],
             continue  # asking for no more than its floor: holding it frees nothing
         capped = round(max(floor, (rate if current is None else current) * ADMIT_STEP), 3)
         if current is None or capped < current:
-            steps.append((other, ADMIT, capped, f"{why}: admission of {other} "
-                          f"({service_class(objectives, other)}) held"))
+            admission.append((other, ADMIT, capped, f"{why}: admission of {other} "
+                              f"({service_class(objectives, other)}) held"))
     busy = [m for m in lower if m in figures and figures[m].rate_rps > 0]  # idle: no CPU
+    placement: list[Step] = []
     for other in busy:
         if levers[other].threads > 1 and not levers[other].rebuilding:
-            steps.append((other, THREADS, levers[other].threads // 2,
-                          f"{why}: threads of {other} halved"))
+            placement.append((other, THREADS, levers[other].threads // 2,
+                              f"{why}: threads of {other} halved"))
     if cpus >= 2:
         kept = tuple(range(cpus // 2, cpus))  # the first half stays free of them
         for other in busy:
             if levers[other].cpus is None and not levers[other].rebuilding:
-                steps.append((other, CPUS, kept, f"{why}: {other} confined to CPUs "
-                              f"{kept[0]}-{kept[-1]}"))
+                placement.append((other, CPUS, kept, f"{why}: {other} confined to CPUs "
+                                  f"{kept[0]}-{kept[-1]}"))
+    if contended(levers, baseline, figures, cpus):
+        steps += placement + admission
+    else:
+        steps += admission + placement
     if device is not None and device.rung < device.rungs - 1 and not device.throttled:
         steps.append((DEVICE, RUNG, device.rung + 1, f"{why}: the device's latency "
                       "ladder raised (CPU frequency floor, PM QoS)"))
@@ -82,7 +96,7 @@ def tighten_steps(model: str, objectives: Mapping[str, Objective],
 def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers],
                 baseline: Mapping[str, Levers], figures: Mapping[str, Figures],
                 device: Device | None, why: str = RELAXED,
-                below_rank: int | None = None) -> list[Step]:
+                below_rank: int | None = None, cpus: int = 0) -> list[Step]:
     """Every step back toward config.yaml, costliest first; with ``below_rank``, only the
     levers moved on models of a lower class and on the device (a release, a probe), not
     any model's own batching."""
@@ -91,20 +105,26 @@ def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers
         steps.append((DEVICE, RUNG, device.rung - 1, why))
     order = (below(objectives, levers, below_rank) if below_rank is not None
              else below(objectives, levers, -1))
+    placement: list[Step] = []
     for model in order:
         if model in baseline and levers[model].cpus != baseline[model].cpus:
-            steps.append((model, CPUS, baseline[model].cpus, why))
+            placement.append((model, CPUS, baseline[model].cpus, why))
     for model in order:
         threads, limit = levers[model].threads, baseline.get(model, levers[model]).threads
         if 0 < threads < limit:
-            steps.append((model, THREADS, min(limit, threads * 2), why))
+            placement.append((model, THREADS, min(limit, threads * 2), why))
+    admission: list[Step] = []
     for model in order:
         current = levers[model].admit_rps
         if current is not None:
             refused = figures[model].rejections if model in figures else 0
             # nothing refused: the cap does not bind, so none at all
-            steps.append((model, ADMIT, round(current / ADMIT_STEP, 3) if refused else None,
-                          why))
+            admission.append((model, ADMIT, round(current / ADMIT_STEP, 3) if refused
+                              else None, why))
+    if contended(levers, baseline, figures, cpus):
+        steps += admission + placement
+    else:
+        steps += placement + admission
     if below_rank is not None:
         return steps
     for lever in (PREFERRED, DELAY):
@@ -117,6 +137,14 @@ def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers
                 floor = 1 if lever == PREFERRED else MIN_DELAY_US
                 steps.append((model, lever, min(configured, max(served * 2, floor)), why))
     return steps
+
+
+def contended(levers: Mapping[str, Levers], configured: Mapping[str, Levers],
+              figures: Mapping[str, Figures], cpus: int) -> bool:
+    """The models with calls in this window ask, at ``configured``'s threads, for more
+    intra-op threads than the ``cpus`` they may run on (0: unknown, never contended)."""
+    busy = [m for m in levers if m in figures and figures[m].rate_rps > 0]
+    return 0 < cpus < sum(configured.get(m, levers[m]).threads for m in busy)
 
 
 def below(objectives: Mapping[str, Objective], levers: Mapping[str, Levers],
