@@ -212,3 +212,41 @@ def test_a_choice_that_misses_when_measured_again_is_not_met() -> None:
                       chosen.candidate.settings(), 3.0,
                       confirmed=Result(chosen.candidate, 9.0, 100, 100, True, ""))
     assert kept.met and kept.miss() == ""
+
+
+def levels_measured(monkeypatch: pytest.MonkeyPatch, start: int, p99_ms: dict[int, float]
+                    ) -> tuple[list[int], Result]:
+    """The closed loop's levels ``measure`` runs from ``start`` for a candidate of batch 8
+    (up to 16 clients), each level answering 100 requests a second per client up to 4, with
+    the p99 given per level (2 ms elsewhere): the levels in order and the result."""
+    import agent.modeltune.measure as measuring
+
+    run: list[int] = []
+
+    def loop(call: object, clients: int, seconds: float) -> Sample:
+        if seconds == measuring.WARMUP_S:
+            return Sample()
+        run.append(clients)
+        return Sample([p99_ms.get(clients, 2.0) / 1000] * (100 * min(clients, 4)),
+                      elapsed_s=1.0)
+
+    monkeypatch.setattr(measuring, "closed_loop", loop)
+    result = measuring.measure(lambda index: None, Candidate(1, 1, 8, 0),
+                               measuring.Objective(10.0), measuring.Load(None, 1.0),
+                               start_clients=start)
+    return run, result
+
+
+def test_the_quick_search_starts_a_sweep_at_its_hint_and_halves_while_it_breaks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """From one client the sweep climbs to where throughput stops growing (4, then 8 adds
+    nothing); from a hint of 4 it skips 1 and 2 and finds the same level; from a hint of 16
+    that breaks the objective it halves until a level holds."""
+    levels, result = levels_measured(monkeypatch, 1, {})
+    assert levels == [1, 2, 4, 8] and result.clients == 4 and result.met
+    levels, result = levels_measured(monkeypatch, 4, {})
+    assert levels == [4, 8] and result.clients == 4
+    levels, result = levels_measured(monkeypatch, 16, {16: 30.0, 8: 12.0})
+    assert levels == [16, 8, 4] and result.clients == 4 and result.met
+    levels, result = levels_measured(monkeypatch, 1, {1: 30.0})
+    assert levels == [1] and not result.met  # from one client a broken level ends it

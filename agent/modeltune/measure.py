@@ -1,10 +1,14 @@
 """One candidate measured on the scratch data plane: warmed up, then loaded at the rate
 asked for (open loop), or by a closed loop of 1, 2, 4, ... clients until more clients no
 longer add throughput or break the latency objective (the candidate's figures are its best
-level, as Model Analyzer sweeps concurrency per configuration)."""
+level, as Model Analyzer sweeps concurrency per configuration).  The quick search starts a
+sweep where the best candidate so far peaked (halving from there while the objective
+breaks): neighbours on its path peak near each other, and the levels below cost it windows
+that tell it nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Mapping
@@ -82,9 +86,12 @@ class Clients:
 
 def measure(call: Call, candidate: Candidate, objective: Objective, load: Load,
             cpu: Callable[[], float] | None = None,
-            power: Callable[[], float | None] | None = None) -> Result:
+            power: Callable[[], float | None] | None = None, start_clients: int = 1
+            ) -> Result:
     """``cpu``: the data plane's CPU seconds so far (psutil), for each result's cpu_cores;
-    ``power``: the device's power now (mW), sampled through each load for its power_mw."""
+    ``power``: the device's power now (mW), sampled through each load for its power_mw;
+    ``start_clients``: the closed loop's first level (the quick search's hint: where the
+    best candidate so far peaked), halved from there while the objective breaks."""
     width = candidate.count * max(1, candidate.max_batch_size)
     closed_loop(call, min(MAX_CLIENTS, width), min(WARMUP_S, load.window_s))
 
@@ -95,20 +102,28 @@ def measure(call: Call, candidate: Candidate, objective: Objective, load: Load,
         spent = cpu() - before if cpu is not None and before is not None else None
         return judge(sample, candidate, objective, label, spent, sampling.mean_mw())
 
+    def level(clients: int) -> Result:
+        return dataclasses.replace(timed(functools.partial(
+            closed_loop, call, clients, load.window_s), f"closed loop, {clients} clients"),
+            clients=clients)
+
     if load.rate is not None:
         workers = min(MAX_CLIENTS, max(8, 2 * width))
         return timed(functools.partial(open_loop, call, load.rate, load.window_s, workers),
                      f"open loop, {load.rate:g} rps")
-    levels: list[Result] = []
-    clients = 1
-    while clients <= min(MAX_CLIENTS, max(2, 2 * width)):
-        result = timed(functools.partial(closed_loop, call, clients, load.window_s),
-                       f"closed loop, {clients} clients")
-        levels.append(result)
-        if not result.met or (len(levels) > 1 and result.throughput_rps
-                              < levels[-2].throughput_rps * GAIN):
-            break
+    top = min(MAX_CLIENTS, max(2, 2 * width))
+    clients = min(top, max(1, start_clients))
+    levels = [level(clients)]
+    if not levels[0].met:  # above the level that holds: down until one does
+        while clients > 1 and not levels[-1].met:
+            clients //= 2
+            levels.append(level(clients))
+        return choose(levels)
+    while clients * 2 <= top:
         clients *= 2
+        levels.append(level(clients))
+        if not levels[-1].met or levels[-1].throughput_rps < levels[-2].throughput_rps * GAIN:
+            break
     return choose(levels)
 
 

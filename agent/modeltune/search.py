@@ -34,6 +34,7 @@ class Result:
     cpu_cores: float | None = None  # the data plane's CPU time per second of the load
     first_error: str = ""  # what the first failed request was told
     power_mw: float | None = None  # the device's mean power during the load (None: no rails)
+    clients: int = 0  # the closed loop's level these figures are of (0: an open loop)
 
 
 def pareto(results: Sequence[Result]) -> list[bool]:

@@ -157,6 +157,8 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
             load = Load(rate, request.window_s)
             power = request.power.read if request.power is not None else None
 
+            seen: list[Result] = []  # the quick search starts each sweep at their best
+
             def measured(candidate: Candidate) -> Result:
                 config = with_candidate(original, candidate, device,
                                         _precision(found, candidate))
@@ -168,10 +170,13 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
                                   here(problem))
                 clients = Clients(plane.client, request.model, feeds)
                 try:
+                    start = 1 if request.exhaustive or not seen else max(
+                        1, search.choose(seen).clients)
                     result = measure(clients.call, candidate, objective, load,
-                                     plane.cpu_seconds, power)
+                                     plane.cpu_seconds, power, start)
                 finally:
                     clients.close()
+                seen.append(result)
                 named = f"{found[candidate.version].name}: " if candidate.version else ""
                 drawn = "" if result.power_mw is None else f", {result.power_mw:.0f} mW"
                 progress(f"{named}{candidate.label()}: p99 {result.p99_ms:.2f} ms, "
