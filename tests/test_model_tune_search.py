@@ -250,3 +250,24 @@ def test_the_quick_search_starts_a_sweep_at_its_hint_and_halves_while_it_breaks(
     assert levels == [16, 8, 4] and result.clients == 4 and result.met
     levels, result = levels_measured(monkeypatch, 1, {1: 30.0})
     assert levels == [1] and not result.met  # from one client a broken level ends it
+
+
+def test_past_the_current_point_a_line_stops_at_its_first_fall() -> None:
+    """A model that loses with every batch step (and with a second instance): the batch line
+    stops at 4, so batch 8 is never measured, nor any delay beside batch 4 (the batch line
+    kept 1); the choice is the grid's best all the same."""
+    def falling(candidate: Candidate) -> Result:
+        rps = 200.0 / max(1, candidate.max_batch_size) / candidate.count * candidate.threads
+        return Result(candidate, 5.0, rps, rps, True, "model")
+
+    space = default_space(2, True)
+    seen: list[Candidate] = []
+
+    def measured(candidate: Candidate) -> Result:
+        seen.append(candidate)
+        return falling(candidate)
+
+    quick = coordinate_descent(space, 2, measured, lambda: False)
+    assert choose(quick).candidate == choose(exhaustive(grid(space, 2), falling)).candidate
+    assert {c.max_batch_size for c in seen} == {1, 4}
+    assert len(seen) == 4  # the start, 1 thread, 2 instances, batch 4

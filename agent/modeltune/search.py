@@ -1,8 +1,9 @@
 """Which candidates to measure: all of them (``--exhaustive``), or coordinate descent: from a
-start point, each dimension in turn is swept with the others held, the best point of the
-line becomes the new start, and passes repeat until one changes nothing or the budget is
-spent.  Model Analyzer's quick search is a hill-climb of the same kind; its docs put it
-above 95 % of the sweep's optimum at under 10 % of the sweep's cost."""
+start point, each dimension in turn is swept with the others held (upward past the current
+point only while the line still gains), the best point of the line becomes the new start,
+and passes repeat until one changes nothing or the budget is spent.  Model Analyzer's quick
+search is a hill-climb of the same kind; its docs put it above 95 % of the sweep's optimum
+at under 10 % of the sweep's cost."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def coordinate_descent(space: Space, cpus: int, measure: Callable[[Candidate], R
     for _ in range(MAX_PASSES):
         before = current
         for dimension in DIMENSIONS:
-            line = []
+            line: list[Result] = []
             for value in values(space, dimension):
                 point = _aligned(space, current,
                                  dataclasses.replace(current, **{dimension: value}))
@@ -88,11 +89,22 @@ def coordinate_descent(space: Space, cpus: int, measure: Callable[[Candidate], R
                         return list(measured.values())
                     measured[point] = measure(point)
                 line.append(measured[point])
+                if value > getattr(current, dimension) and _worse(line[-1], choose(line)):
+                    break  # past the current point and falling: the rest of the line too
             if line:
                 current = choose(line).candidate
         if current == before:
             break
     return list(measured.values())
+
+
+def _worse(result: Result, best: Result) -> bool:
+    """Below the line's best: it misses where the best meets, or its goodput is lower by
+    more than a tie (a line is taken as unimodal: batching, threads and instances gain up
+    to a point and lose past it)."""
+    if best.met != result.met:
+        return best.met
+    return result.goodput_rps < best.goodput_rps * (1 - TIE)
 
 
 def _aligned(space: Space, current: Candidate, point: Candidate) -> Candidate:
