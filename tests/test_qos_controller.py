@@ -168,3 +168,21 @@ def test_no_lever_ever_leaves_its_bounds_whatever_the_load() -> None:
             low = 1 if action.lever == PREFERRED else 0
             assert low <= action.after <= baseline[action.model].get(action.lever)
     assert all(a.model == BE for a in sim.applied if a.lever == ADMIT)
+
+
+def test_a_violation_every_other_window_is_acted_on_and_a_lone_one_is_not() -> None:
+    """Two violating windows among the last four act, in a row or not; one violating
+    window among holding ones never does."""
+    from agent.control.qos import Figures
+
+    objectives = {LC: Objective("latency_critical", p99_ms=10.0)}
+    levers = {LC: Levers(4000, 8)}
+
+    def moves(p99s: list[float]) -> list[int]:
+        controller = QosController()
+        return [i for i, p99 in enumerate(p99s) if controller.decide(
+            {LC: Figures(p99, count=20, rate_rps=20)}, objectives, levers, levers).actions]
+
+    assert moves([12.0, 8.0, 12.0, 8.0]) == [2]  # the second violation of four windows
+    assert moves([12.0, 12.0]) == [1]
+    assert moves([12.0, 8.0, 8.0, 8.0, 12.0, 8.0, 8.0, 8.0, 12.0]) == []

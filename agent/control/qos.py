@@ -4,10 +4,11 @@ service layer feeds it the data plane's windows and the device's ladder, and exe
 it returns.  The steps and their order of cost are in qos_steps.
 
 Hysteresis, so that it does not oscillate: a model acts only after ``violate_windows``
-violating windows in a row; the window a move falls in is not judged (it mixes both
-settings; a relaxation's is, so that one violating window undoes it), nor is any window
-while a model's sessions are being rebuilt, and each further step then waits one window to
-see the last one's effect; it relaxes only after
+violating windows among its last ``violate_span`` (so a violation that comes and goes every
+other window is acted on as one that stays, and one lone window is not); the window a move
+falls in is not judged (it mixes both settings; a relaxation's is, so that one violating
+window undoes it), nor is any window while a model's sessions are being rebuilt, and each
+further step then waits one window to see the last one's effect; it relaxes only after
 ``relax_windows`` windows in a row in which every objective holds with ``margin`` (or
 ``probe_factor`` times as many in which they hold at all); a lever is not relaxed within
 ``hold_windows`` of its last move; a relaxation is a probe: one violating window undoes it at
@@ -22,6 +23,7 @@ theirs, and they are given back (one step a window, then nothing moves).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -54,7 +56,7 @@ __all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "REBUILT", 
 
 @dataclass
 class _Track:
-    violating: int = 0
+    recent: deque[bool]  # the last windows judged: True for a violation
     unmet: Unmet | None = None
     # the p99 when the first lever on another model (or the device) moved for it, in this
     # run of violations: what a release compares the best p99 since with
@@ -62,6 +64,16 @@ class _Track:
     # once a release starts it runs to the end: a lucky window halfway through it is noise,
     # not proof that the levers left on the others help
     releasing_at: float | None = None  # the best p99 when the release was decided
+
+    @property
+    def violating(self) -> int:
+        return sum(self.recent)
+
+    def arm(self, violations: int) -> None:
+        """Count ``violations`` as just seen, and nothing before them: after a move (or a
+        probe) the next violating window is judged against it, not with the old ones."""
+        self.recent.clear()
+        self.recent.extend([True] * violations)
 
 
 @dataclass
@@ -130,7 +142,7 @@ class QosController:
             if not isinstance(action, Action):
                 continue  # its steps are on models moved this window: the next one
             if track.unmet is None:
-                track.violating = self.h.violate_windows - 1  # the next step: in a window
+                track.arm(self.h.violate_windows - 1)  # the next step: in a window
             if (action.model != model or action.lever == RUNG) and \
                     track.moved_others_at is None:
                 track.moved_others_at = figures[model].p99_ms
@@ -155,7 +167,7 @@ class QosController:
             self._last_relax = self.window
             decision.actions.append(relaxed)
             for model in held:  # one violating window undoes this probe
-                self._tracks[model].violating = self.h.violate_windows - 1
+                self._tracks[model].arm(self.h.violate_windows - 1)
         # a relaxation is judged at once: a window that violates with it, even mixed with
         # the old setting, undoes it without a second violating window
         self._probing = relaxed is not None
@@ -170,20 +182,20 @@ class QosController:
 
     def _judge(self, model: str, window: Figures | None, objective: Objective) -> str:
         """violated | comfortable | holding | idle, with the model's counts kept."""
-        track = self._tracks.setdefault(model, _Track())
+        track = self._tracks.setdefault(model, _Track(deque(maxlen=self.h.violate_span)))
         if window is None or window.count < self.h.min_count:
             return "idle"  # no calls: neither a violation nor a sign of margin
         limit = float(objective.p99_ms or 0)
         if window.p99_ms > limit:
-            track.violating += 1
+            track.recent.append(True)
             if track.unmet is not None:
                 track.unmet = replace(track.unmet, best_p99_ms=min(track.unmet.best_p99_ms,
                                                                     window.p99_ms))
             return "violated"
         # it holds (again): the levers may move once more, and a new run of violations
         # judges what the levers on the others do afresh
-        track.violating, track.unmet, track.moved_others_at = 0, None, None
-        track.releasing_at = None
+        track.recent.append(False)
+        track.unmet, track.moved_others_at, track.releasing_at = None, None, None
         return "comfortable" if window.p99_ms <= self.h.margin * limit else "holding"
 
     def _after_relax(self, violated: list[str]) -> None:

@@ -113,7 +113,8 @@ class Unmet:
 
 @dataclass(frozen=True)
 class Hysteresis:
-    violate_windows: int = 2
+    violate_windows: int = 2  # violating windows among the last violate_span that act
+    violate_span: int = 4
     relax_windows: int = 5
     hold_windows: int = 3
     max_relax_windows: int = 300
