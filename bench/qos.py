@@ -307,20 +307,18 @@ def lc_p50(url: str, pid: int, feed: dict[str, np.ndarray], seconds: float) -> f
     return float(next(iter(figures.values()))["latency_ms"]["p50"])
 
 
-Static = tuple[int, int, float | None, int, tuple[int, ...] | None]
-# (delay us, preferred, admission cap, threads, CPUs) of be
+Static = tuple[float | None, int, tuple[int, ...] | None]
+# (admission cap, threads, CPUs) of be: its batching stays config.yaml's
 
 
-def set_be(client: HttpClient, delay_us: int, preferred: int, admit: float | None,
-           threads: int, cpus: tuple[int, ...] | None) -> None:
+def set_be(client: HttpClient, admit: float | None, threads: int,
+           cpus: tuple[int, ...] | None) -> None:
     """be's levers; its threads and CPUs through a rebuild, waited for until it serves."""
     served = client.statistics("be")[0]["edge_agent"]["levers"]
-    rebuild = served.get("threads") != threads or served.get("cpus") != (
-        None if cpus is None else list(cpus))
-    client.set_levers("be", {"max_queue_delay_us": delay_us,
-                             "preferred_batch_size": [preferred], "admit_rps": admit,
-                             **({"threads": threads, "cpus": None if cpus is None else
-                                 list(cpus)} if rebuild else {})})
+    placed = None if cpus is None else list(cpus)
+    rebuild = served.get("threads") != threads or served.get("cpus") != placed
+    client.set_levers("be", {"admit_rps": admit,
+                             **({"threads": threads, "cpus": placed} if rebuild else {})})
     deadline = time.monotonic() + 120
     while rebuild and time.monotonic() < deadline:
         ours = client.statistics("be")[0]["edge_agent"]
@@ -332,7 +330,7 @@ def set_be(client: HttpClient, delay_us: int, preferred: int, admit: float | Non
 
 def reset(client: HttpClient, be_threads: int) -> None:
     """Both models' levers back at config.yaml's (no reload: the sessions stay warm)."""
-    set_be(client, BE_DELAY_US, 4, None, be_threads, None)
+    set_be(client, None, be_threads, None)
     client.set_levers("lc", {"max_queue_delay_us": LC_DELAY_US, "preferred_batch_size": [4],
                              "admit_rps": None})
 
@@ -362,7 +360,7 @@ def search_static(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], l
     with HttpClient(url, token=TOKEN, timeout_s=10) as client:
         for threads, placement in itertools.product(threads_options, placements):
             for admit in (None, 1.5 * be_rps, be_rps, 0.5 * be_rps):
-                chosen: Static = (BE_DELAY_US, 4, admit, threads, placement)
+                chosen: Static = (admit, threads, placement)
                 set_be(client, *chosen)
                 phases, windows = run_trace(url, pid, feeds, lc_rps, be_rps, stress,
                                             seconds)
@@ -424,8 +422,8 @@ def trace_rate(rates: dict[tuple[float, bool], float],
 
 
 def describe(static: Static) -> str:
-    delay_us, preferred, admit, threads, cpus = static
-    return (f"delay {delay_us} us, preferred {preferred}, admit {admit}, threads {threads}, "
+    admit, threads, cpus = static
+    return (f"admit {admit}, threads {threads}, "
             f"CPUs {'any' if cpus is None else ','.join(map(str, cpus))}")
 
 

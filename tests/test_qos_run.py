@@ -42,6 +42,9 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
+FEEDS = {"x": np.full((1, 64), 0.5, np.float32)}  # one request to either MLP
+
+
 class Stream:
     """Requests to ``model`` one after another (``pause_s`` apart), from a thread, until
     ``stop``."""
@@ -55,10 +58,9 @@ class Stream:
         self.thread.start()
 
     def _run(self) -> None:
-        feeds = {"x": np.full((1, 64), 0.5, np.float32)}
         while not self.stopped.wait(self.pause_s):
             try:
-                self.client.infer(self.model, feeds)
+                self.client.infer(self.model, FEEDS)
             except ServeError as error:
                 self.failures.append(error.message)
 
@@ -76,7 +78,7 @@ def burst(url: str, model: str, size: int = 20) -> list[str]:
     def one() -> None:
         with HttpClient(url, timeout_s=30) as client:
             try:
-                client.infer(model, {"x": np.full((1, 64), 0.5, np.float32)})
+                client.infer(model, FEEDS)
             except ServeError as error:
                 told.append(error.message)
 

@@ -102,15 +102,16 @@ def measure(call: Call, candidate: Candidate, objective: Objective, load: Load,
         spent = cpu() - before if cpu is not None and before is not None else None
         return judge(sample, candidate, objective, label, spent, sampling.mean_mw())
 
+    if load.rate is not None:
+        workers = min(MAX_CLIENTS, max(8, 2 * width))
+        return timed(functools.partial(open_loop, call, load.rate, load.window_s, workers),
+                     f"open loop, {load.rate:g} rps")
+
     def level(clients: int) -> Result:
         return dataclasses.replace(timed(functools.partial(
             closed_loop, call, clients, load.window_s), f"closed loop, {clients} clients"),
             clients=clients)
 
-    if load.rate is not None:
-        workers = min(MAX_CLIENTS, max(8, 2 * width))
-        return timed(functools.partial(open_loop, call, load.rate, load.window_s, workers),
-                     f"open loop, {load.rate:g} rps")
     top = min(MAX_CLIENTS, max(2, 2 * width))
     clients = min(top, max(1, start_clients))
     levels = [level(clients)]

@@ -168,10 +168,10 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
                 if problem:
                     return Result(candidate, float("inf"), 0.0, 0.0, False, "", 0,
                                   here(problem))
+                start = 1 if request.exhaustive or not seen else max(
+                    1, search.choose(seen).clients)
                 clients = Clients(plane.client, request.model, feeds)
                 try:
-                    start = 1 if request.exhaustive or not seen else max(
-                        1, search.choose(seen).clients)
                     result = measure(clients.call, candidate, objective, load,
                                      plane.cpu_seconds, power, start)
                 finally:
