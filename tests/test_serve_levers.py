@@ -181,3 +181,32 @@ def test_admission_without_a_cap_admits_everything_and_counts_nothing() -> None:
     admission.set_rate(0.001)
     assert [admission.admit() for _ in range(3)] == [True, False, False]
     assert admission.refused == 2
+
+
+def admitted(cap: float, offered: float, seconds: float, jitter: float) -> int:
+    """Requests an admission cap of ``cap``/s lets through from ``offered``/s arriving for
+    ``seconds``, each up to ``jitter`` of its period late (seeded: a client's own delays)."""
+    rng = np.random.default_rng(7)
+    now = [0]
+    admission = Admission(clock=lambda: now[0])
+    admission.set_rate(cap)
+    period = 1e9 / offered
+    passed = 0
+    for n in range(int(offered * seconds)):
+        now[0] = int((n + rng.uniform(0.0, jitter)) * period)
+        passed += admission.admit()
+    return passed
+
+
+def test_admission_cap_admits_its_rate_from_a_late_client_and_no_more() -> None:
+    # as many offered as the cap, each up to half a period late: all but the odd one pass
+    assert admitted(4.0, 4.0, 100, 0.5) >= 396
+    # three times the cap, jittered: the cap's rate, never more than a burst above it
+    assert 396 <= admitted(4.0, 12.0, 100, 0.5) <= 402
+    assert 1990 <= admitted(20.0, 60.0, 100, 0.9) <= 2002
+    # the burst: at most max(2, 10 % of the rate) at once after a quiet stretch
+    now = [0]
+    admission = Admission(clock=lambda: now[0])
+    admission.set_rate(4.0)
+    now[0] = 10 ** 10
+    assert [admission.admit() for _ in range(4)] == [True, True, False, False]
