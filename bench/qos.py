@@ -14,7 +14,8 @@ a core (a process spinning 5 ms, sleeping 5 ms: a stand-in for a co-located app 
 throttle), and back to steady.  The figures are the data plane's own 1-s windows of ``lc``
 (its statistics, what the controller judges too), read by a sampler of the bench's.
 
-Two runs of the same trace:
+Two kinds of run of the same trace, alternating for ``--rounds`` (ABAB, so a noisy stretch
+of the machine falls on both kinds alike):
 
 1. static: the best static configuration of ``be``'s levers (admission cap, intra-op
    threads, CPUs: every lever the controller moves on it, set through the data plane's
@@ -33,10 +34,12 @@ Two runs of the same trace:
    (agent.service.qos.QosLoop, the loop ``edge-agent run`` runs in ``qos.mode: control``,
    1-s windows) acting on the data plane through the same route.
 
-First, ``lc`` alone (be idle, no hog, ``--alone-seconds``): the share of its windows this
-machine's own jitter already misses.  A phase (or a grid condition) holds "as alone" when it
-misses no more windows than that share allows at 95 % odds (allowed_misses): the target
-measured beside the issue's, where lc alone misses some.
+First, and again right before each run, ``lc`` alone (be idle, ``--alone-seconds``),
+without the hog and with it: the share of its windows this machine's own jitter, and the
+hog's, already miss then with nothing of be's running, which no setting of be's levers can
+win back.  A phase (or a grid condition) holds "as alone" when it misses no more windows
+than lc alone misses under the same condition allows at 95 % odds (allowed_misses): the
+target measured beside the issue's, where lc alone misses some.
 
 Per phase: the share of windows meeting the objective after (re)convergence (the first of
 three met windows in a row; target >= 99 %), the re-convergence time after the phase's step
@@ -213,6 +216,10 @@ class Phase:
     start: float
     end: float
     be_ok: int
+    hogged: bool
+
+
+Floors = dict[bool, float]  # the hog on or not -> the share of windows lc alone misses
 
 
 def run_trace(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], lc_rps: float,
@@ -234,7 +241,7 @@ def run_trace(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], lc_rp
                     time.sleep(seconds)
             else:
                 time.sleep(seconds)
-            done.append(Phase(name, start, time.monotonic(), len(be.ok) - before))
+            done.append(Phase(name, start, time.monotonic(), len(be.ok) - before, hogged))
     finally:
         sampler.stop()
         lc.stop()
@@ -256,11 +263,13 @@ def allowed_misses(windows: int, miss: float) -> int:
 
 
 def judge(phases: list[Phase], windows: list[Window], objective: float,
-          miss: float = 0.0) -> list[dict[str, Any]]:
-    """Each phase's figures; ``miss``: the share of windows lc alone misses (the noise
-    floor), what ``beside`` allows a phase after its convergence."""
+          floors: Floors | None = None) -> list[dict[str, Any]]:
+    """Each phase's figures; ``floors``: the share of windows lc alone misses under the
+    phase's condition (the noise floor), what ``beside`` allows a phase after its
+    convergence."""
     rows = []
     for phase in phases:
+        miss = (floors or {}).get(phase.hogged, 0.0)
         inside = [w for w in windows if phase.start + 1.0 <= w.at <= phase.end and w.count]
         met = [w.p99_ms <= objective for w in inside]
         settled = next((i for i in range(len(met)) if all(met[i:i + CONVERGED])
@@ -337,13 +346,13 @@ def reset(client: HttpClient, be_threads: int) -> None:
 
 def search_static(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], lc_rps: float,
                   be_rps: float, objective: float, seconds: float, be_threads: int,
-                  trace: list[tuple[str, float, bool]], miss: float
+                  trace: list[tuple[str, float, bool]], floors: Floors
                   ) -> tuple[Static, int, float]:
     """The best static (admission, threads, CPUs) of ``be`` on the trace's distinct
     conditions (steady, the x3 step, the hog): every lever the controller moves on it, each
     at the values the controller would reach.  A configuration holds a condition when lc
-    misses no more windows there than this machine's own jitter does (``miss``, lc alone's
-    share, allowed_misses).  Also the ceiling any controller has on this trace here: each
+    misses no more windows there than it does alone under the same condition (``floors``,
+    allowed_misses).  Also the ceiling any controller has on this trace here: each
     phase's best holding configuration (an oracle switching at each step, with nothing lost
     to exploring) over the best single one."""
     conditions = list(dict.fromkeys((factor, hogged) for _, factor, hogged in trace))
@@ -366,7 +375,8 @@ def search_static(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], l
                                             seconds)
                 measured += 1
                 rows = judge(phases, windows, objective)
-                holds = [r["missed"] <= allowed_misses(r["windows"], miss) for r in rows]
+                holds = [r["missed"] <= allowed_misses(r["windows"], floors[hogged])
+                         for r, (_, hogged) in zip(rows, conditions, strict=True)]
                 static_rates[chosen] = {}
                 for row, condition, ok in zip(rows, conditions, holds, strict=True):
                     static_rates[chosen][condition] = row["be_rps"]
@@ -401,18 +411,23 @@ def search_static(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], l
     return chosen, measured, ceiling
 
 
-def noise_floor(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], lc_rps: float,
-                objective: float, seconds: float) -> float:
-    """The share of lc's 1-s windows within its objective with be idle and no hog: what this
-    machine's own jitter leaves for any configuration to hold."""
-    phases, windows = run_trace(url, pid, feeds, lc_rps, 0.0, [("lc alone", 0.0, False)],
-                                seconds)
-    (row,) = judge(phases, windows, objective)
-    print(f"lc alone ({lc_rps:g} rps, be idle, no hog, {seconds:g} s): {row['met']:.1%} of "
-          f"1-s windows within the objective, the worst {row['worst_all']:.2f}x it: a "
-          "configuration holds 'as alone' when it misses no more windows than that share "
-          "allows at 95 % odds")
-    return float(row["met"])
+def noise_floors(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]],
+                 lc_rps: float, objective: float, seconds: float) -> Floors:
+    """The share of lc's 1-s windows missing its objective with be idle, without the hog and
+    with it: what this machine's own jitter, and the hog's, leave for any setting of be's
+    levers to hold (be refused everything: the most a controller can give lc)."""
+    floors: Floors = {}
+    for hogged in (False, True):
+        phases, windows = run_trace(url, pid, feeds, lc_rps, 0.0,
+                                    [("lc alone", 0.0, hogged)], seconds)
+        (row,) = judge(phases, windows, objective)
+        floors[hogged] = 1.0 - float(row["met"])
+        print(f"lc alone ({lc_rps:g} rps, be idle, {'the hog' if hogged else 'no hog'}, "
+              f"{seconds:g} s): {row['met']:.1%} of 1-s windows within the objective, the "
+              f"worst {row['worst_all']:.2f}x it")
+    print("a phase holds 'as alone' when lc misses no more windows there than it does alone "
+          "under the same condition, at 95 % odds")
+    return floors
 
 
 def trace_rate(rates: dict[tuple[float, bool], float],
@@ -431,8 +446,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds-per-phase", type=float, default=30.0)
     parser.add_argument("--grid-seconds", type=float, default=8.0)
-    parser.add_argument("--alone-seconds", type=float, default=40.0,
-                        help="lc alone, the machine's own jitter (the noise floor)")
+    parser.add_argument("--alone-seconds", type=float, default=30.0,
+                        help="lc alone before each run, without and with the hog: the "
+                        "machine's own jitter then (the noise floor)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="static and controller runs, alternating (ABAB): a noisy "
+                        "stretch of the machine falls on both kinds alike")
     parser.add_argument("--lc-rps", type=float, default=20.0)
     parser.add_argument("--be-rps", type=float, default=4.0)
     parser.add_argument("--objective-factor", type=float, default=2.0,
@@ -440,8 +459,8 @@ def main() -> None:
     parser.add_argument("--be-threads", type=int, default=2)
     parser.add_argument("--levers-rounds", type=int, default=200)
     args = parser.parse_args()
-    if args.levers_rounds < 1:
-        parser.error(f"--levers-rounds must be 1 or more, not {args.levers_rounds}")
+    if args.levers_rounds < 1 or args.rounds < 1:
+        parser.error("--levers-rounds and --rounds must be 1 or more")
     rng = np.random.default_rng(0)
     feeds = {"lc": {"x": rng.random((1, 3, 224, 224), dtype=np.float32)},
              "be": {"input:0": rng.random((1, 224, 224, 3), dtype=np.float32)}}
@@ -463,48 +482,86 @@ def main() -> None:
                   f"{objective} ms ({args.objective_factor:g}x); lc {args.lc_rps:g} rps, "
                   "be (ResNet-50-thin) "
                   f"{args.be_rps:g} rps steady, x3 in the step")
-            alone = noise_floor(url, pid, feeds, args.lc_rps, objective, args.alone_seconds)
+            floors = noise_floors(url, pid, feeds, args.lc_rps, objective,
+                                  args.alone_seconds)
             print("\nstatic grid of be's levers on each condition of the trace (steady, "
                   f"step x3, hog), {args.grid_seconds:g} s each, caps loosest first:")
             chosen, measured, ceiling = search_static(
                 url, pid, feeds, args.lc_rps, args.be_rps, objective, args.grid_seconds,
-                args.be_threads, trace, 1 - alone)
-            with HttpClient(url, token=TOKEN) as client:
-                set_be(client, *chosen)
-            phases, windows = run_trace(url, pid, feeds, args.lc_rps, args.be_rps, trace,
-                                        args.seconds_per_phase)
-            static_rows = judge(phases, windows, objective, 1 - alone)
-            static = show(f"best static (of {measured} measured): {describe(chosen)}",
-                          static_rows)
-            with HttpClient(url, token=TOKEN) as client:
-                reset(client, args.be_threads)  # config.yaml's levers again
-            controlled, events, rows = controller_run(url, pid, repo, feeds, args, trace,
-                                                      objective, 1 - alone)
-            print(f"\nbest-effort throughput, controller / best static: "
-                  f"{controlled / static:.2f}x (target >= 1.1x; the ceiling on this trace "
-                  f"here, each phase's best static / the best single one: {ceiling:.2f}x)")
-            print(f"lc alone held {alone:.1%} of its 1-s windows: no configuration of be's "
-                  "levers holds more here (target >= 99 % after convergence; beside it: "
-                  "no more windows missed than lc alone misses, at 95 % odds): phases held "
-                  f"as alone: controller {sum(r['beside'] for r in rows)} of {len(rows)}, "
-                  f"best static {sum(r['beside'] for r in static_rows)} of "
-                  f"{len(static_rows)}")
-            applied = [e["applied_ms"] for e in events if "applied_ms" in e]
-            if applied:
-                print(f"qos_action applied_ms in this run (decision to the data plane's "
-                      f"answer): p50 {np.median(applied):.2f} ms, max {max(applied):.2f} ms")
+                args.be_threads, trace, floors)
+            runs = alternate(url, pid, repo, feeds, args, trace, objective, chosen, measured)
         finally:
             process.terminate()
             process.wait(30)
+    summary(runs, ceiling)
     print("\ncontroller overhead and decision to applied (bench/qos_levers.py):")
     qos_levers.decisions(2, args.levers_rounds * 4)
     qos_levers.applied(args.levers_rounds)
 
 
+@dataclass
+class Run:
+    """One run of the trace: static or under the controller, judged against the floors
+    measured right before it."""
+
+    kind: str
+    rows: list[dict[str, Any]]
+    be_rps: float
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def alternate(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np.ndarray]],
+              args: argparse.Namespace, trace: list[tuple[str, float, bool]],
+              objective: float, chosen: Static, measured: int) -> list[Run]:
+    """``--rounds`` of (floors, the best static run, floors, the controller run)."""
+    runs = []
+    for number in range(1, args.rounds + 1):
+        print(f"\nround {number} of {args.rounds}")
+        floors = noise_floors(url, pid, feeds, args.lc_rps, objective, args.alone_seconds)
+        with HttpClient(url, token=TOKEN) as client:
+            set_be(client, *chosen)
+        phases, windows = run_trace(url, pid, feeds, args.lc_rps, args.be_rps, trace,
+                                    args.seconds_per_phase)
+        rows = judge(phases, windows, objective, floors)
+        runs.append(Run("static", rows, show(
+            f"best static (of {measured} measured): {describe(chosen)}", rows)))
+        with HttpClient(url, token=TOKEN) as client:
+            reset(client, args.be_threads)  # config.yaml's levers again
+        floors = noise_floors(url, pid, feeds, args.lc_rps, objective, args.alone_seconds)
+        runs.append(controller_run(url, pid, repo, feeds, args, trace, objective, floors))
+        with HttpClient(url, token=TOKEN) as client:
+            reset(client, args.be_threads)
+    return runs
+
+
+def summary(runs: list[Run], ceiling: float) -> None:
+    """Best-effort throughput and the phases held as alone, over every round."""
+    static = [r for r in runs if r.kind == "static"]
+    controlled = [r for r in runs if r.kind == "controller"]
+    ratio = sum(r.be_rps for r in controlled) / max(sum(r.be_rps for r in static), 1e-9)
+    print(f"\nover {len(static)} rounds: best-effort throughput, controller / best static: "
+          f"{ratio:.2f}x (target >= 1.1x; the ceiling on this trace here, each phase's best "
+          f"static / the best single one: {ceiling:.2f}x)")
+    held = {kind: (sum(row["beside"] for r in group for row in r.rows),
+                   sum(len(r.rows) for r in group))
+            for kind, group in (("controller", controlled), ("best static", static))}
+    print("phases held as alone (target >= 99 % of windows after convergence; beside it: no "
+          "more windows missed than lc alone misses under the same condition right before, "
+          "at 95 % odds): " + ", ".join(f"{kind} {n} of {total}"
+                                        for kind, (n, total) in held.items()))
+    after = {kind: [row["held"] for r in group for row in r.rows]
+             for kind, group in (("controller", controlled), ("best static", static))}
+    print("windows held after convergence, per phase: " + "; ".join(
+        f"{kind} {min(shares):.1%}-{max(shares):.1%}" for kind, shares in after.items()))
+    applied = [e["applied_ms"] for r in controlled for e in r.events if "applied_ms" in e]
+    if applied:
+        print(f"qos_action applied_ms in these runs (decision to the data plane's answer): "
+              f"p50 {np.median(applied):.2f} ms, max {max(applied):.2f} ms")
+
+
 def controller_run(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np.ndarray]],
                    args: argparse.Namespace, trace: list[tuple[str, float, bool]],
-                   objective: float, miss: float
-                   ) -> tuple[float, list[dict[str, Any]], list[dict[str, Any]]]:
+                   objective: float, floors: Floors) -> Run:
     events: list[dict[str, Any]] = []
 
     class Plane:
@@ -529,7 +586,7 @@ def controller_run(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np
                                     args.seconds_per_phase)
     finally:
         loop.stop()
-    rows = judge(phases, windows, objective, miss)
+    rows = judge(phases, windows, objective, floors)
     total = show("controller (qos.mode: control, 1-s windows)", rows)
     actions = [e for e in events if e["kind"] == "qos_action"]
     for event in events:  # what the controller did, when, in the trace
@@ -541,10 +598,7 @@ def controller_run(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np
     print(f"  {len(actions)} qos_action events; by lever: " + ", ".join(
         f"{lever} {sum(a['lever'] == lever for a in actions)}"
         for lever in sorted({a["lever"] for a in actions})))
-    unmet = [e for e in events if e["kind"] == "qos_unmet"]
-    if unmet:
-        print(f"  qos_unmet: {unmet}")
-    return total, actions, rows
+    return Run("controller", rows, total, actions)
 
 
 if __name__ == "__main__":
