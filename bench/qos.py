@@ -38,8 +38,8 @@ First, and again right before each run, ``lc`` alone (be idle, ``--alone-seconds
 without the hog and with it: the share of its windows this machine's own jitter, and the
 hog's, already miss then with nothing of be's running, which no setting of be's levers can
 win back.  A phase (or a grid condition) holds "as alone" when it misses no more windows
-than lc alone misses under the same condition allows at 95 % odds (allowed_misses): the
-target measured beside the issue's, where lc alone misses some.
+than lc alone under the same condition, but for chance (``as_alone``: Fisher's exact test,
+one-sided at 5 %): the target measured beside the issue's, where lc alone misses some.
 
 Per phase: the share of windows meeting the objective after (re)convergence (the first of
 three met windows in a row; target >= 99 %), the re-convergence time after the phase's step
@@ -219,7 +219,7 @@ class Phase:
     hogged: bool
 
 
-Floors = dict[bool, float]  # the hog on or not -> the share of windows lc alone misses
+Floors = dict[bool, tuple[int, int]]  # the hog on or not -> lc alone's (missed, windows)
 
 
 def run_trace(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], lc_rps: float,
@@ -250,26 +250,25 @@ def run_trace(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], lc_rp
     return done, sampler.windows
 
 
-def allowed_misses(windows: int, miss: float) -> int:
-    """The most of ``windows`` 1-s windows this machine's own jitter misses, with ``miss``
-    the share lc alone misses: the binomial's 95th percentile (a configuration that misses
-    more than this misses for a reason of its own, at 5 % odds of blaming it wrongly)."""
-    total = 0.0
-    for k in range(windows + 1):
-        total += math.comb(windows, k) * miss ** k * (1 - miss) ** (windows - k)
-        if total >= 0.95:
-            return k
-    return windows
+def as_alone(missed: int, windows: int, alone: tuple[int, int]) -> bool:
+    """Whether ``missed`` of ``windows`` is no more than lc alone's ``(missed, windows)`` but
+    for chance: Fisher's exact test, one-sided, at 5 % (the odds of as many misses or more
+    landing here were both samples drawn alike).  Two samples, not a share: lc alone holding
+    30 of 30 does not prove the machine never misses one."""
+    alone_missed, alone_windows = alone
+    total, misses = windows + alone_windows, missed + alone_missed
+    tail = sum(math.comb(misses, k) * math.comb(total - misses, windows - k)
+               for k in range(missed, min(misses, windows) + 1))
+    return tail / math.comb(total, windows) > 0.05
 
 
 def judge(phases: list[Phase], windows: list[Window], objective: float,
           floors: Floors | None = None) -> list[dict[str, Any]]:
-    """Each phase's figures; ``floors``: the share of windows lc alone misses under the
-    phase's condition (the noise floor), what ``beside`` allows a phase after its
-    convergence."""
+    """Each phase's figures; ``floors``: lc alone's misses under the phase's condition (the
+    noise floor), what ``beside`` compares the phase after its convergence with."""
     rows = []
     for phase in phases:
-        miss = (floors or {}).get(phase.hogged, 0.0)
+        alone = (floors or {}).get(phase.hogged, (0, 0))
         inside = [w for w in windows if phase.start + 1.0 <= w.at <= phase.end and w.count]
         met = [w.p99_ms <= objective for w in inside]
         settled = next((i for i in range(len(met)) if all(met[i:i + CONVERGED])
@@ -279,9 +278,10 @@ def judge(phases: list[Phase], windows: list[Window], objective: float,
         rows.append({"phase": phase.name, "windows": len(inside),
                      "met": sum(met) / len(met) if met else 0.0,
                      "missed": len(met) - sum(met),
-                     "beside": settled is not None and len(after) - sum(after)
-                     <= allowed_misses(len(after), miss),
+                     "beside": settled is not None and as_alone(
+                         len(after) - sum(after), len(after), alone),
                      "held": sum(after) / len(after) if after else 0.0,
+                     "after": len(after), "after_met": sum(after),
                      "converged_s": (inside[settled].at - 1.0 - phase.start)
                      if settled is not None else None,
                      "worst": max((w.p99_ms for w in exploring), default=0.0) / objective,
@@ -352,7 +352,7 @@ def search_static(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], l
     conditions (steady, the x3 step, the hog): every lever the controller moves on it, each
     at the values the controller would reach.  A configuration holds a condition when lc
     misses no more windows there than it does alone under the same condition (``floors``,
-    allowed_misses).  Also the ceiling any controller has on this trace here: each
+    as_alone).  Also the ceiling any controller has on this trace here: each
     phase's best holding configuration (an oracle switching at each step, with nothing lost
     to exploring) over the best single one."""
     conditions = list(dict.fromkeys((factor, hogged) for _, factor, hogged in trace))
@@ -375,7 +375,7 @@ def search_static(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], l
                                             seconds)
                 measured += 1
                 rows = judge(phases, windows, objective)
-                holds = [r["missed"] <= allowed_misses(r["windows"], floors[hogged])
+                holds = [as_alone(r["missed"], r["windows"], floors[hogged])
                          for r, (_, hogged) in zip(rows, conditions, strict=True)]
                 static_rates[chosen] = {}
                 for row, condition, ok in zip(rows, conditions, holds, strict=True):
@@ -421,12 +421,12 @@ def noise_floors(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]],
         phases, windows = run_trace(url, pid, feeds, lc_rps, 0.0,
                                     [("lc alone", 0.0, hogged)], seconds)
         (row,) = judge(phases, windows, objective)
-        floors[hogged] = 1.0 - float(row["met"])
+        floors[hogged] = (int(row["missed"]), int(row["windows"]))
         print(f"lc alone ({lc_rps:g} rps, be idle, {'the hog' if hogged else 'no hog'}, "
               f"{seconds:g} s): {row['met']:.1%} of 1-s windows within the objective, the "
               f"worst {row['worst_all']:.2f}x it")
     print("a phase holds 'as alone' when lc misses no more windows there than it does alone "
-          "under the same condition, at 95 % odds")
+          "under the same condition but for chance (Fisher's exact test, one-sided, 5 %)")
     return floors
 
 
@@ -507,6 +507,7 @@ class Run:
     kind: str
     rows: list[dict[str, Any]]
     be_rps: float
+    floors: Floors
     events: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -524,7 +525,7 @@ def alternate(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np.ndar
                                     args.seconds_per_phase)
         rows = judge(phases, windows, objective, floors)
         runs.append(Run("static", rows, show(
-            f"best static (of {measured} measured): {describe(chosen)}", rows)))
+            f"best static (of {measured} measured): {describe(chosen)}", rows), floors))
         with HttpClient(url, token=TOKEN) as client:
             reset(client, args.be_threads)  # config.yaml's levers again
         floors = noise_floors(url, pid, feeds, args.lc_rps, objective, args.alone_seconds)
@@ -547,12 +548,23 @@ def summary(runs: list[Run], ceiling: float) -> None:
             for kind, group in (("controller", controlled), ("best static", static))}
     print("phases held as alone (target >= 99 % of windows after convergence; beside it: no "
           "more windows missed than lc alone misses under the same condition right before, "
-          "at 95 % odds): " + ", ".join(f"{kind} {n} of {total}"
+          "but for chance): " + ", ".join(f"{kind} {n} of {total}"
                                         for kind, (n, total) in held.items()))
-    after = {kind: [row["held"] for r in group for row in r.rows]
-             for kind, group in (("controller", controlled), ("best static", static))}
-    print("windows held after convergence, per phase: " + "; ".join(
-        f"{kind} {min(shares):.1%}-{max(shares):.1%}" for kind, shares in after.items()))
+    pooled = []
+    for kind, group in (("controller", controlled), ("best static", static)):
+        rows = [row for r in group for row in r.rows]
+        met, windows = sum(row["after_met"] for row in rows), sum(row["after"] for row in rows)
+        pooled.append(f"{kind} {met} of {windows} ({met / max(windows, 1):.1%}; per phase "
+                      f"{min(row['held'] for row in rows):.1%}-"
+                      f"{max(row['held'] for row in rows):.1%})")
+    alone = []
+    for hogged in (False, True):
+        missed = sum(r.floors[hogged][0] for r in runs)
+        windows = sum(r.floors[hogged][1] for r in runs)
+        alone.append(f"{'the hog' if hogged else 'no hog'} {windows - missed} of {windows} "
+                     f"({1 - missed / max(windows, 1):.1%})")
+    print("windows held after convergence, all rounds: " + "; ".join(pooled) +
+          "; lc alone right before them: " + ", ".join(alone))
     applied = [e["applied_ms"] for r in controlled for e in r.events if "applied_ms" in e]
     if applied:
         print(f"qos_action applied_ms in these runs (decision to the data plane's answer): "
@@ -598,7 +610,7 @@ def controller_run(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np
     print(f"  {len(actions)} qos_action events; by lever: " + ", ".join(
         f"{lever} {sum(a['lever'] == lever for a in actions)}"
         for lever in sorted({a["lever"] for a in actions})))
-    return Run("controller", rows, total, actions)
+    return Run("controller", rows, total, floors, actions)
 
 
 if __name__ == "__main__":
