@@ -413,9 +413,9 @@ def search_static(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], l
 
 def noise_floors(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]],
                  lc_rps: float, objective: float, seconds: float) -> Floors:
-    """The share of lc's 1-s windows missing its objective with be idle, without the hog and
-    with it: what this machine's own jitter, and the hog's, leave for any setting of be's
-    levers to hold (be refused everything: the most a controller can give lc)."""
+    """lc's 1-s windows missing its objective with be idle, (missed, windows) without the
+    hog and with it: what this machine's own jitter, and the hog's, leave for any setting of
+    be's levers to hold (be refused everything: the most a controller can give lc)."""
     floors: Floors = {}
     for hogged in (False, True):
         phases, windows = run_trace(url, pid, feeds, lc_rps, 0.0,
@@ -537,26 +537,24 @@ def alternate(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np.ndar
 
 def summary(runs: list[Run], ceiling: float) -> None:
     """Best-effort throughput and the phases held as alone, over every round."""
-    static = [r for r in runs if r.kind == "static"]
-    controlled = [r for r in runs if r.kind == "controller"]
+    groups = {kind: [r for r in runs if r.kind == kind] for kind in ("controller", "static")}
+    static, controlled = groups["static"], groups["controller"]
     ratio = sum(r.be_rps for r in controlled) / max(sum(r.be_rps for r in static), 1e-9)
     print(f"\nover {len(static)} rounds: best-effort throughput, controller / best static: "
           f"{ratio:.2f}x (target >= 1.1x; the ceiling on this trace here, each phase's best "
           f"static / the best single one: {ceiling:.2f}x)")
-    held = {kind: (sum(row["beside"] for r in group for row in r.rows),
-                   sum(len(r.rows) for r in group))
-            for kind, group in (("controller", controlled), ("best static", static))}
-    print("phases held as alone (target >= 99 % of windows after convergence; beside it: no "
-          "more windows missed than lc alone misses under the same condition right before, "
-          "but for chance): " + ", ".join(f"{kind} {n} of {total}"
-                                        for kind, (n, total) in held.items()))
-    pooled = []
-    for kind, group in (("controller", controlled), ("best static", static)):
+    held, pooled = [], []
+    for kind, group in groups.items():
+        name = "best static" if kind == "static" else kind
         rows = [row for r in group for row in r.rows]
+        held.append(f"{name} {sum(row['beside'] for row in rows)} of {len(rows)}")
         met, windows = sum(row["after_met"] for row in rows), sum(row["after"] for row in rows)
-        pooled.append(f"{kind} {met} of {windows} ({met / max(windows, 1):.1%}; per phase "
+        pooled.append(f"{name} {met} of {windows} ({met / max(windows, 1):.1%}; per phase "
                       f"{min(row['held'] for row in rows):.1%}-"
                       f"{max(row['held'] for row in rows):.1%})")
+    print("phases held as alone (target >= 99 % of windows after convergence; beside it: no "
+          "more windows missed than lc alone misses under the same condition right before, "
+          "but for chance): " + ", ".join(held))
     alone = []
     for hogged in (False, True):
         missed = sum(r.floors[hogged][0] for r in runs)
