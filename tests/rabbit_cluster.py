@@ -160,13 +160,15 @@ class RabbitCluster:
             (node / "rabbitmq.conf").write_text("\n".join(lines) + "\n")
 
     def boot(self, seconds: float = 120.0) -> None:
-        """Start epmd, the seed, then the other members at once; return when all run as one
+        """Start epmd, then each member in turn (the seed first); return when all run as one
         cluster and each has answered an MQTT CONNECT.
 
         Not all at once: the MQTT plugin's client-id registry is a Raft cluster of its own,
         and a member whose plugin asks to join it while its first leader election is under
         way is refused and never asks again (it then times every CONNECT out: RabbitMQ
-        3.10).  Joining a seed whose registry has its leader is safe."""
+        3.10).  Joining a registry whose leader is settled is safe, so each member starts
+        once the one before it accepts clients (two joining together were seen to leave the
+        second one refusing every CONNECT in a CI run)."""
         self._write_files()
         epmd = subprocess.Popen([EPMD, "-port", str(self.epmd_port)], env=self.env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -178,12 +180,9 @@ class RabbitCluster:
             if not wait_until(lambda: _accepts(self.epmd_port), 10):
                 raise RuntimeError(f"epmd did not listen on {HOST}:{self.epmd_port}")
             deadline = time.monotonic() + seconds
-            seed, *others = self.members
-            self._launch(seed)
-            self._await([seed], deadline)
-            for member in others:
+            for member in self.members:  # one at a time: each joins a settled registry
                 self._launch(member)
-            self._await(others, deadline)
+                self._await([member], deadline)
         except BaseException:
             self.stop(remove=False)
             raise
