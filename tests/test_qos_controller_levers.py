@@ -1,14 +1,16 @@
 """The QoS controller's slower levers against the simulated data plane and device: a lower
 class's threads and CPUs (rebuilt off the hot path: windows not judged until swapped), the
 device's latency ladder (within its rungs, never while it throttles), relaxation costliest
-first, and levers moved on others given back when they did not help."""
+first, and steps on others given back when their trial shows they did not help."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 from qos_sim import BE, CONFIGURED_BE_THREADS, LC, held, run, two_models
 
-from agent.control.qos import ADMIT, CPUS, RUNG, THREADS, Device, QosController
+from agent.control.qos import ADMIT, CPUS, RUNG, THREADS, Device, Levers, QosController
 
 
 def test_after_admission_at_its_floor_the_other_models_threads_then_cpus_then_the_device() -> None:
@@ -105,10 +107,10 @@ def test_where_threads_outnumber_the_cpus_the_others_threads_come_before_admissi
     assert kinds[0] == ADMIT, kinds
 
 
-def test_levers_on_others_that_did_not_help_are_given_back_once_unmet() -> None:
+def test_a_step_on_others_that_did_not_help_is_given_back_and_then_nothing_moves() -> None:
     """LC misses for a cause of its own (``extra_ms``) that BE's traffic does not make: BE
-    is held while the controller tries, and once LC is unmet with no gain from it, BE's
-    admission comes back in full, and then nothing moves."""
+    is held while the controller tries, its trials show no gain, so its admission comes back
+    in full, LC is unmet, and then nothing moves."""
     sim, objectives, baseline = two_models(be_demand=10)
     sim.cost_ms[BE] = 1.0  # BE is light: holding it frees next to nothing
     sim.extra_ms = 30.0
@@ -124,24 +126,41 @@ def test_levers_on_others_that_did_not_help_are_given_back_once_unmet() -> None:
     assert len(sim.applied) == moves, "levers moved after the release"
 
 
-def test_a_release_once_decided_runs_to_the_end_through_a_lucky_window() -> None:
-    """The release takes several steps (BE's CPUs, threads, then its admission): a window
-    that happens to come in better halfway through (here LC's own cause eases, though LC
-    still misses) is noise, not proof the levers left on BE help, so all come back."""
-    sim, objectives, baseline = two_models(be_demand=10, be_threads=CONFIGURED_BE_THREADS)
+def test_machine_stalls_do_not_cost_the_other_model_its_throughput() -> None:
+    """A fifth of LC's windows miss by a stall of the machine (seeded), whatever BE does:
+    some stalls come two in a few windows and set off a step on BE, but each such step is
+    given back once its windows show no gain, and passed over for longer each time, so BE
+    keeps at least 85 % of its traffic over 600 windows.  Without trials the caps walked
+    down to BE's floor and stayed (51 %)."""
+    rng = random.Random(7)
+    sim, objectives, baseline = two_models(be_demand=10)
+    sim.levers[LC] = baseline[LC] = Levers(0, 8)  # no delay of its own to take first
+    sim.cost_ms[BE] = 1.0  # light: holding it changes LC's p99 by next to nothing
+    controller = QosController()
+    admitted = 0.0
+    for _ in range(600):
+        sim.extra_ms = 12.0 if rng.random() < 0.2 else 0.0
+        run(controller, sim, objectives, baseline, 1)
+        admitted += min(sim.demand[BE], sim.levers[BE].admit_rps or sim.demand[BE])
+    assert admitted >= 0.85 * 600 * sim.demand[BE], admitted / 600
+    assert any("did not help" in a.why for a in sim.applied), "no step on BE was tried"
+
+
+def test_a_lever_that_did_not_help_is_tried_again_once_the_p99_rises() -> None:
+    """Held at a p99 BE does not make, BE's cap is given back and passed over; when BE's
+    traffic then grows into what LC misses by, the cap is tried again, helps, and stays."""
+    sim, objectives, baseline = two_models(be_demand=10)
     sim.cost_ms[BE], sim.extra_ms = 1.0, 30.0
     controller = QosController()
-    for _ in range(300):
-        run(controller, sim, objectives, baseline, 1, cpus=4)
-        if any("did not help" in a.why for a in sim.applied):
-            break
-    tightened = {a.lever for a in sim.applied if a.tighten}
-    assert {ADMIT, THREADS, CPUS} <= tightened, tightened
-    assert sim.levers[BE] != baseline[BE], "the release ended in one step: nothing to test"
-    sim.extra_ms = 20.0  # p99 down by a quarter, still three times the objective
-    trace = run(controller, sim, objectives, baseline, 200, cpus=4)
-    assert sim.levers[BE] == baseline[BE], sim.levers[BE]
-    assert all(f[LC].p99_ms > objectives[LC].p99_ms for f, _ in trace)
+    run(controller, sim, objectives, baseline, 60)
+    assert sim.levers[BE].admit_rps is None
+    given_back = len(sim.applied)
+    sim.cost_ms[BE], sim.extra_ms, sim.demand[BE] = 25.0, 0.0, 30.0  # now BE is the cause
+    trace = run(controller, sim, objectives, baseline, 60)
+    caps = [a for a in sim.applied[given_back:] if a.lever == ADMIT and a.tighten]
+    assert caps, "the cap that did not help before was never tried again"
+    assert sim.levers[BE].admit_rps is not None and sim.levers[BE].admit_rps >= 5
+    assert held(trace[10:], 12.0) >= 0.95
 
 
 def test_levers_that_helped_stay_held_when_unmet() -> None:

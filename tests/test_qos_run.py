@@ -199,13 +199,13 @@ def test_a_cpu_hog_beside_two_models_holds_the_best_effort_admission_then_gives_
             streams.append(Stream(url, "lc"))
             assert wait_until(lambda: any(e.get("type") == "qos_unmet"
                                           for e in watcher.on("event")), 60), agent.stdout
-            held = [a for a in actions() if "did not help" not in a["why"]]
+            held = [a for a in actions() if a["tighten"]]
             # every step was on be for lc: its admission, each cap below the one before,
             # down to min_rps, and (rebuilt) its threads and its CPUs: after the admission,
             # or before it where the two models' threads outnumber the CPUs (contended)
-            assert held and all((a["model"], a["serves"], a["tighten"]) == ("be", "lc", True)
-                                for a in held), _moves(held)
-            kinds = [a["lever"] for a in held]
+            assert held and all((a["model"], a["serves"]) == ("be", "lc") for a in held), \
+                _moves(held)
+            kinds = list(dict.fromkeys(a["lever"] for a in held))  # each kind's first
             contended = sum(_configured(url, m)["threads"] for m in ("lc", "be")) > len(
                 os.sched_getaffinity(0))
             order = (["threads", "cpus", "admit_rps"] if contended
@@ -214,8 +214,7 @@ def test_a_cpu_hog_beside_two_models_holds_the_best_effort_admission_then_gives_
             assert ranks == sorted(ranks), (contended, kinds)
             caps = [a for a in held if a["lever"] == "admit_rps"]
             assert caps and caps[0]["before"] is None
-            afters = [a["after"] for a in caps]
-            assert afters == sorted(afters, reverse=True) and afters[-1] == 5.0, afters
+            assert all(a["before"] is None or 5.0 <= a["after"] < a["before"] for a in caps)
             assert all("admission of be (best_effort) held" in a["why"] for a in caps)
             assert all(a["applied"] is True for a in held)
             unmet = next(e for e in watcher.on("event") if e.get("type") == "qos_unmet")
@@ -223,25 +222,28 @@ def test_a_cpu_hog_beside_two_models_holds_the_best_effort_admission_then_gives_
             assert unmet["best_p99_ms"] > 0.01
             assert wait_until(warned, 30)
             assert wait_until(lambda: "qos_unmet" in _qos(watcher)["models"]["lc"], 30)
-            # a release (what was moved on be did not help lc) is decided in the first
-            # windows after unmet: past them, be is either still held or given back in full
-            judged = int(_qos(watcher)["windows"]) + 6
-            assert wait_until(lambda: int(_qos(watcher)["windows"]) >= judged, 60)
+            # each step on be is on trial: one whose windows showed lc no better is given
+            # back to what it was before that step; which ones is the machine's to say
             given = [a for a in actions() if "did not help" in a["why"]]
+            for back in given:
+                assert (back["model"], back["serves"], back["tighten"]) == ("be", "lc", False)
+                assert any((a["lever"], a["before"], a["after"]) == (
+                    back["lever"], back["after"], back["before"]) for a in held), back
             refusals: list[str] = []
+
+            def serves_the_last_moves() -> bool:
+                last = {a["lever"]: a["after"] for a in actions()}
+                return all(levers(url, "be")[k] == v for k, v in last.items())
 
             def refused_above_the_cap() -> bool:
                 refusals.extend(burst(url, "be"))
                 return bool(refusals) and levers(url, "be")["not_admitted"] > 0
 
-            if given:
-                assert wait_until(lambda: levers(url, "be")["admit_rps"] is None
-                                  and levers(url, "be")["cpus"] is None, 60), actions()
-                assert all(a["tighten"] is False and a["serves"] == "lc" for a in given)
-            else:  # the data plane serves the cap and refuses what is above it: bursts of
-                # concurrent requests, since on a loaded machine the one-at-a-time stream
-                # alone may not reach 5 a second
-                assert levers(url, "be")["admit_rps"] == 5.0
+            assert wait_until(serves_the_last_moves, 60), _moves(actions())
+            if levers(url, "be")["admit_rps"] is not None:
+                # the data plane refuses what is above the cap: bursts of concurrent
+                # requests, since on a loaded machine the one-at-a-time stream alone may
+                # not reach the cap
                 assert wait_until(refused_above_the_cap, 30)
             count = len(actions())
         # the hog gone and lc's objective one it meets: met again, and be's levers back
@@ -253,10 +255,9 @@ def test_a_cpu_hog_beside_two_models_holds_the_best_effort_admission_then_gives_
         assert wait_until(lambda: {k: levers(url, "be")[k] for k in configured}
                           == configured, 120), actions()
         relaxed = actions()[count:]
-        if not given:
-            assert relaxed and all(a["model"] == "be" and a["why"] ==
-                                   "every objective holds with margin" for a in relaxed)
-            assert relaxed[-1]["after"] is None or relaxed[-1]["lever"] != "admit_rps"
+        assert all(a["model"] == "be" and not a["tighten"] and (
+            a["why"] == "every objective holds with margin" or "did not help" in a["why"])
+            for a in relaxed), _moves(relaxed)
         lc_stream = streams[1]
         lc_stream.stop()
         assert not lc_stream.failures, lc_stream.failures[:3]

@@ -15,17 +15,27 @@ further step then waits one window to see the last one's effect; it relaxes only
 once, and doubles the wait before the next relaxation (up to ``max_relax_windows``), so a
 load that sits at the edge settles instead of probing every few seconds.
 
-With every lever at its limit a violated model is ``unmet`` (with the best p99 seen since),
-and nothing moves for it, with one exception: when the levers moved on other models and on
-the device for it took less than ``1 - helped`` off its p99, what it misses for is not
-theirs, and they are given back (one step a window, then nothing moves).
+Every step on another model (or the device) is a trial: it stays only when the model's
+median window p99 over the next ``trial_windows`` judged windows is below ``helped`` times
+its median over the ``reference_windows`` before the step.  One that did not help is given
+back (``why`` says "did not help") and passed over for that model while its median p99
+stays below ``risen`` times what it was then (``futile_windows``, doubled each time the same
+lever fails again): a violation the machine makes (a stall of the VM, another process) then
+costs the other models nothing, while one they make is still met, step by step.  A median,
+so that the one stalled window that set off the step does not make any step look helpful.
+
+With every lever at its limit (or passed over) a violated model is ``unmet`` (with the best
+p99 seen since), and nothing more moves for it until it holds again or its median p99 rises
+``risen`` times past what it was then (a new cause, which the levers passed over may now
+remove).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from statistics import median
 
 from agent.control.qos_model import (
     ADMIT,
@@ -46,7 +56,7 @@ from agent.control.qos_model import (
     Unmet,
     Value,
 )
-from agent.control.qos_steps import DEVICE, Step, rank, relax_steps, tighten_steps
+from agent.control.qos_steps import DEVICE, Step, relax_steps, tighten_steps
 
 __all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "REBUILT", "RUNG",
            "THREADS",
@@ -54,16 +64,38 @@ __all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "REBUILT", 
            "QosController", "Unmet"]
 
 
+@dataclass(eq=False)  # each trial is itself: two alike are still two
+class _Trial:
+    """A step on another model (or the device) on trial for the model it was taken for."""
+
+    target: str  # the model moved, or DEVICE
+    lever: str
+    before: Value
+    after: Value
+    reference: float  # the model's median window p99 before the step
+    samples: list[float] = field(default_factory=list)  # its judged windows since
+    # a later step on trial for the same model fell in those windows: one that did not
+    # help may only have waited for it (threads that tell once admission frees the CPU)
+    overlapped: bool = False
+
+
+@dataclass
+class _Futile:
+    """A lever that did not help a model: passed over until ``until`` unless the model's
+    p99 has since risen well past ``reference`` (what it was when the lever was tried)."""
+
+    until: int
+    reference: float
+    fails: int
+
+
 @dataclass
 class _Track:
     recent: deque[bool]  # the last windows judged: True for a violation
+    p99s: deque[float]  # the last judged windows' p99, for a trial's reference
     unmet: Unmet | None = None
-    # the p99 when the first lever on another model (or the device) moved for it, in this
-    # run of violations: what a release compares the best p99 since with
-    moved_others_at: float | None = None
-    # once a release starts it runs to the end: a lucky window halfway through it is noise,
-    # not proof that the levers left on the others help
-    releasing_at: float | None = None  # the best p99 when the release was decided
+    unmet_at: float = 0.0  # the median p99 when it became unmet
+    trials: list[_Trial] = field(default_factory=list)
 
     @property
     def violating(self) -> int:
@@ -98,6 +130,7 @@ class QosController:
         self._probing = False  # the last move was a relaxation
         self._failed: dict[tuple[str, str], int] = {}  # when a lever's probe was undone
         self._refused: dict[tuple[str, str], int] = {}  # when a lever was refused
+        self._futile: dict[tuple[str, str, str], _Futile] = {}  # (for, target, lever)
 
     def decide(self, figures: Mapping[str, Figures], objectives: Mapping[str, Objective],
                levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
@@ -124,29 +157,32 @@ class QosController:
             if state in ("violated", "holding"):  # an idle model is no reason to hold back
                 comfortable = False
         moved: set[str] = set()
+        for model in held:
+            for back in self._judge_trials(model, levers, device, moved):
+                moved.add(back.model if back.lever != RUNG else DEVICE)
+                decision.actions.append(back)
         for model in violated:
             track = self._tracks[model]
-            if track.violating < self.h.violate_windows:
+            if track.violating < self.h.violate_windows or track.unmet is not None:
                 continue
-            action: Action | bool | None
-            if track.unmet is not None:
-                action = self._release(model, objectives, levers, baseline, figures, device,
-                                       cpus)
-            else:
-                action = self._tighten(model, objectives, levers, baseline, figures, device,
-                                       cpus, moved)
+            action = self._tighten(model, objectives, levers, baseline, figures, device,
+                                   cpus, moved)
             if action is False:  # every lever at its limit: say so, and stop moving
                 p99 = figures[model].p99_ms
                 track.unmet = Unmet(model, float(objectives[model].p99_ms or 0), p99)
+                track.unmet_at = median(track.p99s)
                 continue
             if not isinstance(action, Action):
                 continue  # its steps are on models moved this window: the next one
-            if track.unmet is None:
-                track.arm(self.h.violate_windows - 1)  # the next step: in a window
-            if (action.model != model or action.lever == RUNG) and \
-                    track.moved_others_at is None:
-                track.moved_others_at = figures[model].p99_ms
-            moved.add(action.model if action.lever != RUNG else DEVICE)
+            track.arm(self.h.violate_windows - 1)  # the next step: in a window
+            target = DEVICE if action.lever == RUNG else action.model
+            # on trial, but not a failed probe undone: that one is known to help
+            if target != model and self._failed.get((target, action.lever)) != self.window:
+                for trial in track.trials:
+                    trial.overlapped = trial.overlapped or bool(trial.samples)
+                track.trials.append(_Trial(target, action.lever, action.before, action.after,
+                                           median(track.p99s)))
+            moved.add(target)
             decision.actions.append(action)
         self._after_relax(violated)
         self._comfortable = self._comfortable + 1 if comfortable and held else 0
@@ -156,11 +192,10 @@ class QosController:
             pass
         elif self._comfortable >= self._relax_needed:
             relaxed = self._first(relax_steps(objectives, levers, baseline, figures, device,
-                                              cpus=cpus), levers, device, False, "", set(),
-                                  False)
+                                              cpus=cpus), levers, device, "", set(), False)
         elif self._holding >= self._relax_needed * self.h.probe_factor:  # not own batching
             relaxed = self._first(relax_steps(objectives, levers, baseline, figures, device,
-                                              below_rank=-1, cpus=cpus), levers, device, False, "",
+                                              below_rank=-1, cpus=cpus), levers, device, "",
                                   set(), False)
         if relaxed is not None:
             self._comfortable = self._holding = 0
@@ -182,20 +217,26 @@ class QosController:
 
     def _judge(self, model: str, window: Figures | None, objective: Objective) -> str:
         """violated | comfortable | holding | idle, with the model's counts kept."""
-        track = self._tracks.setdefault(model, _Track(deque(maxlen=self.h.violate_span)))
+        track = self._tracks.setdefault(model, _Track(
+            deque(maxlen=self.h.violate_span), deque(maxlen=self.h.reference_windows)))
         if window is None or window.count < self.h.min_count:
             return "idle"  # no calls: neither a violation nor a sign of margin
+        track.p99s.append(window.p99_ms)
+        for trial in track.trials:
+            if len(trial.samples) < self.h.trial_windows:
+                trial.samples.append(window.p99_ms)
         limit = float(objective.p99_ms or 0)
         if window.p99_ms > limit:
             track.recent.append(True)
+            if track.unmet is not None and median(track.p99s) > \
+                    self.h.risen * track.unmet_at:
+                track.unmet = None  # well past what it missed by: the levers may tell now
             if track.unmet is not None:
                 track.unmet = replace(track.unmet, best_p99_ms=min(track.unmet.best_p99_ms,
                                                                     window.p99_ms))
             return "violated"
-        # it holds (again): the levers may move once more, and a new run of violations
-        # judges what the levers on the others do afresh
         track.recent.append(False)
-        track.unmet, track.moved_others_at, track.releasing_at = None, None, None
+        track.unmet = None  # it holds (again): the levers may move once more
         return "comfortable" if window.p99_ms <= self.h.margin * limit else "holding"
 
     def _after_relax(self, violated: list[str]) -> None:
@@ -243,36 +284,68 @@ class QosController:
         models (or the device) already moved this window, False when none is left."""
         steps = [step for step in tighten_steps(model, objectives, levers, baseline, figures,
                                                 device, cpus)
-                 if self._available(step[0], step[1])]
-        action = self._first(steps, levers, device, True, model, moved, True)
+                 if self._available(step[0], step[1])
+                 and not self._futile_now(model, step[0], step[1])]
+        action = self._first(steps, levers, device, model, moved, True)
         return action if action is not None else bool(steps)
 
-    def _release(self, model: str, objectives: Mapping[str, Objective],
-                 levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
-                 figures: Mapping[str, Figures], device: Device | None,
-                 cpus: int) -> Action | None:
-        """For an unmet model: one step back on what was moved on the others and on the
-        device for it, when that did not help; None when it did, or nothing is left."""
-        track = self._tracks[model]
-        before, unmet = track.moved_others_at, track.unmet
-        if before is None or unmet is None or (
-                track.releasing_at is None and unmet.best_p99_ms < self.h.helped * before):
-            return None
-        if track.releasing_at is None:
-            track.releasing_at = unmet.best_p99_ms
-        why = (f"{model} misses its objective with every lever at its limit, and what "
-               f"was moved on others for it did not help (p99 {track.releasing_at:.1f} ms "
-               f"at best, {before:.1f} ms before): given back")
-        steps = relax_steps(objectives, levers, baseline, figures, device, why, rank(
-            objectives, model), cpus)
-        return self._first(steps, levers, device, True, model, set(), False)
+    def _judge_trials(self, model: str, levers: Mapping[str, Levers],
+                      device: Device | None, moved: set[str]) -> list[Action]:
+        """``model``'s trials with their windows in: the steps that helped stay, the others
+        are given back (to the value before them, with any later step on the same lever)."""
+        track, backs = self._tracks[model], []
+        for trial in [t for t in track.trials if len(t.samples) >= self.h.trial_windows]:
+            if trial not in track.trials:
+                continue  # dropped with an earlier one on the same lever
+            key = (model, trial.target, trial.lever)
+            after = median(trial.samples)
+            if after >= self.h.helped * trial.reference and trial.overlapped:
+                trial.samples.clear()  # judged again over windows after the later step
+                trial.overlapped = False
+                continue
+            at = track.trials.index(trial)
+            track.trials.remove(trial)
+            if after < self.h.helped * trial.reference:
+                self._futile.pop(key, None)
+                continue
+            chain = [trial] + [t for t in track.trials[at:]
+                               if (t.target, t.lever) == (trial.target, trial.lever)]
+            for later in chain[1:]:
+                track.trials.remove(later)
+            if trial.target == DEVICE:
+                if device is None:
+                    continue  # no ladder any more
+                now: Value = device.rung
+            elif trial.target in levers:
+                now = levers[trial.target].get(trial.lever)
+            else:
+                continue  # no longer served
+            if now not in [t.after for t in chain] or trial.target in moved:
+                continue  # relaxed since, or moved by another model's trial this window
+            fails = self._futile[key].fails + 1 if key in self._futile else 1
+            self._futile[key] = _Futile(self.window + min(
+                self.h.futile_windows * 2 ** (fails - 1), self.h.max_relax_windows),
+                trial.reference, fails)
+            self._moved[(trial.target, trial.lever)] = _Moved(self.window, False)
+            why = (f"{trial.lever} of {trial.target or 'the device'} for {model} did not "
+                   f"help (median p99 {trial.reference:.1f} ms before, {after:.1f} ms "
+                   "after): given back")
+            backs.append(Action(trial.target or model, trial.lever, now, trial.before, why,
+                                model, False))
+        return backs
+
+    def _futile_now(self, model: str, target: str, lever: str) -> bool:
+        """``lever`` on ``target`` did not help ``model`` lately, at about its p99 now."""
+        futile = self._futile.get((model, target, lever))
+        return futile is not None and self.window < futile.until and (
+            median(self._tracks[model].p99s) <= self.h.risen * futile.reference)
 
     def _first(self, steps: list[Step], levers: Mapping[str, Levers], device: Device | None,
-               unheld: bool, serves: str, moved: set[str], tighten: bool) -> Action | None:
+               serves: str, moved: set[str], tighten: bool) -> Action | None:
         """The first of ``steps`` that may move now, moved."""
         for target, lever, after, why in steps:
-            if target not in moved and self._may_move(target, lever, unheld) and (
-                    tighten or unheld or not self._failed_lately(target, lever)):
+            if target not in moved and self._may_move(target, lever, tighten) and (
+                    tighten or not self._failed_lately(target, lever)):
                 last = self._moved.get((target, lever))
                 if tighten and last is not None and not last.tighten and (
                         self.window - last.window <= self._relax_needed):

@@ -95,12 +95,12 @@ def tighten_steps(model: str, objectives: Mapping[str, Objective],
 
 def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers],
                 baseline: Mapping[str, Levers], figures: Mapping[str, Figures],
-                device: Device | None, why: str = RELAXED,
-                below_rank: int | None = None, cpus: int = 0) -> list[Step]:
+                device: Device | None, below_rank: int | None = None,
+                cpus: int = 0) -> list[Step]:
     """Every step back toward config.yaml, costliest first; with ``below_rank``, only the
-    levers moved on models of a lower class and on the device (a release, a probe), not
-    any model's own batching."""
-    steps: list[Step] = []
+    levers moved on models of a lower class and on the device (a probe), not any model's
+    own batching."""
+    why, steps = RELAXED, list[Step]()
     if device is not None and device.rung > 0:
         steps.append((DEVICE, RUNG, device.rung - 1, why))
     order = (below(objectives, levers, below_rank) if below_rank is not None
