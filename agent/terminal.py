@@ -57,7 +57,8 @@ def qos_line(action: dict[str, Any], count: int) -> str:
     done = ("applied" if action.get("applied") else "advised" if action.get("mode") ==
             "advise" else f"not applied: {action.get('error', '')}")
     return (f"qos: {action.get('model')} {action.get('lever')} {action.get('before')} -> "
-            f"{action.get('after')} ({done}; {action.get('why')}; {count} moves so far)")
+            f"{action.get('after')} ({done}; {action.get('why')}; {count} "
+            f"move{'' if count == 1 else 's'} so far)")
 
 
 def fit(line: str, columns: int) -> str:

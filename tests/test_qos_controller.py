@@ -186,3 +186,24 @@ def test_a_violation_every_other_window_is_acted_on_and_a_lone_one_is_not() -> N
     assert moves([12.0, 8.0, 12.0, 8.0]) == [2]  # the second violation of four windows
     assert moves([12.0, 12.0]) == [1]
     assert moves([12.0, 8.0, 8.0, 8.0, 12.0, 8.0, 8.0, 8.0, 12.0]) == []
+
+
+def test_the_delay_goes_at_once_when_the_p99_is_further_above_the_objective_than_it() -> None:
+    """A request waits at most the queue delay: 5 ms above the objective is past what a
+    4-ms delay's quarter steps can bring in, so it goes to 0 in one step; 2 ms above it is
+    not, so a quarter goes."""
+    from agent.control.qos import Figures
+
+    objectives = {LC: Objective("latency_critical", p99_ms=10.0)}
+    levers = {LC: Levers(4000, 8)}
+
+    def first_step(p99: float) -> tuple[object, object]:
+        controller = QosController()
+        for _ in range(2):
+            decision = controller.decide({LC: Figures(p99, count=20, rate_rps=20)},
+                                         objectives, levers, levers)
+        (action,) = decision.actions
+        return action.before, action.after
+
+    assert first_step(15.0) == (4000, 0)
+    assert first_step(12.0) == (4000, 1000)

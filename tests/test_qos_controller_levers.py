@@ -95,7 +95,7 @@ def test_where_threads_outnumber_the_cpus_the_others_threads_come_before_admissi
     rate (no cap is ever set); on eight CPUs admission comes first, as its cost says."""
     sim, objectives, baseline = two_models(be_demand=8, be_threads=CONFIGURED_BE_THREADS)
     sim.interference_ms = 12.0
-    trace = run(QosController(), sim, objectives, baseline, 60, cpus=2)
+    trace = run(QosController(), sim, objectives, baseline, 50, cpus=2)  # before a probe
     kinds = [a.lever for a in sim.applied if a.tighten and a.model == BE]
     assert kinds[:2] == [THREADS, THREADS], kinds
     assert ADMIT not in kinds and sim.levers[BE].admit_rps is None

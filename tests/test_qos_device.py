@@ -49,7 +49,8 @@ def test_the_ladder_is_climbed_last_with_the_device_figures_and_put_back_on_stop
         windows(loop, registry, 12 + 3 * rungs)
         actions = [f for kind, f in events if kind == "qos_action"]
         kinds = [a["lever"] for a in actions]
-        assert kinds[:3] == ["max_queue_delay_us"] * 3, kinds  # the model's own first
+        # the model's own first: all of it at once, the p99 being more than 4 ms above it
+        assert kinds[0] == "max_queue_delay_us" and kinds.count(kinds[0]) == 1, kinds
         climbed = [a for a in actions if a["lever"] == "device_rung" and a["tighten"]]
         assert [(a["before"], a["after"]) for a in climbed] == [
             (rung, rung + 1) for rung in range(rungs - 1)]
@@ -59,8 +60,9 @@ def test_the_ladder_is_climbed_last_with_the_device_figures_and_put_back_on_stop
         assert set(device["cur_khz"]) >= {"policy4", "policy6"}
         given = [a for a in actions if a["lever"] == "device_rung" and not a["tighten"]]
         if given:  # the floors did not help (a fixture's frequency moves no latency)
-            assert all("did not help" in a["why"] for a in given)
-            assert ladder.rung == rungs - 1 - len(given)
+            assert all("did not help" in a["why"] and a["after"] < a["before"]
+                       for a in given)
+            assert ladder.rung == given[-1]["after"]
         else:
             assert ladder.rung == rungs - 1
             assert int((tree / POLICY4).read_text()) > int(profile_floor)

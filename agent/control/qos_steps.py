@@ -1,9 +1,10 @@
 """The steps the QoS controller may take, in order of cost, each one notch of one lever.
 
-Tightening, for a model whose objective is violated: its own queue delay, then its own
-preferred batch (both cost only its batching gain); then, on every model of a lower class
-(the least protected first), admission (a rate cap, never below its ``min_rps``), then its
-intra-op threads and its CPUs (the data plane rebuilds its sessions off the hot path), then
+Tightening, for a model whose objective is violated: its own queue delay (a quarter at a
+time, or all of it when the p99 is further above the objective than the delay itself), then
+its own preferred batch (both cost only its batching gain); then, on every model of a lower
+class (the least protected first), admission (a rate cap, never below its ``min_rps``), then
+its intra-op threads and its CPUs (the data plane rebuilds its sessions off the hot path), then
 the device's latency ladder (a higher CPU frequency floor, PM QoS: through the tuning
 engine, within the profile's bounds, never while the device throttles).  Relaxing walks the
 same levers back in the reverse order, so the costliest comes back first: the device's
@@ -56,7 +57,12 @@ def tighten_steps(model: str, objectives: Mapping[str, Objective],
     own = levers[model]
     if own.max_queue_delay_us > 0:
         delay = own.max_queue_delay_us // 4
-        steps.append((model, DELAY, 0 if delay < MIN_DELAY_US else delay, why))
+        # the delay adds at most itself to a request's wait: a p99 further above the
+        # objective than that is past what a quarter step can bring in, so it goes at once
+        excess_us = (p99 - (limit or 0.0)) * 1000
+        if delay < MIN_DELAY_US or excess_us > own.max_queue_delay_us:
+            delay = 0
+        steps.append((model, DELAY, delay, why))
     if own.preferred_batch_size > 1 and own.max_queue_delay_us > 0:  # else it waits not
         steps.append((model, PREFERRED, own.preferred_batch_size // 2, why))
     lower = below(objectives, levers, rank(objectives, model))
