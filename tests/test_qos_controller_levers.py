@@ -5,8 +5,6 @@ first, and steps on others given back when their trial shows they did not help."
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from qos_sim import BE, CONFIGURED_BE_THREADS, LC, held, run, two_models
 
@@ -126,24 +124,27 @@ def test_a_step_on_others_that_did_not_help_is_given_back_and_then_nothing_moves
     assert len(sim.applied) == moves, "levers moved after the release"
 
 
-def test_machine_stalls_do_not_cost_the_other_model_its_throughput() -> None:
-    """A fifth of LC's windows miss by a stall of the machine (seeded), whatever BE does:
-    some stalls come two in a few windows and set off a step on BE, but each such step is
-    given back once its windows show no gain, and passed over for longer each time, so BE
-    keeps at least 85 % of its traffic over 600 windows.  Without trials the caps walked
-    down to BE's floor and stayed (51 %)."""
-    rng = random.Random(7)
-    sim, objectives, baseline = two_models(be_demand=10)
+def test_two_stalls_among_four_windows_set_off_a_step_that_is_given_back() -> None:
+    """LC holds without margin (~0.85 of its objective) whatever BE does.  Two stalled
+    windows among four (the machine's, not BE's) set off a step on BE's admission, but LC's
+    level (its windows but the worst) does not move with it: the cap is given back once
+    its 4 windows are in, and passed over when the next two stalls come.  Without the
+    trial the cap stayed (and went down a step at the second pair) until a probe, 50
+    holding windows later."""
+    sim, objectives, baseline = two_models(be_demand=10, lc_p99=8.0)
     sim.levers[LC] = baseline[LC] = Levers(0, 8)  # no delay of its own to take first
     sim.cost_ms[BE] = 1.0  # light: holding it changes LC's p99 by next to nothing
     controller = QosController()
-    admitted = 0.0
-    for _ in range(600):
-        sim.extra_ms = 12.0 if rng.random() < 0.2 else 0.0
+    stalls, capped = {5, 7, 20, 22}, []
+    for window in range(40):
+        sim.extra_ms = 12.0 if window in stalls else 0.0
         run(controller, sim, objectives, baseline, 1)
-        admitted += min(sim.demand[BE], sim.levers[BE].admit_rps or sim.demand[BE])
-    assert admitted >= 0.85 * 600 * sim.demand[BE], admitted / 600
-    assert any("did not help" in a.why for a in sim.applied), "no step on BE was tried"
+        capped.append(sim.levers[BE].admit_rps is not None)
+    assert capped[8], "two stalls among four windows set off no step"
+    assert sum(capped) <= 8 and not capped[-1], capped
+    assert [a.lever for a in sim.applied if a.tighten] == [ADMIT]
+    (back,) = [a for a in sim.applied if not a.tighten]
+    assert (back.before, back.after) == (7.0, None) and "did not help" in back.why
 
 
 def test_a_lever_that_did_not_help_is_tried_again_once_the_p99_rises() -> None:

@@ -16,16 +16,19 @@ once, and doubles the wait before the next relaxation (up to ``max_relax_windows
 load that sits at the edge settles instead of probing every few seconds.
 
 Every step on another model (or the device) is a trial: it stays only when the model's
-median window p99 over the next ``trial_windows`` judged windows is below ``helped`` times
-its median over the ``reference_windows`` before the step.  One that did not help is given
-back (``why`` says "did not help") and passed over for that model while its median p99
-stays below ``risen`` times what it was then (``futile_windows``, doubled each time the same
-lever fails again): a violation the machine makes (a stall of the VM, another process) then
-costs the other models nothing, while one they make is still met, step by step.  A median,
-so that the one stalled window that set off the step does not make any step look helpful.
+p99 level over the next ``trial_windows`` judged windows is below ``helped`` times its level
+over the last ``violate_span`` before the step (or back within the objective from above
+it), a level being the median of a run of windows without its worst one.  One that did not
+help is given back (``why`` says "did not help") and passed over for that model while its
+level stays below ``risen`` times what it was then (``futile_windows``, doubled each time
+the same lever fails again): a violation the machine makes (a stall of the VM, another
+process) then costs the other models little, while one they make is still met, step by
+step.  Without the worst window, so that one stalled window neither makes a step look
+helpful nor hides a cause that stays: two stalls among four windows leave the level where
+it was, three violations of four raise it.
 
 With every lever at its limit (or passed over) a violated model is ``unmet`` (with the best
-p99 seen since), and nothing more moves for it until it holds again or its median p99 rises
+p99 seen since), and nothing more moves for it until it holds again or its p99 level rises
 ``risen`` times past what it was then (a new cause, which the levers passed over may now
 remove).
 """
@@ -33,7 +36,7 @@ remove).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from statistics import median
 
@@ -64,6 +67,12 @@ __all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "REBUILT", 
            "QosController", "Unmet"]
 
 
+def level(p99s: Iterable[float]) -> float:
+    """The p99 a run of windows sits at: their median without the worst one."""
+    ordered = sorted(p99s)
+    return median(ordered[:-1] if len(ordered) > 1 else ordered)
+
+
 @dataclass(eq=False)  # each trial is itself: two alike are still two
 class _Trial:
     """A step on another model (or the device) on trial for the model it was taken for."""
@@ -72,7 +81,7 @@ class _Trial:
     lever: str
     before: Value
     after: Value
-    reference: float  # the model's median window p99 before the step
+    reference: float  # the model's p99 level before the step
     samples: list[float] = field(default_factory=list)  # its judged windows since
     # a later step on trial for the same model fell in those windows: one that did not
     # help may only have waited for it (threads that tell once admission frees the CPU)
@@ -92,9 +101,9 @@ class _Futile:
 @dataclass
 class _Track:
     recent: deque[bool]  # the last windows judged: True for a violation
-    p99s: deque[float]  # the last judged windows' p99, for a trial's reference
+    p99s: deque[float]  # the last judged windows' p99, for its level
     unmet: Unmet | None = None
-    unmet_at: float = 0.0  # the median p99 when it became unmet
+    unmet_at: float = 0.0  # its p99 level when it became unmet
     trials: list[_Trial] = field(default_factory=list)
 
     @property
@@ -158,7 +167,8 @@ class QosController:
                 comfortable = False
         moved: set[str] = set()
         for model in held:
-            for back in self._judge_trials(model, levers, device, moved):
+            limit = float(objectives[model].p99_ms or 0)
+            for back in self._judge_trials(model, limit, levers, device, moved):
                 moved.add(back.model if back.lever != RUNG else DEVICE)
                 decision.actions.append(back)
         for model in violated:
@@ -170,7 +180,7 @@ class QosController:
             if action is False:  # every lever at its limit: say so, and stop moving
                 p99 = figures[model].p99_ms
                 track.unmet = Unmet(model, float(objectives[model].p99_ms or 0), p99)
-                track.unmet_at = median(track.p99s)
+                track.unmet_at = level(track.p99s)
                 continue
             if not isinstance(action, Action):
                 continue  # its steps are on models moved this window: the next one
@@ -181,7 +191,7 @@ class QosController:
                 for trial in track.trials:
                     trial.overlapped = trial.overlapped or bool(trial.samples)
                 track.trials.append(_Trial(target, action.lever, action.before, action.after,
-                                           median(track.p99s)))
+                                           level(track.p99s)))
             moved.add(target)
             decision.actions.append(action)
         self._after_relax(violated)
@@ -218,7 +228,7 @@ class QosController:
     def _judge(self, model: str, window: Figures | None, objective: Objective) -> str:
         """violated | comfortable | holding | idle, with the model's counts kept."""
         track = self._tracks.setdefault(model, _Track(
-            deque(maxlen=self.h.violate_span), deque(maxlen=self.h.reference_windows)))
+            deque(maxlen=self.h.violate_span), deque(maxlen=self.h.violate_span)))
         if window is None or window.count < self.h.min_count:
             return "idle"  # no calls: neither a violation nor a sign of margin
         track.p99s.append(window.p99_ms)
@@ -228,7 +238,7 @@ class QosController:
         limit = float(objective.p99_ms or 0)
         if window.p99_ms > limit:
             track.recent.append(True)
-            if track.unmet is not None and median(track.p99s) > \
+            if track.unmet is not None and level(track.p99s) > \
                     self.h.risen * track.unmet_at:
                 track.unmet = None  # well past what it missed by: the levers may tell now
             if track.unmet is not None:
@@ -289,23 +299,25 @@ class QosController:
         action = self._first(steps, levers, device, model, moved, True)
         return action if action is not None else bool(steps)
 
-    def _judge_trials(self, model: str, levers: Mapping[str, Levers],
+    def _judge_trials(self, model: str, limit: float, levers: Mapping[str, Levers],
                       device: Device | None, moved: set[str]) -> list[Action]:
-        """``model``'s trials with their windows in: the steps that helped stay, the others
-        are given back (to the value before them, with any later step on the same lever)."""
+        """``model``'s trials with their windows in: the steps that helped (``helped``, or
+        back within the objective ``limit``) stay, the others are given back (to the value
+        before them, with any later step on the same lever)."""
         track, backs = self._tracks[model], []
         for trial in [t for t in track.trials if len(t.samples) >= self.h.trial_windows]:
             if trial not in track.trials:
                 continue  # dropped with an earlier one on the same lever
             key = (model, trial.target, trial.lever)
-            after = median(trial.samples)
-            if after >= self.h.helped * trial.reference and trial.overlapped:
+            after = level(trial.samples)
+            helped = after < self.h.helped * trial.reference or after <= limit < trial.reference
+            if not helped and trial.overlapped:
                 trial.samples.clear()  # judged again over windows after the later step
                 trial.overlapped = False
                 continue
             at = track.trials.index(trial)
             track.trials.remove(trial)
-            if after < self.h.helped * trial.reference:
+            if helped:
                 self._futile.pop(key, None)
                 continue
             chain = [trial] + [t for t in track.trials[at:]
@@ -328,7 +340,7 @@ class QosController:
                 trial.reference, fails)
             self._moved[(trial.target, trial.lever)] = _Moved(self.window, False)
             why = (f"{trial.lever} of {trial.target or 'the device'} for {model} did not "
-                   f"help (median p99 {trial.reference:.1f} ms before, {after:.1f} ms "
+                   f"help (p99 {trial.reference:.1f} ms before, {after:.1f} ms "
                    "after): given back")
             backs.append(Action(trial.target or model, trial.lever, now, trial.before, why,
                                 model, False))
@@ -337,8 +349,12 @@ class QosController:
     def _futile_now(self, model: str, target: str, lever: str) -> bool:
         """``lever`` on ``target`` did not help ``model`` lately, at about its p99 now."""
         futile = self._futile.get((model, target, lever))
-        return futile is not None and self.window < futile.until and (
-            median(self._tracks[model].p99s) <= self.h.risen * futile.reference)
+        if futile is None:
+            return False
+        if level(self._tracks[model].p99s) > self.h.risen * futile.reference:
+            del self._futile[(model, target, lever)]  # a new cause: tried afresh
+            return False
+        return self.window < futile.until
 
     def _first(self, steps: list[Step], levers: Mapping[str, Levers], device: Device | None,
                serves: str, moved: set[str], tighten: bool) -> Action | None:

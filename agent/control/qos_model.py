@@ -123,13 +123,12 @@ class Hysteresis:
     # relax one step (a probe, undone at once if it violates): without it a model held near
     # its objective by something else would keep the others held back for good
     probe_factor: int = 10
-    # a step on another model (or the device) that left the median window p99 of the model
-    # it was taken for above this share of what it was is given back: it did not help
+    # a step on another model (or the device) that left the p99 level of the model it was
+    # taken for above this share of what it was is given back: it did not help
     helped: float = 0.9
     trial_windows: int = 4  # judged windows after such a step that decide whether it helped
-    reference_windows: int = 8  # judged windows before it whose median it is compared with
     futile_windows: int = 30  # a lever that did not help is passed over this long at first
-    # a median p99 this many times what it was when a lever did not help (or when the model
+    # a p99 level this many times what it was when a lever did not help (or when the model
     # became unmet) is a new cause: the levers are tried again
     risen: float = 1.5
     refused_windows: int = 30  # a lever refused is not asked for again for this long
