@@ -604,6 +604,8 @@ def controller_run(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np
         moved = (f"{event['model']} {event['lever']} {event['before']} -> {event['after']}"
                  if event["kind"] == "qos_action" else f"lc best p99 {event['best_p99_ms']:.1f}"
                  " ms")
+        if "did not help" in event.get("why", ""):  # a trial's figures: what it judged
+            moved += f" ({event['why'].partition('(')[2].partition(')')[0]})"
         print(f"    {phase.name:8} +{event['at'] - phase.start:5.1f} s  {event['kind']}: {moved}")
     print(f"  {len(actions)} qos_action events; by lever: " + ", ".join(
         f"{lever} {sum(a['lever'] == lever for a in actions)}"
