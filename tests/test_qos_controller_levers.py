@@ -147,6 +147,41 @@ def test_two_stalls_among_four_windows_set_off_a_step_that_is_given_back() -> No
     assert (back.before, back.after) == (7.0, None) and "did not help" in back.why
 
 
+def test_a_lever_passed_over_is_tried_again_when_its_time_is_out_even_if_unmet() -> None:
+    """Stalls of the machine's fall in the windows that judge BE's cap: it is given back as
+    no help, and LC, with no other lever left, is unmet.  Then BE's traffic triples, a
+    cause the cap does remove, though LC's p99 level rises less than 1.5x.  Once the cap's
+    time out (30 windows) is over it is tried again and LC holds.  Before, unmet stopped
+    every move until a window held: LC stayed unmet and BE uncapped for good."""
+    sim, objectives, baseline = two_models(be_demand=6)
+    controller = QosController()
+    for window in range(30):
+        sim.extra_ms = 10.0 if window in (3, 6, 8, 10, 11) else 0.0
+        run(controller, sim, objectives, baseline, 1)
+    (back,) = [a for a in sim.applied if a.lever == ADMIT and not a.tighten]
+    assert "did not help" in back.why and sim.levers[BE].admit_rps is None
+    sim.extra_ms, sim.demand[BE] = 0.0, 18
+    trace = run(controller, sim, objectives, baseline, 60)
+    assert sim.levers[BE].admit_rps is not None and sim.levers[BE].admit_rps >= 5
+    assert held(trace[-20:], 12.0) == 1.0 and not trace[-1][1].unmet
+
+
+def test_one_stalled_window_in_six_does_not_hold_the_relaxation_back() -> None:
+    """After a burst of BE's, LC holds with margin but for one stalled window in every six
+    (the machine's: no lever of BE's makes it).  Its level (its last windows but the worst)
+    keeps the margin, so BE's cap still comes back.  Counted window by window, each stall
+    started the wait again and BE stayed capped for good."""
+    sim, objectives, baseline = two_models(be_demand=30)
+    controller = QosController()
+    run(controller, sim, objectives, baseline, 120)
+    assert sim.levers[BE].admit_rps is not None
+    sim.demand[BE] = 4
+    for window in range(150):
+        sim.extra_ms = 12.0 if window % 6 == 0 else 0.0
+        run(controller, sim, objectives, baseline, 1)
+    assert sim.levers[BE].admit_rps is None
+
+
 def test_a_lever_that_did_not_help_is_tried_again_once_the_p99_rises() -> None:
     """Held at a p99 BE does not make, BE's cap is given back and passed over; when BE's
     traffic then grows into what LC misses by, the cap is tried again, helps, and stays."""

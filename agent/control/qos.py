@@ -9,8 +9,10 @@ other window is acted on as one that stays, and one lone window is not); the win
 falls in is not judged (it mixes both settings; a relaxation's is, so that one violating
 window undoes it), nor is any window while a model's sessions are being rebuilt, and each
 further step then waits one window to see the last one's effect; it relaxes only after
-``relax_windows`` windows in a row in which every objective holds with ``margin`` (or
-``probe_factor`` times as many in which they hold at all); a lever is not relaxed within
+``relax_windows`` windows in a row in which every model's p99 level (see below) holds with
+``margin`` (or ``probe_factor`` times as many in which it holds at all), with fewer
+violating windows among its last ``violate_span`` than act (one stalled window of the
+machine's does not start the count again); a lever is not relaxed within
 ``hold_windows`` of its last move; a relaxation is a probe: one violating window undoes it at
 once, and doubles the wait before the next relaxation (up to ``max_relax_windows``), so a
 load that sits at the edge settles instead of probing every few seconds.
@@ -28,9 +30,10 @@ helpful nor hides a cause that stays: two stalls among four windows leave the le
 it was, three violations of four raise it.
 
 With every lever at its limit (or passed over) a violated model is ``unmet`` (with the best
-p99 seen since), and nothing more moves for it until it holds again or its p99 level rises
+p99 seen since), and nothing more moves for it until it holds again, its p99 level rises
 ``risen`` times past what it was then (a new cause, which the levers passed over may now
-remove).
+remove), or a lever passed over (or refused) is due to be tried again: a lever that looked
+no help because stalls of the machine's fell in its trial is not lost for good.
 """
 
 from __future__ import annotations
@@ -158,13 +161,14 @@ class QosController:
             return decision
         held = [m for m in sorted(objectives, key=lambda m: (objectives[m].rank, m))
                 if objectives[m].p99_ms is not None and m in levers]
-        violated, comfortable = [], True
+        violated, comfortable, holding = [], True, True
         for model in held:
-            state = self._judge(model, figures.get(model), objectives[model])
-            if state == "violated":
+            if self._judge(model, figures.get(model), objectives[model]):
                 violated.append(model)
-            if state in ("violated", "holding"):  # an idle model is no reason to hold back
+            standing = self._standing(model, figures.get(model), objectives[model])
+            if standing in ("violated", "holding"):  # an idle one is no reason to wait
                 comfortable = False
+            holding = holding and standing != "violated"
         moved: set[str] = set()
         for model in held:
             limit = float(objectives[model].p99_ms or 0)
@@ -173,10 +177,13 @@ class QosController:
                 decision.actions.append(back)
         for model in violated:
             track = self._tracks[model]
-            if track.violating < self.h.violate_windows or track.unmet is not None:
+            if track.violating < self.h.violate_windows:
                 continue
             action = self._tighten(model, objectives, levers, baseline, figures, device,
                                    cpus, moved)
+            if track.unmet is not None and not isinstance(action, Action):
+                continue  # still unmet: nothing moves
+            track.unmet = None  # a lever passed over or refused is back: tried again
             if action is False:  # every lever at its limit: say so, and stop moving
                 p99 = figures[model].p99_ms
                 track.unmet = Unmet(model, float(objectives[model].p99_ms or 0), p99)
@@ -196,7 +203,7 @@ class QosController:
             decision.actions.append(action)
         self._after_relax(violated)
         self._comfortable = self._comfortable + 1 if comfortable and held else 0
-        self._holding = self._holding + 1 if not violated and held else 0
+        self._holding = self._holding + 1 if holding and held else 0
         relaxed = None
         if decision.actions:
             pass
@@ -225,12 +232,12 @@ class QosController:
         return {m: t.unmet for m, t in self._tracks.items()
                 if t.unmet is not None and m in objectives}
 
-    def _judge(self, model: str, window: Figures | None, objective: Objective) -> str:
-        """violated | comfortable | holding | idle, with the model's counts kept."""
+    def _judge(self, model: str, window: Figures | None, objective: Objective) -> bool:
+        """Whether this window violates ``objective``, with the model's counts kept."""
         track = self._tracks.setdefault(model, _Track(
             deque(maxlen=self.h.violate_span), deque(maxlen=self.h.violate_span)))
         if window is None or window.count < self.h.min_count:
-            return "idle"  # no calls: neither a violation nor a sign of margin
+            return False  # no calls: neither a violation nor a sign of margin
         track.p99s.append(window.p99_ms)
         for trial in track.trials:
             if len(trial.samples) < self.h.trial_windows:
@@ -244,10 +251,24 @@ class QosController:
             if track.unmet is not None:
                 track.unmet = replace(track.unmet, best_p99_ms=min(track.unmet.best_p99_ms,
                                                                     window.p99_ms))
-            return "violated"
+            return True
         track.recent.append(False)
         track.unmet = None  # it holds (again): the levers may move once more
-        return "comfortable" if window.p99_ms <= self.h.margin * limit else "holding"
+        return False
+
+    def _standing(self, model: str, window: Figures | None, objective: Objective) -> str:
+        """How the model stands for relaxing: idle (no calls this window), violated (as
+        many violating windows among its last ``violate_span`` as act, or a level above the
+        objective), comfortable (a level within ``margin``) or holding.  Its level, not
+        this one window: one window the machine stalled neither holds the relaxations back
+        nor, on a probe, goes unanswered (that one window undoes it, in ``decide``)."""
+        if window is None or window.count < self.h.min_count:
+            return "idle"
+        track, limit = self._tracks[model], float(objective.p99_ms or 0)
+        at = level(track.p99s)
+        if track.violating >= self.h.violate_windows or at > limit:
+            return "violated"
+        return "comfortable" if at <= self.h.margin * limit else "holding"
 
     def _after_relax(self, violated: list[str]) -> None:
         """A violation soon after a relaxation: that one went too far, so wait longer."""
