@@ -5,6 +5,7 @@ limits with ``qos_unmet``, and never moves a lever past its bounds."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from qos_sim import BE, LC, held, run, two_models
@@ -104,6 +105,27 @@ def test_a_load_at_the_edge_does_not_oscillate() -> None:
     moves = len(sim.applied) - before
     assert moves <= 20, f"{moves} lever moves in 1000 steady windows"
     assert held(late, 12.0) >= 0.99
+
+
+def test_once_the_edge_is_gone_each_probe_that_holds_halves_the_wait() -> None:
+    """At the edge the failed probes of BE's cap double the wait (to 160 windows here).  When
+    BE becomes light, the probes hold: each one that held halves the wait again, so BE's
+    cap comes back in steps ever closer together (160, 80, 40, ... windows).  Before, the
+    wait only grew: every step took the longest one, and the cap came back after 900
+    windows."""
+    sim, objectives, baseline = two_models(be_demand=20)
+    sim.cliff = 0.38
+    controller = QosController()
+    run(controller, sim, objectives, baseline, 400)
+    assert sim.levers[BE].admit_rps == 5
+    sim.cliff, sim.cost_ms[BE] = 1.0, 5.0  # BE light: no cliff under any cap
+    trace = run(controller, sim, objectives, baseline, 600)
+    steps = [i for i, (_, d) in enumerate(trace) for a in d.actions
+             if a.model == BE and a.lever == ADMIT]
+    assert sim.levers[BE].admit_rps is None, steps
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
+    assert gaps == sorted(gaps, reverse=True) and gaps[-1] * 4 <= gaps[0], gaps
+    assert held(trace, 12.0) >= 0.99
 
 
 def test_with_every_lever_at_its_limit_it_is_unmet_and_stops_moving() -> None:

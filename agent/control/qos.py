@@ -15,7 +15,9 @@ violating windows among its last ``violate_span`` than act (one stalled window o
 machine's does not start the count again); a lever is not relaxed within
 ``hold_windows`` of its last move; a relaxation is a probe: one violating window undoes it at
 once, and doubles the wait before the next relaxation (up to ``max_relax_windows``), so a
-load that sits at the edge settles instead of probing every few seconds.
+load that sits at the edge settles instead of probing every few seconds; a probe of that
+lever that holds halves the wait again, so the wait is not left at its longest for good
+once the edge has gone (or once stalls of the machine's have stopped undoing probes).
 
 Every step on another model (or the device) is a trial: it stays only when the model's
 p99 level over the next ``trial_windows`` judged windows is below ``helped`` times its level
@@ -39,9 +41,8 @@ no help because stalls of the machine's fell in its trial is not lost for good.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from statistics import median
+from collections.abc import Mapping
+from dataclasses import replace
 
 from agent.control.qos_model import (
     ADMIT,
@@ -63,67 +64,12 @@ from agent.control.qos_model import (
     Value,
 )
 from agent.control.qos_steps import DEVICE, Step, relax_steps, tighten_steps
+from agent.control.qos_track import Futile, Moved, Track, Trial, level
 
 __all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "REBUILT", "RUNG",
            "THREADS",
            "Action", "Decision", "Device", "Figures", "Hysteresis", "Levers", "Objective",
            "QosController", "Unmet"]
-
-
-def level(p99s: Iterable[float]) -> float:
-    """The p99 a run of windows sits at: their median without the worst one."""
-    ordered = sorted(p99s)
-    return median(ordered[:-1] if len(ordered) > 1 else ordered)
-
-
-@dataclass(eq=False)  # each trial is itself: two alike are still two
-class _Trial:
-    """A step on another model (or the device) on trial for the model it was taken for."""
-
-    target: str  # the model moved, or DEVICE
-    lever: str
-    before: Value
-    after: Value
-    reference: float  # the model's p99 level before the step
-    samples: list[float] = field(default_factory=list)  # its judged windows since
-    # a later step on trial for the same model fell in those windows: one that did not
-    # help may only have waited for it (threads that tell once admission frees the CPU)
-    overlapped: bool = False
-
-
-@dataclass
-class _Futile:
-    """A lever that did not help a model: passed over until ``until`` unless the model's
-    p99 has since risen well past ``reference`` (what it was when the lever was tried)."""
-
-    until: int
-    reference: float
-    fails: int
-
-
-@dataclass
-class _Track:
-    recent: deque[bool]  # the last windows judged: True for a violation
-    p99s: deque[float]  # the last judged windows' p99, for its level
-    unmet: Unmet | None = None
-    unmet_at: float = 0.0  # its p99 level when it became unmet
-    trials: list[_Trial] = field(default_factory=list)
-
-    @property
-    def violating(self) -> int:
-        return sum(self.recent)
-
-    def arm(self, violations: int) -> None:
-        """Count ``violations`` as just seen, and nothing before them: after a move (or a
-        probe) the next violating window is judged against it, not with the old ones."""
-        self.recent.clear()
-        self.recent.extend([True] * violations)
-
-
-@dataclass
-class _Moved:
-    window: int
-    tighten: bool
 
 
 class QosController:
@@ -132,17 +78,19 @@ class QosController:
     def __init__(self, hysteresis: Hysteresis | None = None) -> None:
         self.h = hysteresis or Hysteresis()
         self.window = 0
-        self._tracks: dict[str, _Track] = {}
-        self._moved: dict[tuple[str, str], _Moved] = {}
+        self._tracks: dict[str, Track] = {}
+        self._moved: dict[tuple[str, str], Moved] = {}
         self._comfortable = 0  # windows in a row every objective held with margin
         self._holding = 0  # windows in a row none was violated
         self._relax_needed = self.h.relax_windows
         self._last_relax: int | None = None
+        self._relaxed: tuple[str, str] = ("", "")  # the lever the last relaxation moved
+        self._backed_off: set[tuple[str, str]] = set()  # levers whose probes lengthened it
         self._settle_until = 0  # the last window after a move that is not judged
         self._probing = False  # the last move was a relaxation
         self._failed: dict[tuple[str, str], int] = {}  # when a lever's probe was undone
         self._refused: dict[tuple[str, str], int] = {}  # when a lever was refused
-        self._futile: dict[tuple[str, str, str], _Futile] = {}  # (for, target, lever)
+        self._futile: dict[tuple[str, str, str], Futile] = {}  # (for, target, lever)
 
     def decide(self, figures: Mapping[str, Figures], objectives: Mapping[str, Objective],
                levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
@@ -169,6 +117,8 @@ class QosController:
             if standing in ("violated", "holding"):  # an idle one is no reason to wait
                 comfortable = False
             holding = holding and standing != "violated"
+        # acting on its violations (before a step's arming below forgets them)
+        troubled = any(self._tracks[m].violating >= self.h.violate_windows for m in violated)
         moved: set[str] = set()
         for model in held:
             limit = float(objectives[model].p99_ms or 0)
@@ -197,11 +147,11 @@ class QosController:
             if target != model and self._failed.get((target, action.lever)) != self.window:
                 for trial in track.trials:
                     trial.overlapped = trial.overlapped or bool(trial.samples)
-                track.trials.append(_Trial(target, action.lever, action.before, action.after,
+                track.trials.append(Trial(target, action.lever, action.before, action.after,
                                            level(track.p99s)))
             moved.add(target)
             decision.actions.append(action)
-        self._after_relax(violated)
+        self._after_relax(troubled)
         self._comfortable = self._comfortable + 1 if comfortable and held else 0
         self._holding = self._holding + 1 if holding and held else 0
         relaxed = None
@@ -217,6 +167,7 @@ class QosController:
         if relaxed is not None:
             self._comfortable = self._holding = 0
             self._last_relax = self.window
+            self._relaxed = (DEVICE if relaxed.lever == RUNG else relaxed.model, relaxed.lever)
             decision.actions.append(relaxed)
             for model in held:  # one violating window undoes this probe
                 self._tracks[model].arm(self.h.violate_windows - 1)
@@ -234,7 +185,7 @@ class QosController:
 
     def _judge(self, model: str, window: Figures | None, objective: Objective) -> bool:
         """Whether this window violates ``objective``, with the model's counts kept."""
-        track = self._tracks.setdefault(model, _Track(
+        track = self._tracks.setdefault(model, Track(
             deque(maxlen=self.h.violate_span), deque(maxlen=self.h.violate_span)))
         if window is None or window.count < self.h.min_count:
             return False  # no calls: neither a violation nor a sign of margin
@@ -270,16 +221,26 @@ class QosController:
             return "violated"
         return "comfortable" if at <= self.h.margin * limit else "holding"
 
-    def _after_relax(self, violated: list[str]) -> None:
-        """A violation soon after a relaxation: that one went too far, so wait longer."""
+    def _after_relax(self, troubled: bool) -> None:
+        """A model acting on its violations soon after a relaxation: that one went too far,
+        so the next waits twice as long.  One stalled window is no such sign, and a lever
+        whose probe lengthened the wait shortens it again (halves it) once a probe of it
+        holds: else stalls of the machine's that undid probes would ratchet the wait to its
+        limit for good.  Other levers' probes holding do not: at a load on the edge, a
+        lever that relaxes safely would otherwise undo the back-off of one that does not."""
         last = self._last_relax
         if last is None:
             return
-        if violated and self.window - last <= self._relax_needed:
+        if troubled and self.window - last <= self._relax_needed:
             self._relax_needed = min(self._relax_needed * 2, self.h.max_relax_windows)
+            self._backed_off.add(self._relaxed)
             self._last_relax = None
-        elif self.window - last > self._relax_needed:
-            self._last_relax = None  # it held: the next relaxation need not wait longer
+        elif self.window - last >= self._relax_needed:
+            self._last_relax = None  # it held
+            if self._relaxed in self._backed_off:
+                self._relax_needed = max(self._relax_needed // 2, self.h.relax_windows)
+                if self._relax_needed == self.h.relax_windows:
+                    self._backed_off.discard(self._relaxed)
 
     def _may_move(self, target: str, lever: str, tighten: bool) -> bool:
         """A lever is not relaxed within ``hold_windows`` of its last move; tightening is
@@ -301,11 +262,12 @@ class QosController:
         return refused is None or self.window - refused >= self.h.refused_windows
 
     def _failed_lately(self, target: str, lever: str) -> bool:
-        """A lever whose last relaxation had to be undone is not probed again for as long
-        as a probe waits: the next probe tries the next lever in the order instead."""
+        """A lever whose last relaxation had to be undone is not probed again for twice
+        the wait with margin: the next probe tries the next lever in the order instead.
+        Not for as long as a probe without margin waits (ten times that): one stall that
+        undid a probe of the best-effort cap then kept it for minutes."""
         failed = self._failed.get((target, lever))
-        return failed is not None and (
-            self.window - failed < self._relax_needed * self.h.probe_factor)
+        return failed is not None and self.window - failed < self._relax_needed * 2
 
     def _tighten(self, model: str, objectives: Mapping[str, Objective],
                  levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
@@ -356,10 +318,10 @@ class QosController:
             if now not in [t.after for t in chain] or trial.target in moved:
                 continue  # relaxed since, or moved by another model's trial this window
             fails = self._futile[key].fails + 1 if key in self._futile else 1
-            self._futile[key] = _Futile(self.window + min(
+            self._futile[key] = Futile(self.window + min(
                 self.h.futile_windows * 2 ** (fails - 1), self.h.max_relax_windows),
                 trial.reference, fails)
-            self._moved[(trial.target, trial.lever)] = _Moved(self.window, False)
+            self._moved[(trial.target, trial.lever)] = Moved(self.window, False)
             why = (f"{trial.lever} of {trial.target or 'the device'} for {model} did not "
                    f"help (p99 {trial.reference:.1f} ms before, {after:.1f} ms "
                    "after): given back")
@@ -387,7 +349,7 @@ class QosController:
                 if tighten and last is not None and not last.tighten and (
                         self.window - last.window <= self._relax_needed):
                     self._failed[(target, lever)] = self.window  # a probe undone
-                self._moved[(target, lever)] = _Moved(self.window, tighten)
+                self._moved[(target, lever)] = Moved(self.window, tighten)
                 before: Value = (device.rung if device is not None and target == DEVICE
                                  else levers[target].get(lever))
                 model = target or serves or "device"

@@ -1,0 +1,69 @@
+"""What the QoS controller remembers of each model between windows: its recent verdicts and
+p99s (and the level they sit at), whether it is unmet, the steps on trial for it, the levers
+that did not help it, and when each lever last moved.  Plain records: the decisions that
+read and change them are the controller's (qos)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from statistics import median
+
+from agent.control.qos_model import Unmet, Value
+
+
+def level(p99s: Iterable[float]) -> float:
+    """The p99 a run of windows sits at: their median without the worst one."""
+    ordered = sorted(p99s)
+    return median(ordered[:-1] if len(ordered) > 1 else ordered)
+
+
+@dataclass(eq=False)  # each trial is itself: two alike are still two
+class Trial:
+    """A step on another model (or the device) on trial for the model it was taken for."""
+
+    target: str  # the model moved, or DEVICE
+    lever: str
+    before: Value
+    after: Value
+    reference: float  # the model's p99 level before the step
+    samples: list[float] = field(default_factory=list)  # its judged windows since
+    # a later step on trial for the same model fell in those windows: one that did not
+    # help may only have waited for it (threads that tell once admission frees the CPU)
+    overlapped: bool = False
+
+
+@dataclass
+class Futile:
+    """A lever that did not help a model: passed over until ``until`` unless the model's
+    p99 has since risen well past ``reference`` (what it was when the lever was tried)."""
+
+    until: int
+    reference: float
+    fails: int
+
+
+@dataclass
+class Track:
+    recent: deque[bool]  # the last windows judged: True for a violation
+    p99s: deque[float]  # the last judged windows' p99, for its level
+    unmet: Unmet | None = None
+    unmet_at: float = 0.0  # its p99 level when it became unmet
+    trials: list[Trial] = field(default_factory=list)
+
+    @property
+    def violating(self) -> int:
+        return sum(self.recent)
+
+    def arm(self, violations: int) -> None:
+        """Count ``violations`` as just seen, and nothing before them: after a move (or a
+        probe) the next violating window is judged against it, not with the old ones."""
+        self.recent.clear()
+        self.recent.extend([True] * violations)
+
+
+@dataclass
+class Moved:
+    window: int
+    tighten: bool
