@@ -57,6 +57,7 @@ import itertools
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -461,6 +462,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.levers_rounds < 1 or args.rounds < 1:
         parser.error("--levers-rounds and --rounds must be 1 or more")
+    # stopped (kill, timeout): unwind, so the data plane it started goes with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rng = np.random.default_rng(0)
     feeds = {"lc": {"x": rng.random((1, 3, 224, 224), dtype=np.float32)},
              "be": {"input:0": rng.random((1, 224, 224, 3), dtype=np.float32)}}
