@@ -39,7 +39,9 @@ without the hog and with it: the share of its windows this machine's own jitter,
 hog's, already miss then with nothing of be's running, which no setting of be's levers can
 win back.  A phase (or a grid condition) holds "as alone" when it misses no more windows
 than lc alone under the same condition, but for chance (``as_alone``: Fisher's exact test,
-one-sided at 5 %): the target measured beside the issue's, where lc alone misses some.
+one-sided at 5 %): the target measured beside the issue's, where lc alone misses some.  A
+phase that never converges (under the hog lc alone may hold no three windows in a row
+either) is judged so over all its windows, those while the controller explores too.
 
 Per phase: the share of windows meeting the objective after (re)convergence (the first of
 three met windows in a row; target >= 99 %), the re-convergence time after the phase's step
@@ -279,8 +281,11 @@ def judge(phases: list[Phase], windows: list[Window], objective: float,
         rows.append({"phase": phase.name, "windows": len(inside),
                      "met": sum(met) / len(met) if met else 0.0,
                      "missed": len(met) - sum(met),
-                     "beside": settled is not None and as_alone(
-                         len(after) - sum(after), len(after), alone),
+                     # never three met in a row (lc alone under the hog may not either):
+                     # every window of it, exploring too, against lc alone's
+                     "beside": as_alone(len(after) - sum(after), len(after), alone)
+                     if settled is not None else as_alone(len(met) - sum(met), len(met),
+                                                          alone),
                      "held": sum(after) / len(after) if after else 0.0,
                      "after": len(after), "after_met": sum(after),
                      "converged_s": (inside[settled].at - 1.0 - phase.start)
