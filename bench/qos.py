@@ -9,8 +9,8 @@ One ``edge-agent serve`` (a real data plane process) serves two models:
   intra-op threads (it wants the whole device).
 
 Open-loop traffic (requests at fixed rates, whatever the answers take) runs a scripted
-trace, ``--seconds-per-phase`` each: steady, best-effort traffic x3, a CPU hog taking half
-a core (a process spinning 5 ms, sleeping 5 ms: a stand-in for a co-located app or a thermal
+trace, ``--seconds-per-phase`` each: steady, best-effort traffic x3, a CPU hog taking half a
+core (a process spinning 5 ms, sleeping 5 ms: a stand-in for a co-located app or a thermal
 throttle), and back to steady.  The figures are the data plane's own 1-s windows of ``lc``
 (its statistics, what the controller judges too), read by a sampler of the bench's.
 
@@ -20,28 +20,30 @@ of the machine falls on both kinds alike):
 1. static: the best static configuration of ``be``'s levers (admission cap, intra-op
    threads, CPUs: every lever the controller moves on it, set through the data plane's
    levers route with no controller; its batching stays config.yaml's, which the controller
-   never moves).  Searched first on each distinct condition of the trace (steady, the x3
-   step, the hog; ``--grid-seconds`` each): for each (threads, CPUs), admission caps from
-   none to half the steady rate, loosest first, stopping at the first cap that holds the
-   objective as well as lc alone does (a tighter one only loses throughput); the chosen one
-   is the holder with the most best-effort throughput over the trace, then run over the
-   whole trace.  The
-   grid also gives the ceiling of any controller here: each condition's best holding
-   configuration, as if switched to at each step with nothing lost to exploring, over the
-   best single one.  When the best single one already serves all of ``be``'s offered
-   traffic, the ceiling is 1.0x, whatever the controller does: ``--be-rps`` sets it.
+   never moves), with ``lc``'s queue delay at 0, where the controller's first step takes it
+   (a delay only adds to lc's wait at its rate): every lever the controller moves.  Searched
+   first on each distinct condition of the trace (steady, the x3 step, the hog;
+   ``--grid-seconds`` each): for each (threads, CPUs), admission caps from none to half the steady
+   rate, loosest first, stopping at the first cap that holds the objective as well as lc
+   alone does (a tighter one only loses throughput); the chosen one is the holder with the
+   most best-effort throughput over the trace, then run over the whole trace.  The grid also
+   gives the ceiling of any controller here: each condition's best holding configuration, as
+   if switched to at each step with nothing lost to exploring, over the best single one.
+   When the best single one already serves all of ``be``'s offered traffic, the ceiling is
+   1.0x, whatever the controller does: ``--be-rps`` sets it.
 2. controller: the levers back at config.yaml's, and the real controller
    (agent.service.qos.QosLoop, the loop ``edge-agent run`` runs in ``qos.mode: control``,
    1-s windows) acting on the data plane through the same route.
 
-First, and again right before each run, ``lc`` alone (be idle, ``--alone-seconds``),
-without the hog and with it: the share of its windows this machine's own jitter, and the
-hog's, already miss then with nothing of be's running, which no setting of be's levers can
-win back.  A phase (or a grid condition) holds "as alone" when it misses no more windows
-than lc alone under the same condition, but for chance (``as_alone``: Fisher's exact test,
-one-sided at 5 %): the target measured beside the issue's, where lc alone misses some.  A
-phase that never converges (under the hog lc alone may hold no three windows in a row
-either) is judged so over all its windows, those while the controller explores too.
+First, and again right before each run, ``lc`` alone (be idle, its queue delay at 0,
+``--alone-seconds``), without the hog and with it: the share of its windows this machine's
+own jitter, and the hog's, already miss then with nothing of be's running, which no setting
+of be's levers can win back.  A phase (or a grid condition) holds "as alone" when it misses
+no more windows than lc alone under the same condition, but for chance (``as_alone``:
+Fisher's exact test, one-sided at 5 %): the target measured beside the issue's, where lc
+alone misses some.  A phase that never converges (under the hog lc alone may hold no three
+windows in a row either) is judged so over all its windows, those while the controller
+explores too.
 
 Per phase: the share of windows meeting the objective after (re)convergence (the first of
 three met windows in a row; target >= 99 %), the re-convergence time after the phase's step
@@ -346,8 +348,21 @@ def set_be(client: HttpClient, admit: float | None, threads: int,
 def reset(client: HttpClient, be_threads: int) -> None:
     """Both models' levers back at config.yaml's (no reload: the sessions stay warm)."""
     set_be(client, None, be_threads, None)
-    client.set_levers("lc", {"max_queue_delay_us": LC_DELAY_US, "preferred_batch_size": [4],
+    lc_delay(client, LC_DELAY_US)
+
+
+def lc_delay(client: HttpClient, delay_us: int) -> None:
+    """lc's own queue delay (its preferred batch and admission config.yaml's)."""
+    client.set_levers("lc", {"max_queue_delay_us": delay_us, "preferred_batch_size": [4],
                              "admit_rps": None})
+
+
+def set_static(client: HttpClient, chosen: Static) -> None:
+    """A static configuration: be's levers ``chosen``, and lc's queue delay at 0, where the
+    controller's first step takes it (a delay only adds to lc's wait at its rate): the
+    static runs get every lever the controller moves."""
+    set_be(client, *chosen)
+    lc_delay(client, 0)
 
 
 def search_static(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], lc_rps: float,
@@ -376,7 +391,7 @@ def search_static(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], l
         for threads, placement in itertools.product(threads_options, placements):
             for admit in (None, 1.5 * be_rps, be_rps, 0.5 * be_rps):
                 chosen: Static = (admit, threads, placement)
-                set_be(client, *chosen)
+                set_static(client, chosen)
                 phases, windows = run_trace(url, pid, feeds, lc_rps, be_rps, stress,
                                             seconds)
                 measured += 1
@@ -421,16 +436,22 @@ def noise_floors(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]],
                  lc_rps: float, objective: float, seconds: float) -> Floors:
     """lc's 1-s windows missing its objective with be idle, (missed, windows) without the
     hog and with it: what this machine's own jitter, and the hog's, leave for any setting of
-    be's levers to hold (be refused everything: the most a controller can give lc)."""
+    be's levers to hold (be refused everything: the most a controller can give lc), with
+    lc's queue delay at 0 (its best); config.yaml's delay again afterwards."""
     floors: Floors = {}
+    with HttpClient(url, token=TOKEN) as client:
+        lc_delay(client, 0)
     for hogged in (False, True):
         phases, windows = run_trace(url, pid, feeds, lc_rps, 0.0,
                                     [("lc alone", 0.0, hogged)], seconds)
         (row,) = judge(phases, windows, objective)
         floors[hogged] = (int(row["missed"]), int(row["windows"]))
+        median = float(np.median([w.p99_ms for w in windows if w.count] or [0.0]))
         print(f"lc alone ({lc_rps:g} rps, be idle, {'the hog' if hogged else 'no hog'}, "
               f"{seconds:g} s): {row['met']:.1%} of 1-s windows within the objective, the "
-              f"worst {row['worst_all']:.2f}x it")
+              f"median {median / objective:.2f}x it, the worst {row['worst_all']:.2f}x")
+    with HttpClient(url, token=TOKEN) as client:
+        lc_delay(client, LC_DELAY_US)
     print("a phase holds 'as alone' when lc misses no more windows there than it does alone "
           "under the same condition but for chance (Fisher's exact test, one-sided, 5 %)")
     return floors
@@ -528,7 +549,7 @@ def alternate(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np.ndar
         print(f"\nround {number} of {args.rounds}")
         floors = noise_floors(url, pid, feeds, args.lc_rps, objective, args.alone_seconds)
         with HttpClient(url, token=TOKEN) as client:
-            set_be(client, *chosen)
+            set_static(client, chosen)
         phases, windows = run_trace(url, pid, feeds, args.lc_rps, args.be_rps, trace,
                                     args.seconds_per_phase)
         rows = judge(phases, windows, objective, floors)
