@@ -80,8 +80,8 @@ class QosController:
         self.window = 0
         self._tracks: dict[str, Track] = {}
         self._moved: dict[tuple[str, str], Moved] = {}
-        self._comfortable = 0  # windows in a row every objective held with margin
-        self._holding = 0  # windows in a row none was violated
+        self._comfortable = 0  # windows in a row every model's level held with margin
+        self._holding = 0  # windows in a row no model stood violated (_standing)
         self._relax_needed = self.h.relax_windows
         self._last_relax: int | None = None
         self._relaxed: tuple[str, str] = ("", "")  # the lever the last relaxation moved
