@@ -280,14 +280,13 @@ def judge(phases: list[Phase], windows: list[Window], objective: float,
                         and len(met[i:i + CONVERGED]) == CONVERGED), None)
         after = met[settled:] if settled is not None else []
         exploring = inside[:settled] if settled is not None else inside
+        # never three met in a row (lc alone under the hog may not either): every window
+        # of it, exploring too, is judged against lc alone's
+        judged = after if settled is not None else met
         rows.append({"phase": phase.name, "windows": len(inside),
                      "met": sum(met) / len(met) if met else 0.0,
                      "missed": len(met) - sum(met),
-                     # never three met in a row (lc alone under the hog may not either):
-                     # every window of it, exploring too, against lc alone's
-                     "beside": as_alone(len(after) - sum(after), len(after), alone)
-                     if settled is not None else as_alone(len(met) - sum(met), len(met),
-                                                          alone),
+                     "beside": as_alone(len(judged) - sum(judged), len(judged), alone),
                      "held": sum(after) / len(after) if after else 0.0,
                      "after": len(after), "after_met": sum(after),
                      "converged_s": (inside[settled].at - 1.0 - phase.start)

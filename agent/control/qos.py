@@ -131,9 +131,10 @@ class QosController:
                 continue
             action = self._tighten(model, objectives, levers, baseline, figures, device,
                                    cpus, moved)
-            if track.unmet is not None and not isinstance(action, Action):
-                continue  # still unmet: nothing moves
-            track.unmet = None  # a lever passed over or refused is back: tried again
+            if track.unmet is not None:
+                if not isinstance(action, Action):
+                    continue  # still unmet: nothing moves
+                track.unmet = None  # a lever passed over or refused is back: tried again
             if action is False:  # every lever at its limit: say so, and stop moving
                 p99 = figures[model].p99_ms
                 track.unmet = Unmet(model, float(objectives[model].p99_ms or 0), p99)
