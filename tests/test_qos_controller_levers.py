@@ -241,6 +241,29 @@ def test_objectives_held_without_margin_still_give_best_effort_back_in_probes() 
     assert held(trace, 12.0) >= 0.99
 
 
+def test_once_a_probe_without_margin_holds_the_next_ones_come_at_the_plain_wait() -> None:
+    """A burst takes BE's cap down three steps; then LC holds at ~90 % of its objective
+    (never with margin) while BE asks for twelve times its cap.  The first probe waits the
+    long wait (ten times the relax wait); once one held, the next wait the plain one, and
+    each raises the cap by more, so it is gone within twenty windows of that first probe.
+    Before, every probe waited the long wait, and the cap was not back after 400 windows."""
+    sim, objectives, baseline = two_models(be_demand=30)
+    controller = QosController()
+    run(controller, sim, objectives, baseline, 60)
+    sim.demand[BE], sim.cost_ms[BE], sim.extra_ms = 60, 1.0, 20.0
+    run(controller, sim, objectives, baseline, 6)
+    assert sim.levers[BE].admit_rps == 5.042
+    sim.extra_ms = 4.5
+    trace = run(controller, sim, objectives, baseline, 400)
+    probes = [(i, a.why) for i, (_, d) in enumerate(trace) for a in d.actions
+              if a.lever == ADMIT]
+    assert {why for _, why in probes} == {"every objective holds, not all with margin: a probe"}
+    first, last = probes[0][0], probes[-1][0]
+    assert first >= 50 and last - first <= 20, probes
+    assert sim.levers[BE].admit_rps is None
+    assert held(trace, 12.0) == 1.0
+
+
 def test_a_lever_the_data_plane_refuses_is_not_asked_for_every_window() -> None:
     """A data plane without placement (or a device whose kernel refuses the floor): the
     refused lever is left out for a while, so the controller goes on to the next step (here

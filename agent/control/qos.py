@@ -10,7 +10,8 @@ falls in is not judged (it mixes both settings; a relaxation's is, so that one v
 window undoes it), nor is any window while a model's sessions are being rebuilt, and each
 further step then waits one window to see the last one's effect; it relaxes only after
 ``relax_windows`` windows in a row in which every model's p99 level (see below) holds with
-``margin`` (or ``probe_factor`` times as many in which it holds at all), with fewer
+``margin`` (or ``probe_factor`` times as many in which it holds at all: as many, once
+the last probe held, until one is undone or a model acts again), with fewer
 violating windows among its last ``violate_span`` than act (one stalled window of the
 machine's does not start the count again); a lever is not relaxed within
 ``hold_windows`` of its last move; a relaxation is a probe: one violating window undoes it at
@@ -86,6 +87,8 @@ class QosController:
         self._last_relax: int | None = None
         self._relaxed: tuple[str, str] = ("", "")  # the lever the last relaxation moved
         self._backed_off: set[tuple[str, str]] = set()  # levers whose probes lengthened it
+        self._held: dict[str, int] = {}  # probes of a model's admission cap in a row held
+        self._streak = 0  # probes in a row that held, since the last step that tightened
         self._settle_until = 0  # the last window after a move that is not judged
         self._probing = False  # the last move was a relaxation
         self._failed: dict[tuple[str, str], int] = {}  # when a lever's probe was undone
@@ -156,15 +159,20 @@ class QosController:
         self._comfortable = self._comfortable + 1 if comfortable and held else 0
         self._holding = self._holding + 1 if holding and held else 0
         relaxed = None
+        if any(action.tighten for action in decision.actions):
+            self._streak = 0  # the load turned against the levers: probe as at first
+        # without margin a probe waits probe_factor times as long, unless the last one held
+        probe_wait = self._relax_needed * (1 if self._streak else self.h.probe_factor)
         if decision.actions:
             pass
         elif self._comfortable >= self._relax_needed:
             relaxed = self._first(relax_steps(objectives, levers, baseline, figures, device,
-                                              cpus=cpus), levers, device, "", set(), False)
-        elif self._holding >= self._relax_needed * self.h.probe_factor:  # not own batching
+                                              cpus=cpus, held=self._held), levers, device,
+                                  "", set(), False)
+        elif self._holding >= probe_wait:  # not own batching
             relaxed = self._first(relax_steps(objectives, levers, baseline, figures, device,
-                                              below_rank=-1, cpus=cpus), levers, device, "",
-                                  set(), False)
+                                              below_rank=-1, cpus=cpus, held=self._held),
+                                  levers, device, "", set(), False)
         if relaxed is not None:
             self._comfortable = self._holding = 0
             self._last_relax = self.window
@@ -232,12 +240,18 @@ class QosController:
         last = self._last_relax
         if last is None:
             return
+        target, lever = self._relaxed
         if troubled and self.window - last <= self._relax_needed:
             self._relax_needed = min(self._relax_needed * 2, self.h.max_relax_windows)
             self._backed_off.add(self._relaxed)
             self._last_relax = None
+            self._held.pop(target, None)
+            self._streak = 0
         elif self.window - last >= self._relax_needed:
             self._last_relax = None  # it held
+            self._streak += 1
+            if lever == ADMIT:
+                self._held[target] = self._held.get(target, 0) + 1
             if self._relaxed in self._backed_off:
                 self._relax_needed = max(self._relax_needed // 2, self.h.relax_windows)
                 if self._relax_needed == self.h.relax_windows:
@@ -351,6 +365,8 @@ class QosController:
                         self.window - last.window <= self._relax_needed):
                     self._failed[(target, lever)] = self.window  # a probe undone
                 self._moved[(target, lever)] = Moved(self.window, tighten)
+                if tighten and lever == ADMIT:
+                    self._held.pop(target, None)  # it climbs back from one step again
                 before: Value = (device.rung if device is not None and target == DEVICE
                                  else levers[target].get(lever))
                 model = target or serves or "device"

@@ -121,7 +121,9 @@ class Hysteresis:
     margin: float = 0.7  # "holds with margin": p99 at most this share of the objective
     # objectives that hold without that margin for this many times the relax wait still
     # relax one step (a probe, undone at once if it violates): without it a model held near
-    # its objective by something else would keep the others held back for good
+    # its objective by something else would keep the others held back for good; after a
+    # probe that held, the next waits only the relax wait, so a cap left from a cause that
+    # has gone climbs back in a few probes rather than one every ten waits
     probe_factor: int = 10
     # a step on another model (or the device) that left the p99 level of the model it was
     # taken for above this share of what it was is given back: it did not help

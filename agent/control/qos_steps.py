@@ -44,6 +44,7 @@ from agent.control.qos_model import (
 DEVICE = ""  # the target of a step on the device's ladder rather than on a model
 Step = tuple[str, str, Value, str]  # (target model or DEVICE, lever, after, why)
 RELAXED = "every objective holds with margin"
+PROBED = "every objective holds, not all with margin: a probe"
 
 
 def tighten_steps(model: str, objectives: Mapping[str, Objective],
@@ -102,11 +103,12 @@ def tighten_steps(model: str, objectives: Mapping[str, Objective],
 def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers],
                 baseline: Mapping[str, Levers], figures: Mapping[str, Figures],
                 device: Device | None, below_rank: int | None = None,
-                cpus: int = 0) -> list[Step]:
+                cpus: int = 0, held: Mapping[str, int] | None = None) -> list[Step]:
     """Every step back toward config.yaml, costliest first; with ``below_rank``, only the
     levers moved on models of a lower class and on the device (a probe), not any model's
-    own batching."""
-    why, steps = RELAXED, list[Step]()
+    own batching.  ``held``: how many probes of a model's admission cap in a row held;
+    each such step is that much larger (see ``admit_relaxed``)."""
+    why, steps = RELAXED if below_rank is None else PROBED, list[Step]()
     if device is not None and device.rung > 0:
         steps.append((DEVICE, RUNG, device.rung - 1, why))
     order = (below(objectives, levers, below_rank) if below_rank is not None
@@ -123,10 +125,8 @@ def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers
     for model in order:
         current = levers[model].admit_rps
         if current is not None:
-            refused = figures[model].rejections if model in figures else 0
-            # nothing refused: the cap does not bind, so none at all
-            admission.append((model, ADMIT, round(current / ADMIT_STEP, 3) if refused
-                              else None, why))
+            admission.append((model, ADMIT, admit_relaxed(
+                current, figures.get(model), (held or {}).get(model, 0)), why))
     if contended(levers, baseline, figures, cpus):
         steps += admission + placement
     else:
@@ -169,6 +169,21 @@ def rank(objectives: Mapping[str, Objective], model: str) -> int:
 def service_class(objectives: Mapping[str, Objective], model: str) -> str:
     objective = objectives.get(model)
     return objective.service_class if objective is not None else "no qos"
+
+
+def admit_relaxed(current: float, window: Figures | None, held: int) -> float | None:
+    """The cap one relaxation step above ``current``: ``1 / ADMIT_STEP`` times it, and
+    that again for each of the last ``held`` probes of it that held (up to three), so a
+    cap the cause has left climbs back in a few steps rather than a dozen, while one at
+    the edge (whose probes are undone) climbs as slowly as it came down.  None (no cap)
+    where the cap does not bind (nothing refused) or the step admits every request the
+    window offered (fewer refused than it adds to those served)."""
+    if window is None or not window.rejections:
+        return None
+    grown = ADMIT_STEP ** -(1 + min(held, 3))
+    if window.count and window.count * grown >= window.count + window.rejections:
+        return None
+    return round(current * grown, 3)
 
 
 def admit_floor(objective: Objective | None) -> float:
