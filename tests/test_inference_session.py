@@ -6,6 +6,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -218,6 +219,29 @@ def test_session_starts_that_many_os_threads(tmp_path: Path) -> None:
     counted = subprocess.run([sys.executable, "-c", _COUNT_THREADS, str(model)], check=True,
                              capture_output=True, text=True, timeout=120)
     assert int(counted.stdout) == 2
+
+
+def test_a_python_thread_started_during_a_build_is_not_taken_for_a_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A front end's handler thread that starts while a session builds is no ORT worker:
+    taken for one, it would get the inference threads' scheduling and the model's CPUs."""
+    model, go, started = mlp(tmp_path), threading.Event(), []
+    create = sess.create_session
+
+    def with_a_thread(*args: Any) -> Any:
+        other = threading.Thread(target=go.wait, daemon=True)
+        other.start()
+        started.append(other)
+        return create(*args)
+
+    monkeypatch.setattr(sess, "create_session", with_a_thread)
+    try:
+        built = build_session(model, providers=[CPU], intra_op=3, inter_op=1, cache_dir=None)
+        assert started[0].native_id not in built.worker_tids
+        assert len(built.worker_tids) == 2
+        assert all(Path(f"/proc/self/task/{tid}").is_dir() for tid in built.worker_tids)
+    finally:
+        go.set()
 
 
 def test_spinning_defaults_to_ort_and_can_be_turned_off(tmp_path: Path) -> None:

@@ -129,5 +129,9 @@ class _heartbeat:
 
 
 def _own_threads() -> set[int]:
-    """Thread ids of this process (sessions are built from one control thread at a time)."""
-    return {int(tid) for tid in os.listdir("/proc/self/task")}
+    """Thread ids of this process but its Python threads: those ORT starts are not Python's,
+    while a front end's handler thread (or any other) that starts during a build is, and
+    must not be taken for one of the session's workers (given their scheduling, pinned to
+    their CPUs).  Sessions are built from one control thread at a time."""
+    tids = {int(tid) for tid in os.listdir("/proc/self/task")}
+    return tids - {thread.native_id for thread in threading.enumerate()}
