@@ -88,7 +88,7 @@ class QosController:
         self._relaxed: tuple[str, str] = ("", "")  # the lever the last relaxation moved
         self._backed_off: set[tuple[str, str]] = set()  # levers whose probes lengthened it
         self._held: dict[str, int] = {}  # probes of a model's admission cap in a row held
-        self._streak = 0  # probes in a row that held, since the last step that tightened
+        self._probe_held = False  # the last probe held, and no step has tightened since
         self._settle_until = 0  # the last window after a move that is not judged
         self._probing = False  # the last move was a relaxation
         self._failed: dict[tuple[str, str], int] = {}  # when a lever's probe was undone
@@ -160,9 +160,9 @@ class QosController:
         self._holding = self._holding + 1 if holding and held else 0
         relaxed = None
         if any(action.tighten for action in decision.actions):
-            self._streak = 0  # the load turned against the levers: probe as at first
+            self._probe_held = False  # the load turned against the levers: probe as at first
         # without margin a probe waits probe_factor times as long, unless the last one held
-        probe_wait = self._relax_needed * (1 if self._streak else self.h.probe_factor)
+        probe_wait = self._relax_needed * (1 if self._probe_held else self.h.probe_factor)
         if decision.actions:
             pass
         elif self._comfortable >= self._relax_needed:
@@ -246,10 +246,10 @@ class QosController:
             self._backed_off.add(self._relaxed)
             self._last_relax = None
             self._held.pop(target, None)
-            self._streak = 0
+            self._probe_held = False
         elif self.window - last >= self._relax_needed:
             self._last_relax = None  # it held
-            self._streak += 1
+            self._probe_held = True
             if lever == ADMIT:
                 self._held[target] = self._held.get(target, 0) + 1
             if self._relaxed in self._backed_off:
