@@ -95,7 +95,7 @@ def test_an_objective_no_candidate_meets_is_refused_and_nothing_is_written(
     config = repository / "mlp" / "config.yaml"
     config.write_bytes(b"max_run_ms: 4000\n")
     result = edge_agent("model", "tune", "mlp", "--repository", repository, "--p99-ms",
-                        "0.001", "--rate", "40", "--space", "threads=1", "--space", "count=1,2",
+                        "0.01", "--rate", "40", "--space", "threads=1", "--space", "count=1,2",
                         *FAST, "--json")
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
@@ -106,11 +106,11 @@ def test_an_objective_no_candidate_meets_is_refused_and_nothing_is_written(
         {"max_batch_size": 0, "instances": [{"count": n, "threads": 1}]} for n in (1, 2)]
     assert all(c["load"] == "open loop, 40 rps" for c in report["candidates"])
     assert report["miss"].startswith(f"p99 {report['p99_ms']:.2f} ms is ")
-    assert "above p99_ms 0.001" in report["miss"]
+    assert "above p99_ms 0.01" in report["miss"]
     assert config.read_bytes() == b"max_run_ms: 4000\n"
     assert sorted(p.name for p in (repository / "mlp").iterdir()) == ["1", "config.yaml"]
     text = edge_agent("model", "tune", "mlp", "--repository", repository, "--p99-ms",
-                      "0.001", "--space", "threads=1", "--space", "count=1", *FAST)
+                      "0.01", "--space", "threads=1", "--space", "count=1", *FAST)
     assert text.returncode == 1
     assert "refused: the best candidate (1 x 1 threads, batch 0, delay 0 us) misses the " \
         "objective: p99 " in text.stdout
@@ -127,7 +127,12 @@ def test_an_objective_no_candidate_meets_is_refused_and_nothing_is_written(
      "16 integers 1..1024, comma-separated"),
     (("demo", "--space", "threads=64", "--space", "count=64"), "edge-agent model: --space "
      "leaves no candidate within 2 threads per CPU ({cpus} CPUs)"),
-    (("demo", "--p99-ms", "-1"), "argument --p99-ms: -1: expected a number above 0"),
+    (("demo", "--p99-ms", "-1"), "argument --p99-ms: -1: expected a number 0.01..3600000"),
+    # the bounds config.yaml's qos keys have; an open loop at 1e9 rps once queued gigabytes
+    (("demo", "--p99-ms", "1e12"), "argument --p99-ms: 1e12: expected a number "
+     "0.01..3600000"),
+    (("demo", "--rate", "1e9"), "argument --rate: 1e9: expected a number 0.001..1000000"),
+    (("demo", "--window-s", "1e9"), "argument --window-s: 1e9: expected a number 0.05..3600"),
     (("demo", "--budget-s", "0"), "argument --budget-s: 0: expected a number above 0"),
 ])
 def test_a_bad_model_or_flag_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],

@@ -26,7 +26,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +64,10 @@ class UsageError(Exception):
 def exit_status(error: BaseException) -> int | None:
     """The status EXIT_STATUS gives ``error``; None for one it does not know (a bug, whose
     traceback is wanted)."""
+    from agent.stopping import Terminated
+
+    if isinstance(error, Terminated):
+        return error.status
     for kind in type(error).__mro__:
         status = EXIT_STATUS.get(f"{kind.__module__}.{kind.__qualname__}")
         if status is not None:
@@ -76,7 +80,7 @@ def tell(args: argparse.Namespace, error: BaseException) -> None:
     the operation the command and its action (``edge-agent profile apply: ...``)."""
     if isinstance(error, BrokenPipeError):
         sys.stderr.close()  # the reader is gone; nothing more to say to anyone
-    elif isinstance(error, KeyboardInterrupt):
+    elif isinstance(error, KeyboardInterrupt) and not str(error):
         print(file=sys.stderr)  # ends the line the terminal echoed ^C on
     else:
         action = None if isinstance(error, UsageError) else getattr(args, "action", None)
@@ -156,6 +160,26 @@ def positive_float(text: str) -> float:
     """An argparse type for durations and rates: a finite number above 0 (argparse names
     the flag: ``argument --seconds: -5: expected a number above 0``, exit 2)."""
     return _finite(text, above_zero=True)
+
+
+def ranged_float(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type for a number ``low``..``high``: a flag's bounds are those of the
+    config key it stands in for, so the command line takes what the file would."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(
+                f"{text}: expected a number {_plain(low)}..{_plain(high)}")
+        return value
+    return parse
+
+
+def _plain(number: float) -> str:
+    """3600000, not 3.6e+06: the bound as one would type it."""
+    return str(int(number)) if float(number).is_integer() else repr(number)
 
 
 def non_negative_float(text: str) -> float:

@@ -16,9 +16,13 @@ from agent.cli.common import (
     emit,
     open_root,
     positive_float,
+    ranged_float,
     render_table,
     resolve_state_dir,
 )
+from agent.stopping import raising_on_termination
+
+WINDOW_S = (0.05, 3600.0)  # seconds of load per measurement (qos.window_s stops at 3600 too)
 
 if TYPE_CHECKING:
     from agent.config import Config
@@ -33,15 +37,16 @@ def register_tune(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "tune", help="search instances, threads, max batch and queue delay on this device "
         "against a p99 objective; write the best to the model's config.yaml")
     sub.add_argument("model", metavar="M", help="the model's name in the repository")
-    sub.add_argument("--p99-ms", type=positive_float, metavar="N",
+    sub.add_argument("--p99-ms", type=_p99_ms, metavar="N",
                      help="the latency objective (default: the model's qos.p99_ms; none: "
                      "the most throughput)")
-    sub.add_argument("--rate", type=positive_float, metavar="N",
+    sub.add_argument("--rate", type=_rate, metavar="N",
                      help="requests per second of an open-loop load (default: the larger of the "
                      "rate the running data plane recorded for the model and its "
                      "qos.min_rps; neither: a closed loop of 1, 2, 4, ... clients)")
     sub.add_argument("--budget-s", type=positive_float, default=60.0, metavar="N",
-                     help="seconds the quick search may measure for (default: 60)")
+                     help="seconds after which the quick search starts no new candidate "
+                     "(the one under way ends its levels of load; default: 60)")
     sub.add_argument("--exhaustive", action="store_true",
                      help="measure every candidate of the grid instead")
     sub.add_argument("--space", action="append", default=[], metavar="KEY=N,N",
@@ -60,13 +65,27 @@ def register_tune(actions: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sub.add_argument("--root", default="/", metavar="DIR",
                      help="the filesystem root the knobs are written under and the power "
                      "rails read from (default: /)")
-    sub.add_argument("--window-s", type=positive_float, default=1.0, metavar="N",
+    sub.add_argument("--window-s", type=ranged_float(*WINDOW_S), default=1.0, metavar="N",
                      help="seconds of load per measurement (default: 1)")
     sub.add_argument("--rollback", action="store_true",
                      help="put back the config.yaml the model had before model tune")
     add_repository_choice(sub, "repository is used")
     sub.add_argument("--json", action="store_true", help="print the report as JSON")
     sub.set_defaults(handler=tune_command)
+
+
+def _p99_ms(text: str) -> float:
+    """qos.p99_ms's bounds (read when the flag is given: every command builds this parser)."""
+    from agent.serving.settings import QOS_P99_MS
+
+    return ranged_float(*QOS_P99_MS)(text)
+
+
+def _rate(text: str) -> float:
+    """qos.min_rps's bounds."""
+    from agent.serving.settings import QOS_MIN_RPS
+
+    return ranged_float(*QOS_MIN_RPS)(text)
 
 
 def tune_command(args: argparse.Namespace) -> int:
@@ -107,7 +126,8 @@ def tune_command(args: argparse.Namespace) -> int:
     progress = (lambda step: None) if args.json else (
         lambda step: print(f"  ... {step}", file=sys.stderr, flush=True))
     try:
-        report = tune(request, progress)
+        with raising_on_termination():  # the knobs and the scratch put back, as on Ctrl-C
+            report = tune(request, progress)
     except TuneError as error:
         raise UsageError(str(error)) from None
     except PlaneError as error:
