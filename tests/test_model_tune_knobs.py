@@ -6,6 +6,11 @@ its calls (the device's knobs need a real cpufreq/PM QoS); the data plane is rea
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,3 +157,44 @@ def test_the_cli_searches_a_real_ladder_on_a_fixture_board_and_puts_it_back(
     assert "chosen_knobs" in report
     assert snapshot(tree) == applied, "the ladder was not put back"
     assert "knobs" not in (repository / "demo" / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_tune_stopped_by_sigterm_or_sighup_puts_the_device_and_its_scratch_back(
+        tmp_path: Path, signum: signal.Signals) -> None:
+    """A service manager's stop (SIGTERM) or a closed terminal (SIGHUP) mid-search: once
+    a rung had raised policy4's floor, both ended the process where it stood, and the floor
+    stayed raised, the scratch directory with it; now they unwind as Ctrl-C does."""
+    from tests.agent_process import sigint_at_default
+    from tests.tuning_helpers import copy_board, engine_for, snapshot
+
+    tree = copy_board("rk3588-vendor", tmp_path)
+    engine_for(tree, tree / "var/lib/edge-agent").apply("rk3588")
+    applied = snapshot(tree)
+    floor = tree / "sys/devices/system/cpu/cpufreq/policy4/scaling_min_freq"
+    before = floor.read_text()
+    repository, scratch = tmp_path / "repository", tmp_path / "tmp"
+    (repository / "demo").mkdir(parents=True)
+    scratch.mkdir()
+    argv = sigint_at_default(sys.executable, "-m", "agent", "model", "tune", "demo",
+                             "--repository", str(repository), "--knobs", "--root", str(tree),
+                             "--state-dir", str(tree / "var/lib/edge-agent"), "--exhaustive",
+                             "--space", "threads=1", "--space", "count=1", "--space",
+                             "batch=1", "--window-s", "1")
+    argv[1] = "--default-signal=INT,TERM,HUP"  # a test run under nohup ignores SIGHUP
+    with subprocess.Popen(argv, env={**os.environ, "TMPDIR": str(scratch)},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        deadline = time.monotonic() + 120
+        while floor.read_text() == before and child.poll() is None:
+            assert time.monotonic() < deadline, "no rung moved policy4's floor"
+            time.sleep(0.02)
+        assert child.poll() is None, child.communicate()
+        assert floor.read_text() != before  # a rung is on the device now
+        child.send_signal(signum)
+        _, err = child.communicate(timeout=120)
+    assert child.returncode == 128 + signum, err
+    assert f"stopped by {signum.name}" in err and "Traceback" not in err, err
+    assert snapshot(tree) == applied, "the ladder was not put back"
+    # the scratch repository and data plane's files (ONNX Runtime leaves a .ses of its own)
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("edge-agent-")] == []
+    assert not (repository / "demo" / "config.yaml").exists()
