@@ -88,8 +88,19 @@ def number(low: float, high: float) -> Check:
     def check(value: Any) -> str | None:
         ok = isinstance(value, int | float) and not isinstance(value, bool) and (
             isinstance(value, int) or math.isfinite(value)) and low <= value <= high
-        return None if ok else f"a number {low}..{high}"
+        return None if ok else f"a number {low}..{high}" + _exponent_hint(value)
     return check
+
+
+def _exponent_hint(value: Any) -> str:
+    """YAML 1.1 (PyYAML) reads 5e1 as text: a float needs a dot and the exponent's sign."""
+    match = re.fullmatch(r"([-+]?[0-9]+)(\.[0-9]*)?[eE]([-+]?)([0-9]+)", value) \
+        if isinstance(value, str) else None
+    if match is None:
+        return ""
+    whole, fraction, sign, digits = match.groups()
+    return (f" (YAML reads {value} as text: write {float(value):g}, or "
+            f"{whole}{fraction if fraction and fraction != '.' else '.0'}e{sign or '+'}{digits})")
 
 
 def text(pattern: re.Pattern[str] | None = None, what: str = "a string") -> Check:

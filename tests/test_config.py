@@ -178,6 +178,25 @@ def test_yaml_nan_and_infinity_are_refused_where_a_number_is_expected(tmp_path: 
             load_config(str(path))
 
 
+def test_a_bare_off_is_qos_mode_off_and_an_exponent_without_a_dot_says_how_to_write_it(
+        tmp_path: Path) -> None:
+    """YAML 1.1 (PyYAML) reads a bare off as false and 2e1 as text: the README spells the
+    mode ``off`` unquoted, and 2e1 was refused as "expected a number" with no word why."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("qos:\n  mode: off\n")
+    assert load_config(str(path)).qos.mode == "off"
+    path.write_text("qos:\n  mode: on\n")  # true: no mode is spelled so
+    with pytest.raises(ConfigError, match=r"qos\.mode: true is not allowed: expected one of off"):
+        load_config(str(path))
+    path.write_text("qos:\n  window_s: 2e1\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path))
+    assert caught.value.message.endswith(
+        "(YAML reads 2e1 as text: write 20, or 2.0e+1)"), caught.value.message
+    path.write_text("qos:\n  window_s: 2.0e+1\n")
+    assert load_config(str(path)).qos.window_s == 20.0
+
+
 def test_the_fleet_binding_keys_have_safe_defaults() -> None:
     control = from_dict({}).control
     assert control.accept_unbound_envelopes is False

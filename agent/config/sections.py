@@ -268,13 +268,20 @@ class ModelBuildConfig:
     rknn_python: str | None = setting(optional(PATH), None)
 
 
+def _qos_mode(value: Any) -> str | None:
+    """off, advise or control; a bare ``off`` is YAML 1.1's false, and means off too."""
+    if value is False:
+        return None
+    return choice("off", "advise", "control")(value)
+
+
 @dataclass(frozen=True)
 class QosConfig:
     """The QoS controller while serving: ``off``; ``advise`` reports the lever moves it would
     make (``qos_action`` events) without making them; ``control`` makes them.  Each model's
     objective is its config.yaml ``qos``."""
 
-    mode: str = setting(choice("off", "advise", "control"), "off")
+    mode: str = setting(_qos_mode, "off", convert=lambda v: "off" if v is False else v)
     window_s: float = setting(number(0.1, 3600), 1.0, convert=float)
 
 
