@@ -126,3 +126,34 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path, text: str,
                         cwd=REPO)
     assert (result.returncode, result.stderr) == (2, f"edge-agent status: {config}: {problem}\n")
 
+
+
+def test_models_the_data_plane_would_refuse_are_problems_while_inference_is_on(
+        tmp_path: Path) -> None:
+    """``run`` starts without a model whose config.yaml has a bad key (it reports it as a
+    problem of the data plane once running): config check, exit 0, used to miss it."""
+    from tests import onnx_models
+
+    repository = tmp_path / "repository"
+    for name in ("good", "bad"):
+        (repository / name / "1").mkdir(parents=True)
+        onnx_models.mlp(repository / name / "1" / "model.onnx")
+    (repository / "good" / "config.yaml").write_text("qos: {class: best_effort}\n")
+    (repository / "bad" / "config.yaml").write_text("qos: {class: fast, p99_ms: 5}\n")
+    (repository / "empty").mkdir()
+    config = written(tmp_path, f"serve: {{repository: {repository}}}\n")
+    result = check(config)
+    assert result.returncode == 2, result.stdout
+    assert result.stdout.splitlines() == [
+        f"model bad: {repository}/bad/config.yaml: qos.class: 'fast' is not allowed: "
+        "expected one of latency_critical, throughput, best_effort",
+        f"model empty: {repository}/empty holds no version directory with model.onnx or "
+        "model.rknn (<model>/<version>/model.onnx)"]
+    (repository / "bad" / "config.yaml").write_text("qos: {class: latency_critical, "
+                                                    "p99_ms: 5}\n")
+    (repository / "empty").rmdir()
+    assert check(config).returncode == 0
+    (repository / "bad" / "config.yaml").write_text("qos: {class: fast}\n")
+    off = written(tmp_path, f"serve: {{repository: {repository}}}\ninference: "
+                  "{enabled: false}\n")
+    assert check(off).returncode == 0  # no data plane: its models are no concern of run's

@@ -3,7 +3,9 @@
 The schema (unknown keys, bad values), the consistency of the values, the root and the
 tuning profile are checked as ``run`` checks them, and every file the config names is opened
 as the agent opens it (agent.config.files); every problem is a line naming the file and the
-key, and any problem is exit 2.
+key, and any problem is exit 2.  With inference on, so are the models of the repository the
+data plane would refuse (a bad key in a model's config.yaml, no version to serve): ``run``
+starts without them, so an operator's check of a change should say so first.
 
 ``edge-agent config node-id``: the node id ``run`` would use (the file's, else the default
 of agent.config.nodeid); install.sh writes it into a new config, so the rule lives here only.
@@ -13,8 +15,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.cli.common import UsageError, add_config_file, print_json
+
+if TYPE_CHECKING:
+    from agent.config import Config
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,7 +53,17 @@ def problems(path: str | None) -> tuple[str, list[str]]:
         return config.source, [str(error)]  # the profiles are read through the root
     unknown_profile = profile_problem(config)
     found = [] if unknown_profile is None else [str(unknown_profile)]
-    return config.source, found + [str(problem) for problem in file_problems(config)]
+    found += [str(problem) for problem in file_problems(config)]
+    return config.source, found + (_model_problems(config) if config.inference.enabled else [])
+
+
+def _model_problems(config: Config) -> list[str]:
+    """Why the data plane would not serve each model of the repository it would scan."""
+    from agent.service.serve import builtin_models
+    from agent.serving.repository import scan
+
+    models = scan(Path(config.repository), builtin_models(config))
+    return [f"model {name}: {entry.error}" for name, entry in models.items() if entry.error]
 
 
 def run(args: argparse.Namespace) -> int:
