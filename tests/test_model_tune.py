@@ -80,6 +80,7 @@ def test_the_written_config_is_the_best_the_report_measured_and_rollback_restore
     assert rolled.returncode == 0, rolled.stderr
     assert config.read_bytes() == ORIGINAL
     assert not (repository / "demo" / "config.yaml.previous").exists()
+    assert sorted(p.name for p in (repository / "demo").iterdir()) == ["config.yaml"]
     again = edge_agent("model", "tune", "demo", "--repository", repository, "--rollback")
     assert again.returncode == 1
     assert again.stderr.strip().splitlines() == [
@@ -206,3 +207,35 @@ def test_the_config_names_the_repository_and_a_stopped_data_plane_means_a_closed
     assert edge_agent("model", "tune", "demo", "--config", agent_yaml, "--rollback"
                       ).returncode == 0
     assert sorted(p.name for p in (repository / "demo").iterdir()) == []
+
+
+def test_a_rollback_keeps_the_edits_made_since_the_tune_wrote_the_file(tmp_path: Path) -> None:
+    """An operator edits config.yaml after a tune (or a fleet set-qos); --rollback put the
+    original back and dropped those edits without a word."""
+    from agent.modeltune import configfile
+
+    directory = tmp_path / "repository" / "demo"
+    directory.mkdir(parents=True)
+    config = directory / "config.yaml"
+    config.write_bytes(ORIGINAL)
+    configfile.write_tuned(directory, b"max_batch_size: 4\n", ORIGINAL)
+    configfile.write_tuned(directory, b"max_batch_size: 8\n", b"max_batch_size: 4\n")
+    edited = b"max_batch_size: 8\n# mine\nqos: {class: best_effort}\n"
+    config.write_bytes(edited)
+    rolled = edge_agent("model", "tune", "demo", "--repository", tmp_path / "repository",
+                        "--rollback")
+    assert rolled.returncode == 0, rolled.stderr
+    assert rolled.stdout.strip() == (
+        f"{config}: restored as it was before model tune; the edits made since model tune "
+        f"wrote it are kept in {directory / 'config.yaml.edited'}")
+    assert config.read_bytes() == ORIGINAL
+    assert (directory / "config.yaml.edited").read_bytes() == edited
+    assert sorted(p.name for p in directory.iterdir()) == ["config.yaml", "config.yaml.edited"]
+    # a file created by the tune and edited since: removed, the edits kept
+    (directory / "config.yaml.edited").unlink()
+    config.unlink()
+    configfile.write_tuned(directory, b"max_batch_size: 4\n", None)
+    config.write_bytes(edited)
+    assert configfile.rollback(directory).endswith("kept in "
+                                                   f"{directory / 'config.yaml.edited'}")
+    assert sorted(p.name for p in directory.iterdir()) == ["config.yaml.edited"]

@@ -6,7 +6,10 @@ one profile; a model file is neither, so it is not written through it.  Instead 
 replaced atomically (ConfinedFiles: temp file, fsync, rename, fsync of the directory) after
 the original is kept beside it, byte for byte, as ``config.yaml.previous``, or, when there
 was none, the empty marker ``config.yaml.absent``.  A second tune keeps the first original:
-rollback restores the file as it was before any tune, as a profile rollback does.
+rollback restores the file as it was before any tune, as a profile rollback does.  What the
+last write put there is kept too (``config.yaml.written``), so that a rollback finding the
+file edited since (an operator's hand) keeps those edits as ``config.yaml.edited`` and says
+so, instead of dropping them without a word.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from agent.serving.repository import CONFIG_FILE
 
 PREVIOUS = CONFIG_FILE + ".previous"
 ABSENT = CONFIG_FILE + ".absent"
+WRITTEN = CONFIG_FILE + ".written"  # what the last write put in config.yaml
+EDITED = CONFIG_FILE + ".edited"  # config.yaml as a rollback found it, edited since
 
 
 class RollbackError(OSError):
@@ -30,7 +35,7 @@ class ChangedError(OSError):
 
 
 def _files(directory: Path) -> ConfinedFiles:
-    names = {f"/{CONFIG_FILE}", f"/{PREVIOUS}", f"/{ABSENT}"}
+    names = {f"/{name}" for name in (CONFIG_FILE, PREVIOUS, ABSENT, WRITTEN, EDITED)}
     return ConfinedFiles(Root(directory), names.__contains__, f"{directory}/{CONFIG_FILE}")
 
 
@@ -57,19 +62,29 @@ def write_tuned(directory: Path, data: bytes, expected: bytes | None,
         else:
             files.write(f"/{PREVIOUS}", original)
     files.write(f"/{CONFIG_FILE}", data)
+    files.write(f"/{WRITTEN}", data)
 
 
 def rollback(directory: Path) -> str:
-    """Put the original back (or remove the file a tune created); what was done."""
+    """Put the original back (or remove the file a tune created); what was done.  The file
+    as it is now is kept first as config.yaml.edited when it is not what the last write
+    put there (a tune from before .written existed: not known, so kept too)."""
     files = _files(directory)
-    original = files.read(f"/{PREVIOUS}")
+    original, absent = files.read(f"/{PREVIOUS}"), files.read(f"/{ABSENT}")
+    if original is None and absent is None:
+        raise RollbackError(f"{directory / CONFIG_FILE}: model tune has not changed it "
+                            f"(no {PREVIOUS} or {ABSENT} beside it)")
+    current = files.read(f"/{CONFIG_FILE}")
+    kept = ""
+    if current is not None and current != files.read(f"/{WRITTEN}"):
+        files.write(f"/{EDITED}", current)
+        kept = f"; the edits made since model tune wrote it are kept in {directory / EDITED}"
     if original is not None:
         files.write(f"/{CONFIG_FILE}", original)
-        files.remove(f"/{PREVIOUS}")
-        return f"{directory / CONFIG_FILE}: restored as it was before model tune"
-    if files.read(f"/{ABSENT}") is not None:
+        done = "restored as it was before model tune"
+    else:
         files.remove(f"/{CONFIG_FILE}")
-        files.remove(f"/{ABSENT}")
-        return f"{directory / CONFIG_FILE}: removed (there was none before model tune)"
-    raise RollbackError(f"{directory / CONFIG_FILE}: model tune has not changed it "
-                        f"(no {PREVIOUS} or {ABSENT} beside it)")
+        done = "removed (there was none before model tune)"
+    for marker in (PREVIOUS, ABSENT, WRITTEN):
+        files.remove(f"/{marker}")
+    return f"{directory / CONFIG_FILE}: {done}{kept}"
