@@ -274,3 +274,21 @@ def test_a_lever_the_data_plane_refuses_is_not_asked_for_every_window() -> None:
     assert 1 <= len(sim.refused) <= 200 // 30 + 1, sim.refused
     assert set(trace[-1][1].unmet) == {LC}
     assert sim.levers[BE].cpus is None
+
+
+def test_a_model_stays_unmet_while_a_lever_passed_over_is_tried_again() -> None:
+    """A cause no lever removes (20 ms on every LC request): BE's cap is no help, given back,
+    and LC is unmet, with the best p99 of its last windows.  Each time the cap's time out
+    is over it is tried again; LC stays unmet through those tries (one qos_unmet, one status
+    line for the whole episode).  Before, each try cleared it and the next exhaustion was a
+    new episode: status and telemetry said nothing while LC missed by 2x."""
+    sim, objectives, baseline = two_models(be_demand=6)
+    sim.extra_ms = 20.0
+    trace = run(QosController(), sim, objectives, baseline, 200)
+    first = next(i for i, (_, d) in enumerate(trace) if LC in d.unmet)
+    assert trace[first][1].unmet[LC].best_p99_ms == min(f[LC].p99_ms for f, _ in
+                                                        trace[first - 3:first + 1])
+    tries = [a for a in sim.applied if a.lever == ADMIT and a.tighten]
+    assert len(tries) >= 3, sim.applied  # the first, and tries after the time outs
+    assert held(trace, 12.0) == 0.0
+    assert all(LC in d.unmet for _, d in trace[first:])

@@ -103,7 +103,7 @@ def test_control_applies_each_step_then_says_unmet_once_and_stops(
         assert unmet[0]["best_p99_ms"] > 0.01
         assert loop.warnings() == [
             f"qos: model lc misses its p99 objective of 0.01 ms with every lever at its limit "
-            f"(best {loop.unmet['lc'].best_p99_ms:g} ms)"]
+            f"or of no help (best {loop.unmet['lc'].best_p99_ms:g} ms)"]
         metrics = loop.metrics()
         assert metrics["actions"] == 1 and metrics["mode"] == "control"
         assert metrics["models"]["lc"]["qos_unmet"]["best_p99_ms"] > 0.01

@@ -33,10 +33,12 @@ helpful nor hides a cause that stays: two stalls among four windows leave the le
 it was, three violations of four raise it.
 
 With every lever at its limit (or passed over) a violated model is ``unmet`` (with the best
-p99 seen since), and nothing more moves for it until it holds again, its p99 level rises
-``risen`` times past what it was then (a new cause, which the levers passed over may now
-remove), or a lever passed over (or refused) is due to be tried again: a lever that looked
-no help because stalls of the machine's fell in its trial is not lost for good.
+p99 of its last ``violate_span`` windows, and of every window since), and nothing more moves
+for it until it holds again, its p99 level rises ``risen`` times past what it was then (a
+new cause, which the levers passed over may now remove), or a lever passed over (or refused)
+is due to be tried again: a lever that looked no help because stalls of the machine's fell
+in its trial is not lost for good.  It stays unmet while such a lever is tried: one episode,
+until a window holds, is one ``qos_unmet``.
 """
 
 from __future__ import annotations
@@ -134,13 +136,12 @@ class QosController:
                 continue
             action = self._tighten(model, objectives, levers, baseline, figures, device,
                                    cpus, moved)
-            if track.unmet is not None:
-                if not isinstance(action, Action):
-                    continue  # still unmet: nothing moves
-                track.unmet = None  # a lever passed over or refused is back: tried again
+            if track.unmet is not None and not isinstance(action, Action):
+                continue  # still unmet: nothing moves (a lever due again is tried, unmet
+                # until a window holds: one episode, one event)
             if action is False:  # every lever at its limit: say so, and stop moving
-                p99 = figures[model].p99_ms
-                track.unmet = Unmet(model, float(objectives[model].p99_ms or 0), p99)
+                track.unmet = Unmet(model, float(objectives[model].p99_ms or 0),
+                                    min(track.p99s))  # the best of its last windows
                 track.unmet_at = level(track.p99s)
                 continue
             if not isinstance(action, Action):

@@ -242,7 +242,7 @@ class QosLoop:
 
     def warnings(self) -> list[str]:
         return [f"qos: model {m} misses its p99 objective of {u.p99_ms:g} ms with every "
-                f"lever at its limit (best {u.best_p99_ms:g} ms)"
+                f"lever at its limit or of no help (best {u.best_p99_ms:g} ms)"
                 for m, u in sorted(self.unmet.items())]
 
     def metrics(self) -> dict[str, Any]:
