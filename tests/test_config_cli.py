@@ -153,7 +153,16 @@ def test_models_the_data_plane_would_refuse_are_problems_while_inference_is_on(
                                                     "p99_ms: 5}\n")
     (repository / "empty").rmdir()
     assert check(config).returncode == 0
-    (repository / "bad" / "config.yaml").write_text("qos: {class: fast}\n")
+    (repository / "bad" / "config.yaml").write_text("qos: [1\n")  # PyYAML: several lines
+    result = check(config)
+    assert result.returncode == 2
+    (line,) = result.stdout.splitlines()
+    assert line.startswith(f"model bad: {repository}/bad/config.yaml: not valid YAML: ")
     off = written(tmp_path, f"serve: {{repository: {repository}}}\ninference: "
                   "{enabled: false}\n")
     assert check(off).returncode == 0  # no data plane: its models are no concern of run's
+    (tmp_path / "file").write_text("")
+    result = check(written(tmp_path, f"serve: {{repository: {tmp_path / 'file'}}}\n"))
+    assert result.stdout.splitlines() == [  # not a line per built-in model besides
+        f"{tmp_path / 'agent.yaml'}: serve.repository: {tmp_path / 'file'}: is not a "
+        "directory"]

@@ -58,12 +58,18 @@ def problems(path: str | None) -> tuple[str, list[str]]:
 
 
 def _model_problems(config: Config) -> list[str]:
-    """Why the data plane would not serve each model of the repository it would scan."""
+    """Why the data plane would not serve each model of the repository it would scan, one
+    line each (a YAML parser's message spans several); none when the repository is no
+    directory (file_problems said so, and every built-in would only repeat it)."""
     from agent.service.serve import builtin_models
     from agent.serving.repository import scan
 
-    models = scan(Path(config.repository), builtin_models(config))
-    return [f"model {name}: {entry.error}" for name, entry in models.items() if entry.error]
+    repository = Path(config.repository)
+    if repository.exists() and not repository.is_dir():
+        return []
+    models = scan(repository, builtin_models(config))
+    return [f"model {name}: {' '.join(entry.error.split())}"
+            for name, entry in models.items() if entry.error]
 
 
 def run(args: argparse.Namespace) -> int:
