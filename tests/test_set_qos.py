@@ -144,6 +144,31 @@ def test_a_broken_config_yaml_is_refused_naming_its_key_and_left_as_it_is(
     assert not (path.parent / configfile.PREVIOUS).exists()
 
 
+@pytest.mark.parametrize("kind", ["FIFO", "directory"])
+def test_a_fifo_or_directory_in_place_of_config_yaml_is_refused_and_hangs_nothing(
+        node: Service, operator: Operator, kind: str) -> None:
+    """open(2) on a FIFO blocks until a writer comes: the command worker hung there (every
+    later command only 'accepted'), and so did each data plane that scanned the repository.
+    A directory was a raw IsADirectoryError, code 'error', with a traceback."""
+    path = model_dir(node) / "config.yaml"
+    path.unlink()
+    if kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    reply = operator.final(operator.send("orin-1", "set-qos",
+                                         {"model": "m", "qos": LATENCY})["id"])
+    assert (reply["status"], reply["code"]) == ("failed", "bad_config"), reply
+    article = "a FIFO" if kind == "FIFO" else "a directory"
+    assert reply["message"] == (f"{path}: is {article}, not a file; fix it first (nothing "
+                                "written)")
+    assert not (path.parent / configfile.PREVIOUS).exists()
+    pong = operator.final(operator.send("orin-1", "ping", {})["id"])
+    assert pong["status"] == "succeeded", pong  # the command worker is not stuck
+    with pytest.raises(settings.ModelSettingsError, match=f"cannot read it: is {article}"):
+        settings.read_settings(path)  # what the data plane's scan meets: no hang either
+
+
 def reported_for(operator: Operator, desired_id: str) -> dict[str, Any]:
     def found() -> dict[str, Any] | None:
         return next((r for r in operator.replies if r.get("schema") == "reported/1"

@@ -19,14 +19,9 @@ from pathlib import Path
 from agent.config.declare import defaults
 from agent.config.loader import ConfigError
 from agent.config.sections import Config, ServeConfig
+from agent.kernel.regular import kind
 
 DEFAULT_TOKEN_FILE = defaults(ServeConfig)["token_file"]
-
-
-def _kind(mode: int) -> str:
-    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "a device" if
-            stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
 
 
 def unreadable(path: str) -> str | None:
@@ -42,7 +37,7 @@ def unreadable(path: str) -> str | None:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            return f"{path}: is {_kind(mode)}, not a file"
+            return f"{path}: is {kind(mode)}, not a file"
         os.read(fd, 1)
     except OSError as error:
         return f"{path}: cannot read it: {error.strerror or error}"

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable
 
 from agent.kernel.fsroot import PathEscapesRoot, Root, WriteRefused
+from agent.kernel.regular import read_regular
 
 BOOT = "/boot"
 
@@ -53,8 +54,7 @@ class ConfinedFiles:
     def read(self, path: str) -> bytes | None:
         """The file's bytes, or None when it does not exist."""
         try:
-            with open(self.host_path(path), "rb") as handle:
-                return handle.read()
+            return read_regular(self.host_path(path))  # a FIFO there must not hang it
         except FileNotFoundError:
             return None
 

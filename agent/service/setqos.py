@@ -46,7 +46,11 @@ def set_qos(inference: Inference, builtins: Mapping[str, Path], model: str,
                                 f"with name {model} installs a version there) can hold one")
         raise CommandFailed("not_found", f"model {model!r} is not in the repository "
                             f"{inference.repository}")
-    before = configfile.read_current(directory)
+    try:
+        before = configfile.read_current(directory)
+    except OSError as error:  # a FIFO or directory in its place, a link out of the model
+        raise CommandFailed("bad_config", f"{file}: {error.strerror or error}; fix it first "
+                            "(nothing written)") from None
     document = _document(file, before)
     current = _qos_of(document, file)
     if qos is None:

@@ -18,6 +18,7 @@ import yaml
 
 from agent import yamlfile
 from agent.inference.devices import DEVICE, DEVICE_HELP
+from agent.kernel.regular import read_regular
 from agent.validation import SettingsError, choice, integer, number, shown, text, validate
 
 PRECISIONS = ("fp32", "fp16", "int8")  # checked per instance device as it is built
@@ -165,11 +166,12 @@ def read_settings(path: Path) -> ModelSettings:
     ModelSettingsError naming the file (and key) for anything it cannot use."""
     file = str(path)
     try:
-        raw = yamlfile.decode(path.read_bytes())
+        raw = yamlfile.decode(read_regular(path))  # a FIFO in its place must not hang
     except FileNotFoundError:
         return ModelSettings()
     except OSError as error:
-        raise ModelSettingsError(file, "", f"cannot read it: {error}") from None
+        raise ModelSettingsError(file, "", f"cannot read it: {error.strerror or error}") \
+            from None
     except yamlfile.NotUtf8Error as error:
         raise ModelSettingsError(file, "", str(error)) from None
     try:
