@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.stopping import Terminated
+
 if TYPE_CHECKING:
     from agent.kernel.fsroot import Root
 
@@ -64,8 +66,6 @@ class UsageError(Exception):
 def exit_status(error: BaseException) -> int | None:
     """The status EXIT_STATUS gives ``error``; None for one it does not know (a bug, whose
     traceback is wanted)."""
-    from agent.stopping import Terminated
-
     if isinstance(error, Terminated):
         return error.status
     for kind in type(error).__mro__:
@@ -80,7 +80,7 @@ def tell(args: argparse.Namespace, error: BaseException) -> None:
     the operation the command and its action (``edge-agent profile apply: ...``)."""
     if isinstance(error, BrokenPipeError):
         sys.stderr.close()  # the reader is gone; nothing more to say to anyone
-    elif isinstance(error, KeyboardInterrupt) and not str(error):
+    elif isinstance(error, KeyboardInterrupt) and not isinstance(error, Terminated):
         print(file=sys.stderr)  # ends the line the terminal echoed ^C on
     else:
         action = None if isinstance(error, UsageError) else getattr(args, "action", None)
@@ -145,11 +145,16 @@ def add_repository_choice(parser: argparse.ArgumentParser, config_uses: str) -> 
                   "<state-dir>/repository)")
 
 
-def _finite(text: str, above_zero: bool) -> float:
+def _number(text: str) -> float:
+    """``text`` as a float; NaN (which no range admits) when it is not a number."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        value = math.nan
+        return math.nan
+
+
+def _finite(text: str, above_zero: bool) -> float:
+    value = _number(text)
     if not (math.isfinite(value) and (value > 0 if above_zero else value >= 0)):
         raise argparse.ArgumentTypeError(
             f"{text}: expected a number {'above 0' if above_zero else '0 or above'}")
@@ -166,10 +171,7 @@ def ranged_float(low: float, high: float) -> Callable[[str], float]:
     """An argparse type for a number ``low``..``high``: a flag's bounds are those of the
     config key it stands in for, so the command line takes what the file would."""
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
+        value = _number(text)
         if not (math.isfinite(value) and low <= value <= high):
             raise argparse.ArgumentTypeError(
                 f"{text}: expected a number {_plain(low)}..{_plain(high)}")
