@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -218,6 +219,38 @@ def test_desired_state_applies_a_models_qos_and_applying_it_again_writes_nothing
         assert failed["status"] == "failed" and "model demo: built in" in failed["message"]
         assert "models" not in failed
         assert file_identity(directory / "config.yaml") == before
+    finally:
+        operator.publish(topic, b"", retain=True)
+
+
+def test_a_desired_state_one_of_whose_models_cannot_take_its_qos_changes_nothing(
+        node: Service, operator: Operator, key: Ed25519PrivateKey) -> None:
+    """Every model's qos is checked before the profile, the model or any file changes: a
+    state naming a model the node lacks and one whose file is broken writes no model's."""
+    directory = model_dir(node)
+    broken = directory.parent / "broken"
+    shutil.copytree(directory, broken)
+    (broken / "config.yaml").write_text("max_batch_size: many\n")
+    before = file_identity(directory / "config.yaml")
+    topic = f"edge/v1/{FLEET}/orin-1/desired"
+    operator.client.subscribe(f"edge/v1/{FLEET}/orin-1/reported", qos=1)
+    wanted = {"class": "best_effort", "min_rps": 1}
+    try:
+        state = sign(key, "desired", "node:orin-1", {
+            "profile": "jetson-orin-latency",
+            "models": {"a-missing": {"qos": wanted}, "broken": {"qos": wanted},
+                       "m": {"qos": wanted}}}, ttl_s=3600)
+        operator.publish(topic, json.dumps(state).encode(), retain=True)
+        reported = reported_for(operator, state["id"])
+        assert reported["status"] == "failed", reported
+        message = reported["message"]
+        assert "model 'a-missing' is not in the repository" in message, message
+        assert f"{broken / 'config.yaml'}: max_batch_size" in message, message
+        assert message.endswith("none of the 3 models' qos was written"), message
+        assert "models" not in reported and reported["profile"] is None
+        assert not node.tuning.applied
+        assert file_identity(directory / "config.yaml") == before
+        assert not (directory / configfile.PREVIOUS).exists()
     finally:
         operator.publish(topic, b"", retain=True)
 

@@ -22,7 +22,7 @@ from agent.service.buildmodel import build_model
 from agent.service.collaborators import Collaborators
 from agent.service.health import guard_problem
 from agent.service.serve import builtin_models
-from agent.service.setqos import set_qos
+from agent.service.setqos import QosPlan, apply_qos, plan_qos, set_qos
 from agent.tuning.engine import TuningError
 from agent.tuning.errors import ProfileError
 
@@ -223,27 +223,49 @@ class ServiceCommands:
 
     # -- desired state ----------------------------------------------------------------------
 
+    def _qos_plans(self, qos: dict[str, dict[str, Any] | None],
+                   installing: str | None) -> list[QosPlan]:
+        """Each model's change checked (``installing``'s only once it is a directory);
+        CommandFailed naming every model that cannot take its qos, so none is written."""
+        inference, plans, problems = self.parts.inference, [], []
+        builtins = builtin_models(inference.config)
+        for name, wanted in qos.items():
+            if name == installing and not (inference.repository / name).is_dir():
+                continue
+            try:
+                plans.append(plan_qos(inference, builtins, name, wanted))
+            except CommandFailed as failure:
+                problems.append(failure)
+        if problems:
+            raise CommandFailed(problems[0].code, "; ".join(map(str, problems)) + (
+                f"; none of the {len(qos)} models' qos was written" if len(qos) > 1 else ""))
+        return plans
+
     def converge(self, envelope: dict[str, Any]) -> dict[str, Any]:
         """Bring the node to a desired state and report what it runs, retained."""
         args, tuning, inference = envelope["args"], self.parts.tuning, self.parts.inference
         status, message = "converged", None
         models: dict[str, dict[str, Any]] = {}  # set-qos's results: what it holds, if written
+        qos = {name: spec["qos"] for name, spec in sorted(args.get("models", {}).items())
+               if "qos" in spec}
+        model = args.get("model")
+        installing = model and Path(model).resolve() != Path(inference.model_path).resolve()
         try:
+            # every model's qos checked before anything changes; the one the model step
+            # installs may have no directory yet: it is checked when it has
+            self._qos_plans(qos, inference.default if installing else None)
             wanted = args.get("profile")
             if wanted and not (tuning.applied and tuning.profile == wanted):
                 self.apply_profile({"profile": wanted}, lambda step: None)
             elif "profile" in args and wanted is None and tuning.applied:
                 tuning.rollback()
                 self._announce_tuning()
-            model = args.get("model")
-            if model and Path(model).resolve() != Path(inference.model_path).resolve():
+            if installing:
                 self.set_model({"model": model, **({"sha256": args["sha256"]}
                                                    if "sha256" in args else {})},
                                lambda step: None)
-            for name, spec in sorted(args.get("models", {}).items()):
-                if "qos" in spec:
-                    models[name] = self.set_qos({"model": name, "qos": spec["qos"]},
-                                                lambda step: None)
+            for plan in self._qos_plans(qos, None):
+                models[plan.change["model"]] = apply_qos(inference, plan)
         except CommandFailed as failure:
             status, message = "failed", str(failure)
         reported = {"schema": "reported/1", "desired_id": envelope["id"],

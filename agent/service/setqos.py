@@ -12,6 +12,7 @@ sessions (qos is not part of what makes a version "changed"), its config view ga
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,13 +30,32 @@ if TYPE_CHECKING:
 RELOAD_TIMEOUT_S = 120.0  # a reload whose versions are unchanged builds nothing
 
 
+@dataclass(frozen=True)
+class QosPlan:
+    """A checked change of one model's qos: what the file held, what it is to hold."""
+
+    directory: Path
+    before: bytes | None  # the file as read (None: absent): written only if still so
+    text: bytes
+    change: dict[str, Any]  # model, file, before, after: the reply's part
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.change["before"] != self.change["after"])
+
+
 def set_qos(inference: Inference, builtins: Mapping[str, Path], model: str,
             qos: Mapping[str, Any] | None) -> dict[str, Any]:
     """Make ``model``'s config.yaml say ``qos`` (None: no objective); what it said before,
-    what it says now, whether the file was written and the model loaded again.
-    CommandFailed for a model that has no repository directory to hold a config.yaml (a
-    built-in served in place, an unknown name), a config.yaml that is broken already, a
-    write that fails, or a data plane that refuses the reload."""
+    what it says now, whether the file was written and the model loaded again."""
+    return apply_qos(inference, plan_qos(inference, builtins, model, qos))
+
+
+def plan_qos(inference: Inference, builtins: Mapping[str, Path], model: str,
+             qos: Mapping[str, Any] | None) -> QosPlan:
+    """Every check of a change of ``model``'s qos, nothing written: CommandFailed for a
+    model that has no repository directory to hold a config.yaml (a built-in served in
+    place, an unknown name) or a config.yaml that is broken already."""
     directory = inference.repository / model
     file = directory / CONFIG_FILE
     if not valid_name(model) or not directory.is_dir():
@@ -58,17 +78,26 @@ def set_qos(inference: Inference, builtins: Mapping[str, Path], model: str,
     else:
         document["qos"] = dict(qos)
     wanted = _qos_of(document, file)
-    change = {"model": model, "file": str(file), "before": _shown(current),
-              "after": _shown(wanted)}
-    if wanted == current:
-        return {**change, "written": False, "reloaded": False}
     text = yaml.safe_dump(document, sort_keys=False) if document else ""
+    return QosPlan(directory, before, text.encode(), {
+        "model": model, "file": str(file), "before": _shown(current), "after": _shown(wanted)})
+
+
+def apply_qos(inference: Inference, plan: QosPlan) -> dict[str, Any]:
+    """Write a planned change (not when the file says it already) and load the model
+    again; CommandFailed for a write that fails (the file changed since it was planned
+    included) or a data plane that refuses the reload."""
+    if not plan.needed:
+        return {**plan.change, "written": False, "reloaded": False}
     try:
-        configfile.write_tuned(directory, text.encode(), before, during="set-qos read it")
+        configfile.write_tuned(plan.directory, plan.text, plan.before,
+                               during="set-qos read it")
     except OSError as error:
         raise CommandFailed("write_failed", str(error) if isinstance(
-            error, configfile.ChangedError) else f"{file}: {error.strerror or error}") from None
-    return {**change, "written": True, "reloaded": _reload(inference, model, change)}
+            error, configfile.ChangedError) else
+            f"{plan.change['file']}: {error.strerror or error}") from None
+    return {**plan.change, "written": True,
+            "reloaded": _reload(inference, plan.change["model"], plan.change)}
 
 
 def _document(file: Path, data: bytes | None) -> dict[str, Any]:
