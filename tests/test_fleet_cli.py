@@ -145,7 +145,19 @@ def test_desired_qos_names_models_by_their_whole_name_and_refuses_what_is_not_js
         "old": {"qos": None}}}
     for bad, why in (("det", "expected MODEL=JSON"),
                      ("det=fast", "--qos det=fast: the value is not JSON"),
-                     ("det=NaN", "NaN is not a finite number")):
+                     ("det=NaN", "NaN is not a finite number"),
+                     # what every node's schema refuses, with what it accepts: never retained
+                     ('det={"class": "fast"}', "the desired state: models.det.qos.class must "
+                      "be one of ['latency_critical', 'throughput', 'best_effort']"),
+                     ('det={"class": "throughput", "p99_ms": "20"}',
+                      "models.det.qos.p99_ms must be number (expected a number "
+                      "0.01..3600000); nothing was sent"),
+                     ('det={"class": "throughput", "extra": 1}', "models.det.qos must not "
+                      "contain {'extra'} properties (expected an object with keys class "
+                      "(required), p99_ms, min_rps; or null)"),
+                     ('det={"p99_ms": 5}', "must contain ['class'] properties"),
+                     ('bad/name=null', "models must be named by propertyName definition "
+                      "(expected each name a string matching")):
         refused = fleet(broker, "desired", "orin-9", "--key", str(key_file), "--qos", bad)
         assert refused.returncode == 2 and why in refused.stderr, refused.stderr
     both = fleet(broker, "desired", "orin-9", "--key", str(key_file), "--clear", "--qos",
@@ -326,6 +338,27 @@ def test_send_to_nobody_online_says_so_at_once(broker: Broker, key_file: Path,
         f"edge-agent fleet send: no online nodes in {where}; nothing was sent"]
     assert empty.stdout == ""
     assert time.monotonic() - started < 15  # not the 30 s timeout
+
+
+def test_send_refuses_args_every_node_would_refuse_before_anything_is_sent(
+        broker: Broker, key_file: Path) -> None:
+    """Checked against the command's schema here, with what it accepts; a command this
+    client does not know goes to the nodes, which judge it (and answer it unknown)."""
+    for words, why in ((("set-qos", "--arg", "model=m", "--arg", "qos.class=fast"),
+                        "set-qos's args: qos.class must be one of ['latency_critical', "
+                        "'throughput', 'best_effort']; nothing was sent"),
+                       (("apply-profile", "--arg", "profile=x", "--arg", "bogus=1"),
+                        "apply-profile's args: must not contain {'bogus'} properties "
+                        "(expected an object with keys profile (required), force, guard)"),
+                       (("set-telemetry", "--arg", "interval_s=0"),
+                        "interval_s must be bigger than or equal to 0.05 (expected a number "
+                        "0.05..86400)")):
+        refused = fleet(broker, "send", "orin-9", *words, "--key", str(key_file))
+        assert refused.returncode == 2, refused.stderr
+        assert why in refused.stderr, refused.stderr
+    newer = fleet(broker, "send", "orin-9", "reboot-into-orbit", "--key", str(key_file),
+                  "--timeout", "1")
+    assert "nothing was sent" not in newer.stderr, newer.stderr  # sent, to nobody online
 
 
 def test_ctrl_c_and_sigterm_end_watch_and_send_cleanly(

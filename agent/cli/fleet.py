@@ -130,6 +130,20 @@ def _private_key(path: str) -> Ed25519PrivateKey:
 # -- send -----------------------------------------------------------------------------------
 
 
+def _fits(schema: str, arguments: dict[str, Any], what: str) -> None:
+    """UsageError for what every node would refuse (the schema it checks), before it is
+    signed: a refusal would reach the operator as a reply at best, and a desired state is
+    retained on the broker over the last good one."""
+    from agent.control import schemas
+
+    if schema not in schemas.ARGS and schema != "desired":
+        return  # a command newer than this client: the node judges it
+    problem = schemas.check(schema, arguments)
+    if problem:
+        key = problem.removeprefix("data").removeprefix(".").lstrip()  # the schema's root
+        raise UsageError(f"{what}: {key}; nothing was sent")
+
+
 class NotFinite(ValueError):
     """NaN or Infinity in a value: a node refuses them, so the CLI never sends one."""
 
@@ -186,6 +200,7 @@ def send(args: argparse.Namespace) -> int:
         if not isinstance(extra, dict):
             raise UsageError("--args-json: expected a JSON object")
         arguments.update(extra)
+    _fits(args.fleet_command, arguments, f"{args.fleet_command}'s args")
     target, scope = protocol.target_of(args.target)
     bus = connect(args, [protocol.STATE, protocol.BIRTH,
                          protocol.reply_suffix(args.fleet_command)])
@@ -252,6 +267,8 @@ def desired(args: argparse.Namespace) -> int:
         raise UsageError("give --profile, --model and/or --qos (or --clear)")
     if wanted and args.clear:
         raise UsageError("--clear takes no --profile, --model, --sha256 or --qos")
+    if wanted:
+        _fits("desired", wanted, "the desired state")
     key = _private_key(args.key)
     bus = connect(args, [])
     try:

@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from agent.control.expected import expected
 from agent.telemetry.groups import METRIC_GROUPS
 
 NAME = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"}
@@ -138,8 +139,9 @@ def check(name: str, value: Any) -> str | None:
 
     try:
         validator(name)(value)
-    except fastjsonschema.JsonSchemaException as error:
-        return str(error)
+    except fastjsonschema.JsonSchemaValueException as error:
+        words = expected(error.rule or "", error.definition)
+        return f"{error.message}" + (f" (expected {words})" if words else "")
     return _strict(SCHEMAS.get(name) or ARGS[name], value, "data")
 
 
