@@ -255,6 +255,48 @@ def test_a_desired_state_one_of_whose_models_cannot_take_its_qos_changes_nothing
         operator.publish(topic, b"", retain=True)
 
 
+def test_a_signed_desired_state_the_node_refuses_is_said_in_reported(
+        node: Service, operator: Operator, key: Ed25519PrivateKey) -> None:
+    """Not only in the node's audit: ``reported`` keeps the state it converged to and runs,
+    and says which signed one it refused and why; a forged one is not said there."""
+    topic = f"edge/v1/{FLEET}/orin-1/desired"
+    operator.client.subscribe(f"edge/v1/{FLEET}/orin-1/reported", qos=1)
+    wanted = {"class": "throughput", "p99_ms": 50}
+
+    def refusal_of(desired_id: str) -> dict[str, Any] | None:
+        return next((r for r in operator.replies if r.get("schema") == "reported/1" and
+                     (r.get("refused") or {}).get("desired_id") == desired_id), None)
+
+    try:
+        good = sign(key, "desired", "node:orin-1", {"models": {"m": {"qos": wanted}}},
+                    ttl_s=3600)
+        operator.publish(topic, json.dumps(good).encode(), retain=True)
+        assert reported_for(operator, good["id"])["status"] == "converged"
+        bad = sign(key, "desired", "node:orin-1", {"models": {"m": {"qos": {"class": "fast"}}}},
+                   ttl_s=3600, now=good["issued_at"] / 1000 + 1)
+        operator.publish(topic, json.dumps(bad).encode(), retain=True)
+        assert wait_until(lambda: refusal_of(bad["id"]) is not None, 60)
+        said = refusal_of(bad["id"])
+        assert said is not None
+        assert (said["desired_id"], said["status"]) == (good["id"], "converged")
+        assert said["refused"]["code"] == "malformed", said
+        assert "qos.class must be one of ['latency_critical'" in said["refused"]["message"]
+        assert yaml.safe_load((model_dir(node) / "config.yaml").read_text())["qos"] == wanted
+
+        forged = sign(Ed25519PrivateKey.generate(), "desired", "node:orin-1",
+                      {"models": {"m": {"qos": {"class": "fast"}}}}, ttl_s=3600,
+                      now=good["issued_at"] / 1000 + 2)
+        operator.publish(topic, json.dumps(forged).encode(), retain=True)
+        later = sign(key, "desired", "node:orin-1", {"models": {"m": {"qos": None}}},
+                     ttl_s=3600, now=good["issued_at"] / 1000 + 3)
+        operator.publish(topic, json.dumps(later).encode(), retain=True)
+        after = reported_for(operator, later["id"])  # handled after the forged one
+        assert after["status"] == "converged" and "refused" not in after, after
+        assert refusal_of(forged["id"]) is None
+    finally:
+        operator.publish(topic, b"", retain=True)
+
+
 def test_the_commands_qos_schema_has_the_bounds_a_config_yaml_has() -> None:
     """control.schemas repeats settings' classes and bounds (it sits below that layer)."""
     rule = schemas.QOS_OR_NONE["properties"]

@@ -82,6 +82,7 @@ class Controller:
     def __init__(self, identity: Identity, keys: TrustedKeys, allow: set[str],
                  store: CommandStore, handlers: Mapping[str, Handler], reply: Reply,
                  converge: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 refused: Callable[[dict[str, Any]], None] | None = None,
                  max_payload_bytes: int = 16 * 1024, max_skew_s: float = 30.0,
                  max_ttl_s: float = 86400.0, clock: Callable[[], float] = time.time,
                  prune_interval_s: float = PRUNE_INTERVAL_S, *,
@@ -89,6 +90,7 @@ class Controller:
                  accept_unbound: bool = False, junk_bucket: TokenBucket | None = None) -> None:
         self.identity, self.keys, self.allow, self.store = identity, keys, allow, store
         self.handlers, self.reply, self.converge = handlers, reply, converge
+        self.refused = refused  # told of a signed desired state refused (reported says it)
         self.limits = Limits(max_payload_bytes, max_skew_s, max_ttl_s, desired_max_ttl_s,
                              accept_unbound)
         self.checks = Checks(identity.fleet, keys, self.limits, clock)
@@ -304,6 +306,10 @@ class Controller:
                 return
             record("rejected", logging.WARNING, command="desired", id=loose.get("id"),
                    topic=incoming.topic, scope=target, code=error.code, reason=str(error))
+            if error.verified and self.refused is not None:  # an operator signed it
+                tell, refusal = self.refused, {"desired_id": loose.get("id"), "scope": target,
+                                               "code": error.code, "message": str(error)}
+                self._jobs.put((lambda: tell(refusal), "desired state refused"))
             return
         record("desired", id=envelope["id"], scope=target, key_id=envelope.get("key_id"),
                fleet=envelope.get("fleet"), clear=bool(envelope.get("clear")),

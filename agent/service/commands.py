@@ -39,6 +39,7 @@ class ServiceCommands:
 
     def __init__(self, parts: Collaborators, sleep: Callable[[float], None] = time.sleep) -> None:
         self.parts, self.sleep = parts, sleep
+        self._reported: dict[str, Any] | None = None  # the last reported state, published
 
     def handlers(self) -> dict[str, Handler]:
         return {"ping": self.ping, "get-topology": self.get_topology,
@@ -276,4 +277,21 @@ class ServiceCommands:
                     **({"models": {name: {"qos": done["after"], "written": done["written"]}
                                    for name, done in models.items()}} if models else {})}
         self.parts.link().publish_now(protocol.REPORTED, reported, retain=True)
+        self._reported = reported
         return reported
+
+    def refused_desired(self, refusal: dict[str, Any]) -> None:
+        """Say, retained, that a signed desired state was refused (its id, the code and
+        why) beside what the node last converged to, which it still runs (nothing then:
+        ``desired_id`` and ``status`` null).  The same refusal again is not said again."""
+        last = self._reported or {
+            "schema": "reported/1", "desired_id": None, "desired_issued_at": None,
+            "status": None, "message": None}
+        if last.get("refused") == refusal:
+            return
+        tuning = self.parts.tuning
+        self._reported = {**last, "refused": refusal,
+                          "profile": tuning.profile if tuning.applied else None,
+                          "model": self.parts.inference.model_path,
+                          "ts": int(time.time() * 1000)}
+        self.parts.link().publish_now(protocol.REPORTED, self._reported, retain=True)

@@ -226,7 +226,7 @@ class Service:
             Identity(self.config.fleet, self.config.node_id, self.config.groups),
             TrustedKeys.from_config(control.trusted_keys), set(control.allow),
             CommandStore(self.state_dir / "commands.sqlite"), commands.handlers(),
-            self.reply, converge=commands.converge,
+            self.reply, converge=commands.converge, refused=commands.refused_desired,
             max_payload_bytes=control.max_payload_kb * 1024,
             max_skew_s=control.max_skew_s, desired_max_ttl_s=control.desired_max_ttl_s,
             accept_unbound=control.accept_unbound_envelopes)
