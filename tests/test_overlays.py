@@ -951,7 +951,8 @@ def test_a_boot_config_linked_out_of_boot_is_refused(tmp_path: Path) -> None:
     root = board(tmp_path, {"etc/armbianEnv.txt": ARMBIAN_ENV}, RK3588, MAINLINE_SYMBOLS)
     (root / "boot").mkdir()
     (root / "boot/armbianEnv.txt").symlink_to("/etc/armbianEnv.txt")
-    with pytest.raises(OSError, match=r"resolves to /etc/armbianEnv\.txt, outside /boot"):
+    with pytest.raises(OSError, match=r"boot/armbianEnv\.txt: a link to "
+                       r"/etc/armbianEnv\.txt, which leaves /boot"):
         installer.install(Root(root), build.from_entry("rk3588-mainline-gpu-capped"),
                           fallback=False)
     assert (root / "etc/armbianEnv.txt").read_text() == ARMBIAN_ENV

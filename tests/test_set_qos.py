@@ -170,6 +170,23 @@ def test_a_fifo_or_directory_in_place_of_config_yaml_is_refused_and_hangs_nothin
         settings.read_settings(path)  # what the data plane's scan meets: no hang either
 
 
+def test_a_config_yaml_linked_out_of_the_model_is_refused_in_an_operators_words(
+        node: Service, operator: Operator, tmp_path: Path) -> None:
+    """The file, where it links and what that leaves; it read '/config.yaml: resolves to
+    /tmp/x.yaml, outside .../config.yaml' before."""
+    path = model_dir(node) / "config.yaml"
+    elsewhere = tmp_path / "shared.yaml"
+    elsewhere.write_bytes(ORIGINAL)
+    path.unlink()
+    path.symlink_to(elsewhere)
+    reply = operator.final(operator.send("orin-1", "set-qos",
+                                         {"model": "m", "qos": LATENCY})["id"])
+    assert (reply["status"], reply["code"]) == ("failed", "bad_config"), reply
+    assert reply["message"] == (f"{path}: a link to {elsewhere}, which leaves the model "
+                                f"directory {path.parent}; fix it first (nothing written)")
+    assert elsewhere.read_bytes() == ORIGINAL and path.is_symlink()
+
+
 def reported_for(operator: Operator, desired_id: str) -> dict[str, Any]:
     def found() -> dict[str, Any] | None:
         return next((r for r in operator.replies if r.get("schema") == "reported/1"

@@ -36,7 +36,8 @@ class ChangedError(OSError):
 
 def _files(directory: Path) -> ConfinedFiles:
     names = {f"/{name}" for name in (CONFIG_FILE, PREVIOUS, ABSENT, WRITTEN, EDITED)}
-    return ConfinedFiles(Root(directory), names.__contains__, f"{directory}/{CONFIG_FILE}")
+    return ConfinedFiles(Root(directory), names.__contains__,
+                         f"the model directory {directory}")
 
 
 def read_current(directory: Path) -> bytes | None:

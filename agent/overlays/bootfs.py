@@ -47,7 +47,12 @@ class ConfinedFiles:
                                f"{self._what}")
         resolved = self.root.resolve(path)
         if not self._allowed(resolved):
-            raise PathEscapesRoot(errno.EACCES, f"{path}: resolves to {resolved}, outside "
+            where = os.path.join(self.root.base, path.lstrip("/"))
+            try:  # the link as an operator sees it with ls -l, when the file itself is one
+                why = f"a link to {os.readlink(where)}"
+            except OSError:  # a directory above it is the link
+                why = f"resolves to {self.root.host_path(resolved)}"
+            raise PathEscapesRoot(errno.EACCES, f"{where}: {why}, which leaves "
                                   f"{self._what}")
         return self.root.host_path(resolved)
 

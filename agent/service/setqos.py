@@ -69,8 +69,10 @@ def plan_qos(inference: Inference, builtins: Mapping[str, Path], model: str,
     try:
         before = configfile.read_current(directory)
     except OSError as error:  # a FIFO or directory in its place, a link out of the model
-        raise CommandFailed("bad_config", f"{file}: {error.strerror or error}; fix it first "
-                            "(nothing written)") from None
+        reason = error.strerror or str(error)
+        raise CommandFailed("bad_config", (reason if reason.startswith(str(file)) else
+                                           f"{file}: {reason}") +
+                            "; fix it first (nothing written)") from None
     document = _document(file, before)
     current = _qos_of(document, file)
     if qos is None:
