@@ -135,7 +135,7 @@ def test_set_qos_refuses_a_built_in_model_and_an_unknown_one_and_writes_nothing(
 def test_a_broken_config_yaml_is_refused_naming_its_key_and_left_as_it_is(
         node: Service, operator: Operator) -> None:
     path = model_dir(node) / "config.yaml"
-    broken = ORIGINAL + b"precision: fp64\n"
+    broken = ORIGINAL + b"precision: fp64\nqos: {class: fast}\n"  # not only qos: not mended
     path.write_bytes(broken)
     reply = operator.final(operator.send("orin-1", "set-qos",
                                          {"model": "m", "qos": LATENCY})["id"])
@@ -143,6 +143,41 @@ def test_a_broken_config_yaml_is_refused_naming_its_key_and_left_as_it_is(
     assert f"{path}: precision: 'fp64' is not allowed" in reply["message"]
     assert path.read_bytes() == broken
     assert not (path.parent / configfile.PREVIOUS).exists()
+
+
+def test_a_mistyped_qos_in_the_file_is_mended_by_set_qos(node: Service,
+                                                       operator: Operator) -> None:
+    """What an operator wrote by hand and the data plane refuses, when qos is all that is
+    wrong: the command that sets qos replaces it (it said 'fix it first' before)."""
+    path = model_dir(node) / "config.yaml"
+    path.write_bytes(ORIGINAL + b"qos: {class: fast, p99_ms: 20}\n")
+    reply = operator.final(operator.send("orin-1", "set-qos",
+                                         {"model": "m", "qos": LATENCY})["id"], seconds=60)
+    assert reply["status"] == "succeeded", reply
+    result = reply["result"]
+    assert (result["before"], result["after"], result["written"]) == (None, LATENCY, True)
+    assert f"{path}: qos.class: 'fast' is not allowed" in result["invalid_before"], result
+    assert yaml.safe_load(path.read_text())["qos"] == LATENCY
+    assert served_parameters(node, "m")["qos.class"] == "latency_critical"
+    # removing it mends it as well
+    path.write_bytes(ORIGINAL + b"qos: {class: throughput, p99_ms: -1}\n")
+    removed = operator.final(operator.send("orin-1", "set-qos",
+                                           {"model": "m", "qos": None})["id"], seconds=60)
+    assert removed["status"] == "succeeded" and removed["result"]["written"], removed
+    assert "qos" not in yaml.safe_load(path.read_text())
+
+    # a model its mistyped qos kept from serving serves once mended
+    late = path.parent.parent / "late"
+    shutil.copytree(path.parent, late, ignore=shutil.ignore_patterns("config.yaml*"))
+    (late / "config.yaml").write_bytes(b"qos: {class: throughput, p99_ms: 0}\n")
+    assert node.inference is not None
+    client = node.inference.supervisor.client()
+    [row] = [e for e in client.index() if e.name == "late"]
+    assert row.state == "UNAVAILABLE" and "qos.p99_ms" in row.reason, row
+    mended = operator.final(operator.send("orin-1", "set-qos",
+                                          {"model": "late", "qos": None})["id"], seconds=60)
+    assert mended["status"] == "succeeded" and mended["result"]["reloaded"], mended
+    assert [e.state for e in client.index() if e.name == "late"] == ["READY"]
 
 
 @pytest.mark.parametrize("kind", ["FIFO", "directory"])

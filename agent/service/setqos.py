@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from agent import yamlfile
 from agent.control.running import CommandFailed
 from agent.modeltune import configfile
 from agent.serving.repository import CONFIG_FILE, valid_name
-from agent.serving.settings import ModelSettingsError, Qos, parse_settings, read_settings
+from agent.serving.settings import ModelSettingsError, Qos, load_document, parse_settings
 
 if TYPE_CHECKING:
     from agent.service.inference import Inference
@@ -41,7 +40,8 @@ class QosPlan:
 
     @property
     def needed(self) -> bool:
-        return bool(self.change["before"] != self.change["after"])
+        return bool(self.change["before"] != self.change["after"] or
+                    "invalid_before" in self.change)
 
 
 def set_qos(inference: Inference, builtins: Mapping[str, Path], model: str,
@@ -74,7 +74,7 @@ def plan_qos(inference: Inference, builtins: Mapping[str, Path], model: str,
                                            f"{file}: {reason}") +
                             "; fix it first (nothing written)") from None
     document = _document(file, before)
-    current = _qos_of(document, file)
+    current, invalid = _current(document, file)
     if qos is None:
         document.pop("qos", None)
     else:
@@ -82,7 +82,8 @@ def plan_qos(inference: Inference, builtins: Mapping[str, Path], model: str,
     wanted = _qos_of(document, file)
     text = yaml.safe_dump(document, sort_keys=False) if document else ""
     return QosPlan(directory, before, text.encode(), {
-        "model": model, "file": str(file), "before": _shown(current), "after": _shown(wanted)})
+        "model": model, "file": str(file), "before": _shown(current), "after": _shown(wanted),
+        **({"invalid_before": invalid} if invalid else {})})
 
 
 def apply_qos(inference: Inference, plan: QosPlan) -> dict[str, Any]:
@@ -104,17 +105,30 @@ def apply_qos(inference: Inference, plan: QosPlan) -> dict[str, Any]:
 
 def _document(file: Path, data: bytes | None) -> dict[str, Any]:
     """The config.yaml as a mapping ({} when absent); CommandFailed ``bad_config`` naming
-    the file and key when it cannot be used as it is (the data plane refuses it too)."""
+    the file when it is no YAML mapping (the data plane refuses it too)."""
     try:
-        read_settings(file)  # every check, with the file and key in its message
-        document = yamlfile.load(yamlfile.decode(data)) if data is not None else None
+        document = load_document(data, str(file)) if data is not None else {}
+        if not isinstance(document, dict):
+            parse_settings(document, str(file))  # refuses it, in the data plane's words
     except ModelSettingsError as error:
         raise CommandFailed("bad_config", f"{error}; fix it first (nothing written)") \
             from None
-    except (yaml.YAMLError, ValueError):  # it changed between the two reads
-        raise CommandFailed("write_failed", f"{file}: changed while set-qos read it; "
-                            "nothing written (send it again)") from None
-    return dict(document or {})
+    return dict(document)
+
+
+def _current(document: dict[str, Any], file: Path) -> tuple[Qos | None, str | None]:
+    """The qos the file holds, or (None, why) when its ``qos`` is what is wrong with it:
+    the command replaces it, so a mistyped objective is mended from the fleet.  Any other
+    key the data plane refuses is CommandFailed ``bad_config``: not this command's to mend."""
+    try:
+        return parse_settings(document, str(file)).qos, None
+    except ModelSettingsError as error:
+        try:
+            parse_settings({k: v for k, v in document.items() if k != "qos"}, str(file))
+        except ModelSettingsError:
+            raise CommandFailed("bad_config", f"{error}; fix it first (nothing written)") \
+                from None
+        return None, str(error)
 
 
 def _qos_of(document: dict[str, Any], file: Path) -> Qos | None:
@@ -131,15 +145,17 @@ def _shown(qos: Qos | None) -> dict[str, Any] | None:
 
 
 def _reload(inference: Inference, model: str, change: dict[str, Any]) -> bool:
-    """Load ``model`` again when the data plane serves it (True); otherwise the file is
-    what the data plane reads when it loads the model."""
+    """Load ``model`` again when the data plane serves it, or when its qos kept it from
+    serving (True); otherwise the file is what the data plane reads when it loads it."""
     from agent.serving.errors import ServeError
 
     if not inference.enabled or not inference.supervisor.ready:
         return False
     try:
         client = inference.supervisor.client()
-        if not any(entry.name == model and entry.state == "READY"
+        # one whose qos was what kept it from serving is loaded now it can be
+        wanted = ("READY", "UNAVAILABLE") if "invalid_before" in change else ("READY",)
+        if not any(entry.name == model and entry.state in wanted
                    for entry in client.index()):
             return False
         client.load(model, {}, timeout_s=RELOAD_TIMEOUT_S)

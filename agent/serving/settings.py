@@ -166,21 +166,27 @@ def read_settings(path: Path) -> ModelSettings:
     ModelSettingsError naming the file (and key) for anything it cannot use."""
     file = str(path)
     try:
-        raw = yamlfile.decode(read_regular(path))  # a FIFO in its place must not hang
+        data = read_regular(path)  # a FIFO in its place must not hang
     except FileNotFoundError:
         return ModelSettings()
     except OSError as error:
         raise ModelSettingsError(file, "", f"cannot read it: {error.strerror or error}") \
             from None
+    return parse_settings(load_document(data, file), file)
+
+
+def load_document(data: bytes, file: str) -> Any:
+    """The YAML document in a config.yaml's bytes ({} when empty), before its keys are
+    checked; ModelSettingsError naming the file for bytes that are not one."""
+    try:
+        document = yamlfile.load(yamlfile.decode(data))
     except yamlfile.NotUtf8Error as error:
         raise ModelSettingsError(file, "", str(error)) from None
-    try:
-        data = yamlfile.load(raw)
     except yamlfile.DuplicateKeyError as error:
         raise ModelSettingsError(file, error.path, error.message) from None
     except yaml.YAMLError as error:
         raise ModelSettingsError(file, "", f"not valid YAML: {error}") from None
-    return parse_settings({} if data is None else data, file)
+    return {} if document is None else document
 
 
 def parse_settings(data: Any, file: str) -> ModelSettings:
