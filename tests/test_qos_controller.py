@@ -95,6 +95,21 @@ def test_when_the_load_goes_back_it_relaxes_toward_the_configured_levers() -> No
     assert sim.levers == baseline
 
 
+def test_an_objective_removed_while_serving_gives_back_what_was_moved_for_it() -> None:
+    """With no model holding an objective, every lever goes back to config.yaml's value
+    under the same load: before, nothing relaxed without a model to hold, and BE stayed
+    capped for good (a new operator's review)."""
+    sim, objectives, baseline = two_models(be_demand=30)
+    controller = QosController()
+    run(controller, sim, objectives, baseline, 120)
+    assert sim.levers[BE].admit_rps is not None and sim.levers[LC].max_queue_delay_us == 0
+    moved = len(sim.applied)
+    rest = {m: o for m, o in objectives.items() if m != LC}  # qos: removed from LC's file
+    run(controller, sim, rest, baseline, 100)
+    assert sim.levers == baseline
+    assert all(not a.tighten for a in sim.applied[moved:])
+
+
 def test_a_load_at_the_edge_does_not_oscillate() -> None:
     """Steady load where every relaxation of BE's cap falls off a cliff: each probe is
     undone after one window, the next waits twice as long, and over 1,000 windows a lever

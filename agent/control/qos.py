@@ -157,8 +157,9 @@ class QosController:
             moved.add(target)
             decision.actions.append(action)
         self._after_relax(troubled)
-        self._comfortable = self._comfortable + 1 if comfortable and held else 0
-        self._holding = self._holding + 1 if holding and held else 0
+        # no objective left (one removed while serving): what was moved for it goes back
+        self._comfortable = self._comfortable + 1 if comfortable else 0
+        self._holding = self._holding + 1 if holding else 0
         relaxed = None
         if any(action.tighten for action in decision.actions):
             self._probe_held = False  # the load turned against the levers: probe as at first
