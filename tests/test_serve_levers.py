@@ -91,6 +91,24 @@ def test_a_shorter_queue_delay_frees_the_waiting_batch_at_once(
     assert entry["configured"]["max_queue_delay_us"] == 10_000_000  # config.yaml's, kept
 
 
+def test_a_load_serves_the_files_levers_again_and_keeps_the_sessions(
+        served: tuple[ModelRegistry, HttpClient, Path]) -> None:
+    """The README's promise ('a reload serves the file's values again'): the version kept
+    (its sessions and figures) had kept the controller's queue delay and cap."""
+    registry, client, _ = served
+    configured = levers(registry, "busy")
+    client.set_levers("busy", {"max_queue_delay_us": 0, "preferred_batch_size": [2],
+                               "admit_rps": 3})
+    registry.infer(InferRequest("busy", "", x(0.5)))
+    before = registry.statistics("busy", "1")[0]
+    client.load("busy")
+    after = registry.statistics("busy", "1")[0]
+    assert after["edge_agent"]["levers"] == configured | {"not_admitted": 0}
+    assert (configured["max_queue_delay_us"], configured["preferred_batch_size"],
+            configured["admit_rps"]) == (2000, [4, 8], None)  # config.yaml's
+    assert after["inference_count"] == before["inference_count"] == 1  # the same version
+
+
 def test_levers_moved_under_a_stream_of_requests_fail_none(
         served: tuple[ModelRegistry, HttpClient, Path]) -> None:
     registry, client, repo = served

@@ -283,6 +283,12 @@ class Version:
             self.scheduler.admission.set_rate(change.admit_rps)
         return self.levers()
 
+    def reset_levers(self) -> None:
+        """config.yaml's queue delay and preferred sizes again, and no admission cap: a
+        load serves the file's values, also for a version it keeps (its sessions kept)."""
+        self.scheduler.queue.retune(self.policy)
+        self.scheduler.admission.set_rate(None)
+
     def levers(self) -> dict[str, Any]:
         """The levers served now: the instant ones, the sessions' intra-op threads (the
         most, where instances differ) and the CPUs its threads are pinned to (None: any)."""
