@@ -110,6 +110,24 @@ def test_an_objective_removed_while_serving_gives_back_what_was_moved_for_it() -
     assert all(not a.tighten for a in sim.applied[moved:])
 
 
+def test_advising_judges_no_move_by_an_effect_it_never_had() -> None:
+    """In advise mode nothing is applied, so the p99 after each advised step is the p99
+    before it: judged, every step on BE 'did not help' and was advised back (a new
+    operator's review).  Advising, the steps go on down the ladder and stop unmet."""
+    sim, objectives, baseline = two_models(be_demand=30)
+    controller, advised, actions = QosController(advising=True), dict(baseline), []
+    for _ in range(200):
+        decision = controller.decide(sim.window(), objectives, dict(advised), baseline,
+                                     None, 0)
+        for action in decision.actions:
+            advised[action.model] = advised[action.model].set(action.lever, action.after)
+        actions += decision.actions
+    assert sim.levers == baseline  # nothing applied
+    assert actions and all(a.tighten for a in actions), [a.why for a in actions]
+    assert any(a.model == BE and a.lever == ADMIT for a in actions)
+    assert LC in decision.unmet and decision.unmet[LC].best_p99_ms > 12.0
+
+
 def test_a_load_at_the_edge_does_not_oscillate() -> None:
     """Steady load where every relaxation of BE's cap falls off a cliff: each probe is
     undone after one window, the next waits twice as long, and over 1,000 windows a lever

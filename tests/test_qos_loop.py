@@ -103,7 +103,7 @@ def test_control_applies_each_step_then_says_unmet_once_and_stops(
         assert unmet[0]["best_p99_ms"] > 0.01
         assert loop.warnings() == [
             f"qos: model lc misses its p99 objective of 0.01 ms with every lever at its limit "
-            f"or of no help (best {loop.unmet['lc'].best_p99_ms:g} ms)"]
+            f"or of no help (best {loop.unmet['lc'].best_p99_ms:.3g} ms)"]
         metrics = loop.metrics()
         assert metrics["actions"] == 1 and metrics["mode"] == "control"
         assert metrics["models"]["lc"]["qos_unmet"]["best_p99_ms"] > 0.01
@@ -133,5 +133,8 @@ def test_advise_reports_the_same_steps_and_moves_nothing(
             "max_queue_delay_us"] == 4000
         assert [kind for kind, _ in events].count("qos_unmet") == 1
         assert loop.metrics()["models"]["lc"]["levers"]["max_queue_delay_us"] == 0  # advised
+        [warning] = loop.warnings()  # not "of no help": no lever was seen to fail
+        assert warning.endswith("advise: the moves it advised have every lever at its "
+                                "limit, and none was made"), warning
     finally:
         loop.stop()

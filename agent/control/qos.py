@@ -78,8 +78,11 @@ __all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "REBUILT", 
 class QosController:
     """Decides each window; ``baseline`` (config.yaml's levers) bounds every relaxation."""
 
-    def __init__(self, hysteresis: Hysteresis | None = None) -> None:
+    def __init__(self, hysteresis: Hysteresis | None = None, advising: bool = False) -> None:
+        """``advising``: its moves are reported, never made, so none is judged by its
+        effect (none would look like no help and be given back)."""
         self.h = hysteresis or Hysteresis()
+        self.advising = advising
         self.window = 0
         self._tracks: dict[str, Track] = {}
         self._moved: dict[tuple[str, str], Moved] = {}
@@ -140,8 +143,9 @@ class QosController:
                 continue  # still unmet: nothing moves (a lever due again is tried, unmet
                 # until a window holds: one episode, one event)
             if action is False:  # every lever at its limit: say so, and stop moving
-                track.unmet = Unmet(model, float(objectives[model].p99_ms or 0),
-                                    min(track.p99s))  # the best of its last windows
+                limit = float(objectives[model].p99_ms or 0)  # the best miss of its last
+                track.unmet = Unmet(model, limit, min(  # windows: what it misses by
+                    (p for p in track.p99s if p > limit), default=min(track.p99s)))
                 track.unmet_at = level(track.p99s)
                 continue
             if not isinstance(action, Action):
@@ -149,7 +153,8 @@ class QosController:
             track.arm(self.h.violate_windows - 1)  # the next step: in a window
             target = DEVICE if action.lever == RUNG else action.model
             # on trial, but not a failed probe undone: that one is known to help
-            if target != model and self._failed.get((target, action.lever)) != self.window:
+            if target != model and self._failed.get((target, action.lever)) != self.window \
+                    and not self.advising:
                 for trial in track.trials:
                     trial.overlapped = trial.overlapped or bool(trial.samples)
                 track.trials.append(Trial(target, action.lever, action.before, action.after,

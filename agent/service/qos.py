@@ -87,7 +87,7 @@ class QosLoop:
                  device: DeviceReader | None = None) -> None:
         self.config, self.supervisor = config, supervisor
         self.objectives, self.on_event = objectives, on_event
-        self.controller = controller or QosController()
+        self.controller = controller or QosController(advising=config.mode == "advise")
         self.ladder, self.device = ladder, device
         self.device_figures: dict[str, Any] = {}
         self._advised_rung: int | None = None  # advise: the rung it would have moved to
@@ -241,8 +241,12 @@ class QosLoop:
     # -- what the rest of the agent reads -------------------------------------------------------
 
     def warnings(self) -> list[str]:
+        if self.config.mode == "advise":  # nothing was moved: no lever was seen to fail
+            return [f"qos: model {m} misses its p99 objective of {u.p99_ms:g} ms (best "
+                    f"{u.best_p99_ms:.3g} ms); advise: the moves it advised have every lever "
+                    "at its limit, and none was made" for m, u in sorted(self.unmet.items())]
         return [f"qos: model {m} misses its p99 objective of {u.p99_ms:g} ms with every "
-                f"lever at its limit or of no help (best {u.best_p99_ms:g} ms)"
+                f"lever at its limit or of no help (best {u.best_p99_ms:.3g} ms)"
                 for m, u in sorted(self.unmet.items())]
 
     def metrics(self) -> dict[str, Any]:
