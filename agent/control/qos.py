@@ -23,7 +23,8 @@ once the edge has gone (or once stalls of the machine's have stopped undoing pro
 Every step on another model (or the device) is a trial: it stays only when the model's
 p99 level over the next ``trial_windows`` judged windows is below ``helped`` times its level
 over the last ``violate_span`` before the step (or back within the objective from above
-it), a level being the median of a run of windows without its worst one.  One that did not
+it, or without a miss where ``violate_windows`` of those had one), a level being the
+median of a run of windows without its worst one.  One that did not
 help is given back (``why`` says "did not help") and passed over for that model while its
 level stays below ``risen`` times what it was then (``futile_windows``, doubled each time
 the same lever fails again): a violation the machine makes (a stall of the VM, another
@@ -134,18 +135,18 @@ class QosController:
                 moved.add(back.model if back.lever != RUNG else DEVICE)
                 decision.actions.append(back)
         for model in violated:
-            track = self._tracks[model]
+            track, limit = self._tracks[model], float(objectives[model].p99_ms or 0)
             if track.violating < self.h.violate_windows:
                 continue
+            misses = [p for p in track.p99s if p > limit]
             action = self._tighten(model, objectives, levers, baseline, figures, device,
                                    cpus, moved)
             if track.unmet is not None and not isinstance(action, Action):
                 continue  # still unmet: nothing moves (a lever due again is tried, unmet
                 # until a window holds: one episode, one event)
             if action is False:  # every lever at its limit: say so, and stop moving
-                limit = float(objectives[model].p99_ms or 0)  # the best miss of its last
-                track.unmet = Unmet(model, limit, min(  # windows: what it misses by
-                    (p for p in track.p99s if p > limit), default=min(track.p99s)))
+                track.unmet = Unmet(model, limit, min(misses, default=limit))  # the best
+                # miss of its last windows: what it misses by at least
                 track.unmet_at = level(track.p99s)
                 continue
             if not isinstance(action, Action):
@@ -158,7 +159,7 @@ class QosController:
                 for trial in track.trials:
                     trial.overlapped = trial.overlapped or bool(trial.samples)
                 track.trials.append(Trial(target, action.lever, action.before, action.after,
-                                           level(track.p99s)))
+                                          level(track.p99s), misses=len(misses)))
             moved.add(target)
             decision.actions.append(action)
         self._after_relax(troubled)
@@ -307,15 +308,18 @@ class QosController:
     def _judge_trials(self, model: str, limit: float, levers: Mapping[str, Levers],
                       device: Device | None, moved: set[str]) -> list[Action]:
         """``model``'s trials with their windows in: the steps that helped (``helped``, or
-        back within the objective ``limit``) stay, the others are given back (to the value
-        before them, with any later step on the same lever)."""
+        back within the objective ``limit``, or no window missing it where enough to act
+        had: misses that came and went, which the level, without the worst, hides) stay,
+        the others are given back (to the value before them, with any later step on the
+        same lever)."""
         track, backs = self._tracks[model], []
         for trial in [t for t in track.trials if len(t.samples) >= self.h.trial_windows]:
             if trial not in track.trials:
                 continue  # dropped with an earlier one on the same lever
             key = (model, trial.target, trial.lever)
             after = level(trial.samples)
-            helped = after < self.h.helped * trial.reference or after <= limit < trial.reference
+            helped = after < self.h.helped * trial.reference or after <= limit < trial.reference \
+                or (trial.misses >= self.h.violate_windows and max(trial.samples) <= limit)
             if not helped and trial.overlapped:
                 trial.samples.clear()  # judged again over windows after the later step
                 trial.overlapped = False

@@ -32,6 +32,7 @@ class Trial:
     # a later step on trial for the same model fell in those windows: one that did not
     # help may only have waited for it (threads that tell once admission frees the CPU)
     overlapped: bool = False
+    misses: int = 0  # windows over the objective among those the reference is of
 
 
 @dataclass
