@@ -12,6 +12,7 @@ import shutil
 import threading
 from typing import Any, TextIO
 
+from agent.kernel.parsers import format_cpulist
 from agent.telemetry.records import hottest_c
 
 _CLEAR = "\r\033[K"
@@ -56,9 +57,22 @@ def qos_line(action: dict[str, Any], count: int) -> str:
     """The QoS controller's last move, as ``edge-agent status`` prints it."""
     done = ("applied" if action.get("applied") else "advised" if action.get("mode") ==
             "advise" else f"not applied: {action.get('error', '')}")
-    return (f"qos: {action.get('model')} {action.get('lever')} {action.get('before')} -> "
-            f"{action.get('after')} ({done}; {action.get('why')}; {count} "
+    lever = action.get("lever")
+    return (f"qos: {action.get('model')} {lever} {_value(lever, action.get('before'))} -> "
+            f"{_value(lever, action.get('after'))} ({done}; {action.get('why')}; {count} "
             f"move{'' if count == 1 else 's'} so far)")
+
+
+def _value(lever: Any, value: Any) -> str:
+    """A lever's value as an operator reads it: none (no cap, no placement), CPUs as a
+    cpulist (1-3), batch sizes as a list (4, 8)."""
+    if value is None:
+        return "none"
+    if isinstance(value, list | tuple):
+        if lever == "cpus":
+            return format_cpulist([int(cpu) for cpu in value])
+        return ", ".join(map(str, value))
+    return str(value)
 
 
 def fit(line: str, columns: int) -> str:

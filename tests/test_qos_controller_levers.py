@@ -27,6 +27,8 @@ def test_after_admission_at_its_floor_the_other_models_threads_then_cpus_then_th
     threads = [a for a in sim.applied if a.lever == THREADS]
     assert [(a.model, a.before, a.after) for a in threads] == [(BE, 4, 2), (BE, 2, 1)]
     assert sim.levers[BE].cpus == (2, 3)
+    placed = next(a for a in sim.applied if a.lever == CPUS and a.tighten)
+    assert placed.why.endswith(f"{BE} confined to CPUs 2-3"), placed.why
     assert sim.levers[BE].admit_rps == 5
     assert held(trace[-30:], 12.0) == 1.0
     rungs = [a for a in sim.applied if a.lever == RUNG]

@@ -138,3 +138,18 @@ def test_advise_reports_the_same_steps_and_moves_nothing(
                                 "limit, and none was made"), warning
     finally:
         loop.stop()
+
+
+def test_the_status_line_shows_a_levers_values_as_an_operator_reads_them() -> None:
+    """Not Python's: no cap was 'None', CPUs '[1]' (and the event said 'CPUs 1-1')."""
+    from agent.terminal import qos_line
+
+    capped = {"model": "be", "lever": "admit_rps", "before": 30.34, "after": None,
+              "applied": True, "why": "a probe"}
+    assert qos_line(capped, 3).startswith("qos: be admit_rps 30.34 -> none (applied; ")
+    placed = {"model": "be", "lever": "cpus", "before": None, "after": [1, 2, 3],
+              "mode": "advise", "why": "w"}
+    assert qos_line(placed, 1) == "qos: be cpus none -> 1-3 (advised; w; 1 move so far)"
+    batches = {"model": "lc", "lever": "preferred_batch_size", "before": [1, 2],
+               "after": [1], "applied": True, "why": "w"}
+    assert qos_line(batches, 2).startswith("qos: lc preferred_batch_size 1, 2 -> 1 (")

@@ -40,6 +40,7 @@ from agent.control.qos_model import (
     Objective,
     Value,
 )
+from agent.kernel.parsers import format_cpulist
 
 DEVICE = ""  # the target of a step on the device's ladder rather than on a model
 Step = tuple[str, str, Value, str]  # (target model or DEVICE, lever, after, why)
@@ -88,8 +89,9 @@ def tighten_steps(model: str, objectives: Mapping[str, Objective],
         kept = tuple(range(cpus // 2, cpus))  # the first half stays free of them
         for other in busy:
             if levers[other].cpus is None and not levers[other].rebuilding:
-                placement.append((other, CPUS, kept, f"{why}: {other} confined to CPUs "
-                                  f"{kept[0]}-{kept[-1]}"))
+                placement.append((other, CPUS, kept, f"{why}: {other} confined to "
+                                  f"CPU{'s' if len(kept) > 1 else ''} "
+                                  f"{format_cpulist(list(kept))}"))
     if contended(levers, baseline, figures, cpus):
         steps += placement + admission
     else:
