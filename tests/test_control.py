@@ -4,6 +4,7 @@ changes that undo themselves, desired state, a 200-node broadcast and the operat
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from tuning_helpers import copy_board, snapshot
 from agent.control.controller import Controller, Identity, Incoming
 from agent.control.envelope import private_key_pem
 from agent.control.store import CommandStore
+from agent.inference.demo_model import DEMO_MODEL_PATH
 from agent.service.node import Service
 
 BOARD = "jetson-agx-orin-jp6"
@@ -355,6 +357,41 @@ def test_desired_state_set_while_offline_is_applied_on_connect(
         operator.publish(f"edge/v1/{FLEET}/orin-1/desired", b"", retain=True)
         watcher.close()
     assert snapshot(root) == original  # rolled back on stop (rollback_on_stop)
+
+
+def test_a_desired_state_whose_model_fails_puts_its_profile_back(
+        tmp_path: Path, broker: Broker, key: Ed25519PrivateKey, operator: Operator) -> None:
+    """Whole or not at all: the profile step went through, the model step failed (a file
+    whose digest is not the one signed), so the board is as it was before the state came.
+    Before, the state failed with its profile left applied."""
+    root = copy_board(BOARD, tmp_path)
+    original = snapshot(root)
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(DEMO_MODEL_PATH, models / "other.onnx")
+    watcher = Operator(broker, key)
+    watcher.client.subscribe(f"edge/v1/{FLEET}/orin-1/reported", qos=1)
+    config = node_config(tmp_path, root, broker, key, model_dirs=[str(models)],
+                         guard={"window_s": 0.2, **CALM_GUARD})
+    wanted = sign(key, "desired", "node:orin-1", {
+        "profile": "jetson-orin-latency", "model": str(models / "other.onnx"),
+        "sha256": "0" * 64}, ttl_s=3600)
+    try:
+        with running_node(config) as service:
+            operator.publish(f"edge/v1/{FLEET}/orin-1/desired", envelope_bytes(wanted),
+                             retain=True)
+            assert wait_until(lambda: any(r.get("desired_id") == wanted["id"]
+                                          for r in watcher.replies), 60)
+            reported = next(r for r in watcher.replies if r.get("desired_id") == wanted["id"])
+            assert reported["status"] == "failed", reported
+            assert "has sha256" in reported["message"], reported["message"]
+            assert reported["message"].endswith("; the profile put back to none")
+            assert reported["profile"] is None
+            assert service.tuning is not None and not service.tuning.applied
+            assert snapshot(root) == original
+    finally:
+        operator.publish(f"edge/v1/{FLEET}/orin-1/desired", b"", retain=True)
+        watcher.close()
 
 
 def test_two_hundred_nodes_answer_a_fleet_wide_command(tmp_path: Path, broker: Broker,

@@ -153,15 +153,21 @@ class ServiceCommands:
         if reason is None:
             return {"profile": tuning.profile, "changes": changes, "drift": tuning.drift}
         progress("rolling_back")
+        self._restore_profile(previous)
+        raise CommandFailed("health_check", f"{reason}; rolled back"
+                            + (f" to {previous}" if previous else ""),
+                            {"profile": previous, "rolled_back": args["profile"]})
+
+    def _restore_profile(self, previous: str | None) -> None:
+        """Put back the profile that was applied (None: none), announced however it ends."""
+        tuning = self.parts.tuning
         try:
-            tuning.rollback()
+            if tuning.applied:
+                tuning.rollback()
             if previous is not None:
                 tuning.switch(previous)
         finally:
             self._announce_tuning()
-        raise CommandFailed("health_check", f"{reason}; rolled back"
-                            + (f" to {previous}" if previous else ""),
-                            {"profile": previous, "rolled_back": args["profile"]})
 
     def rollback_profile(self, args: dict[str, Any], progress: Progress) -> dict[str, Any]:
         tuning = self.parts.tuning
@@ -251,14 +257,17 @@ class ServiceCommands:
                if "qos" in spec}
         model = args.get("model")
         installing = model and Path(model).resolve() != Path(inference.model_path).resolve()
+        previous, switched = tuning.profile if tuning.applied else None, False
         try:
             # every model's qos checked before anything changes; the one the model step
             # installs may have no directory yet: it is checked when it has
             self._qos_plans(qos, inference.default if installing else None)
             wanted = args.get("profile")
             if wanted and not (tuning.applied and tuning.profile == wanted):
+                switched = True  # (a profile its guard refuses puts itself back)
                 self.apply_profile({"profile": wanted}, lambda step: None)
             elif "profile" in args and wanted is None and tuning.applied:
+                switched = True
                 tuning.rollback()
                 self._announce_tuning()
             if installing:
@@ -269,6 +278,8 @@ class ServiceCommands:
                 models[plan.change["model"]] = apply_qos(inference, plan)
         except CommandFailed as failure:
             status, message = "failed", str(failure)
+            if switched and (tuning.profile if tuning.applied else None) != previous:
+                message += self._put_back(previous)
         reported = {"schema": "reported/1", "desired_id": envelope["id"],
                     "desired_issued_at": envelope["issued_at"], "status": status,
                     "message": message,
@@ -279,6 +290,16 @@ class ServiceCommands:
         self.parts.link().publish_now(protocol.REPORTED, reported, retain=True)
         self._reported = reported
         return reported
+
+    def _put_back(self, previous: str | None) -> str:
+        """A desired state that failed after its profile step: the profile before it
+        again, so that the state is applied whole or not at all; what it did, for the
+        report's message."""
+        try:
+            self._restore_profile(previous)
+        except (ProfileError, TuningError, OSError) as error:
+            return f"; putting the profile back to {previous or 'none'} failed: {error}"
+        return f"; the profile put back to {previous or 'none'}"
 
     def refused_desired(self, refusal: dict[str, Any]) -> None:
         """Say, retained, that a signed desired state was refused (its id, the code and
