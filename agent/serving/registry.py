@@ -221,7 +221,7 @@ class ModelRegistry:
             current = old.versions.get(number) if old is not None else None
             if current is not None and current.key == self._key(name, number, path, entry):
                 versions[number] = current  # unchanged: keeps its sessions and figures
-                current.reset_levers()  # but serves the file's levers, as a built one does
+                current.set_levers(None)  # but serves the file's levers, as built
             else:
                 to_build.append(number)
         slot.loading = tuple(to_build)

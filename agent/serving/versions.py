@@ -274,20 +274,14 @@ class Version:
                           f"{self.max_batch_size}")
         return batch
 
-    def set_levers(self, change: LeverChange) -> dict[str, Any]:
-        """The QoS controller's instant levers, live (levers.py); the levers now served.
-        ``policy`` stays config.yaml's: the statistics show both."""
+    def set_levers(self, change: LeverChange | None) -> dict[str, Any]:
+        """The QoS controller's instant levers, live (levers.py), or config.yaml's (None: a
+        load serves the file's); the levers now served.  ``policy`` stays config.yaml's."""
         queue = self.scheduler.queue
-        queue.retune(retuned(queue.policy, change, self.label))
-        if change.admit:
-            self.scheduler.admission.set_rate(change.admit_rps)
+        queue.retune(self.policy if change is None else retuned(queue.policy, change, self.label))
+        if change is None or change.admit:
+            self.scheduler.admission.set_rate(None if change is None else change.admit_rps)
         return self.levers()
-
-    def reset_levers(self) -> None:
-        """config.yaml's queue delay and preferred sizes again, and no admission cap: a
-        load serves the file's values, also for a version it keeps (its sessions kept)."""
-        self.scheduler.queue.retune(self.policy)
-        self.scheduler.admission.set_rate(None)
 
     def levers(self) -> dict[str, Any]:
         """The levers served now: the instant ones, the sessions' intra-op threads (the
