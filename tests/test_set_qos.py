@@ -135,7 +135,8 @@ def test_set_qos_refuses_a_built_in_model_and_an_unknown_one_and_writes_nothing(
 def test_a_broken_config_yaml_is_refused_naming_its_key_and_left_as_it_is(
         node: Service, operator: Operator) -> None:
     path = model_dir(node) / "config.yaml"
-    broken = ORIGINAL + b"precision: fp64\nqos: {class: fast}\n"  # not only qos: not mended
+    broken = b"qos: {class: fast}\n" + ORIGINAL + b"precision: fp64\n"  # not only qos: the
+    # other key is named (it named qos, which the command mends, when qos came first)
     path.write_bytes(broken)
     reply = operator.final(operator.send("orin-1", "set-qos",
                                          {"model": "m", "qos": LATENCY})["id"])
@@ -303,6 +304,39 @@ def test_a_desired_state_one_of_whose_models_cannot_take_its_qos_changes_nothing
         assert not node.tuning.applied
         assert file_identity(directory / "config.yaml") == before
         assert not (directory / configfile.PREVIOUS).exists()
+    finally:
+        operator.publish(topic, b"", retain=True)
+
+
+def test_a_desired_state_whose_reload_fails_puts_back_every_qos_it_wrote(
+        node: Service, operator: Operator, key: Ed25519PrivateKey) -> None:
+    """Whole or not at all, past the checks: n's file reads well but names a device this
+    board lacks, so the data plane refuses to load it again once written.  m's qos, written
+    before it, goes back too (it stayed written, found by a new operator's review)."""
+    assert node.inference is not None
+    directory = model_dir(node)
+    other = directory.parent / "n"
+    shutil.copytree(directory, other, ignore=shutil.ignore_patterns("config.yaml*"))
+    node.inference.supervisor.client().load("n")
+    bad = b"instances: [{device: 'dla:7'}]\n"  # served as it was before this was written
+    (other / "config.yaml").write_bytes(bad)
+    before = (directory / "config.yaml").read_bytes()
+    topic = f"edge/v1/{FLEET}/orin-1/desired"
+    operator.client.subscribe(f"edge/v1/{FLEET}/orin-1/reported", qos=1)
+    wanted = {"class": "best_effort", "min_rps": 1}
+    try:
+        state = sign(key, "desired", "node:orin-1",
+                     {"models": {"m": {"qos": wanted}, "n": {"qos": wanted}}}, ttl_s=3600)
+        operator.publish(topic, json.dumps(state).encode(), retain=True)
+        reported = reported_for(operator, state["id"])
+        assert reported["status"] == "failed", reported
+        assert "did not load n again" in reported["message"], reported["message"]
+        assert reported["message"].endswith("the qos written put back (2 file(s))"), \
+            reported["message"][-300:]
+        assert "models" not in reported
+        assert (directory / "config.yaml").read_bytes() == before
+        assert (other / "config.yaml").read_bytes() == bad
+        assert not any(key.startswith("qos.") for key in served_parameters(node, "m"))
     finally:
         operator.publish(topic, b"", retain=True)
 

@@ -66,6 +66,20 @@ def write_tuned(directory: Path, data: bytes, expected: bytes | None,
     files.write(f"/{WRITTEN}", data)
 
 
+def put_back(directory: Path, data: bytes | None, expected: bytes) -> None:
+    """Undo one write that took ``data`` (None: no file) to ``expected``: a change of a
+    desired state that failed part-way; ChangedError when the file is no longer that."""
+    files = _files(directory)
+    if files.read(f"/{CONFIG_FILE}") != expected:
+        raise ChangedError(f"{directory / CONFIG_FILE}: changed since it was written; "
+                           "left as it is")
+    if data is None:
+        files.remove(f"/{CONFIG_FILE}")
+    else:
+        files.write(f"/{CONFIG_FILE}", data)
+    files.write(f"/{WRITTEN}", data or b"")
+
+
 def rollback(directory: Path) -> str:
     """Put the original back (or remove the file a tune created); what was done.  The file
     as it is now is kept first as config.yaml.edited when it is not what the last write

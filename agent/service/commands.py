@@ -22,7 +22,7 @@ from agent.service.buildmodel import build_model
 from agent.service.collaborators import Collaborators
 from agent.service.health import guard_problem
 from agent.service.serve import builtin_models
-from agent.service.setqos import QosPlan, apply_qos, plan_qos, set_qos
+from agent.service.setqos import QosPlan, apply_qos, plan_qos, set_qos, undo_qos
 from agent.tuning.engine import TuningError
 from agent.tuning.errors import ProfileError
 
@@ -274,8 +274,7 @@ class ServiceCommands:
                 self.set_model({"model": model, **({"sha256": args["sha256"]}
                                                    if "sha256" in args else {})},
                                lambda step: None)
-            for plan in self._qos_plans(qos, None):
-                models[plan.change["model"]] = apply_qos(inference, plan)
+            self._apply_qos(self._qos_plans(qos, None), models)
         except CommandFailed as failure:
             status, message = "failed", str(failure)
             if switched and (tuning.profile if tuning.applied else None) != previous:
@@ -290,6 +289,26 @@ class ServiceCommands:
         self.parts.link().publish_now(protocol.REPORTED, reported, retain=True)
         self._reported = reported
         return reported
+
+    def _apply_qos(self, plans: list[QosPlan], models: dict[str, dict[str, Any]]) -> None:
+        """Each planned change written and loaded (into ``models``); when one fails, the
+        ones written before it, and its own file when written, are put back."""
+        inference, written = self.parts.inference, list[tuple[QosPlan, bool]]()
+        for plan in plans:
+            try:
+                done = apply_qos(inference, plan)
+            except CommandFailed as failure:
+                if failure.code == "reload_failed":  # written, the old one still served
+                    written.append((plan, False))
+                problems = [p for p in (undo_qos(inference, w, loaded)
+                                        for w, loaded in reversed(written)) if p]
+                models.clear()
+                raise CommandFailed(failure.code, f"{failure}; " + (
+                    "putting the qos back failed: " + "; ".join(problems) if problems else
+                    f"the qos written put back ({len(written)} file(s))")) from None
+            models[plan.change["model"]] = done
+            if done["written"]:
+                written.append((plan, done["reloaded"]))
 
     def _put_back(self, previous: str | None) -> str:
         """A desired state that failed after its profile step: the profile before it

@@ -96,11 +96,29 @@ def apply_qos(inference: Inference, plan: QosPlan) -> dict[str, Any]:
         configfile.write_tuned(plan.directory, plan.text, plan.before,
                                during="set-qos read it")
     except OSError as error:
-        raise CommandFailed("write_failed", str(error) if isinstance(
-            error, configfile.ChangedError) else
-            f"{plan.change['file']}: {error.strerror or error}") from None
+        raise CommandFailed("write_failed", _failed(plan, error)) from None
     return {**plan.change, "written": True,
             "reloaded": _reload(inference, plan.change["model"], plan.change)}
+
+
+def undo_qos(inference: Inference, plan: QosPlan, loaded: bool) -> str | None:
+    """Put a written change back as it was, and load the model again when ``loaded`` with
+    it (a reload the data plane refused left it serving the old one): whole or not at
+    all, for desired state; None, or why it could not be."""
+    try:
+        configfile.put_back(plan.directory, plan.before, plan.text)
+        if loaded:
+            _reload(inference, plan.change["model"], plan.change)
+    except OSError as error:
+        return _failed(plan, error)
+    except CommandFailed as failure:
+        return str(failure)
+    return None
+
+
+def _failed(plan: QosPlan, error: OSError) -> str:
+    return str(error) if isinstance(error, configfile.ChangedError) else \
+        f"{plan.change['file']}: {error.strerror or error}"
 
 
 def _document(file: Path, data: bytes | None) -> dict[str, Any]:
@@ -125,8 +143,8 @@ def _current(document: dict[str, Any], file: Path) -> tuple[Qos | None, str | No
     except ModelSettingsError as error:
         try:
             parse_settings({k: v for k, v in document.items() if k != "qos"}, str(file))
-        except ModelSettingsError:
-            raise CommandFailed("bad_config", f"{error}; fix it first (nothing written)") \
+        except ModelSettingsError as other:  # what the command cannot mend, not its qos
+            raise CommandFailed("bad_config", f"{other}; fix it first (nothing written)") \
                 from None
         return None, str(error)
 
