@@ -160,6 +160,9 @@ def test_desired_qos_names_models_by_their_whole_name_and_refuses_what_is_not_js
                       "(expected each name a string matching")):
         refused = fleet(broker, "desired", "orin-9", "--key", str(key_file), "--qos", bad)
         assert refused.returncode == 2 and why in refused.stderr, refused.stderr
+    twice = fleet(broker, "desired", "orin-9", "--key", str(key_file), "--qos", "det=null",
+                  "--qos", 'det={"class": "throughput"}')
+    assert twice.returncode == 2 and "model det was given a qos already" in twice.stderr
     both = fleet(broker, "desired", "orin-9", "--key", str(key_file), "--clear", "--qos",
                  "det=null")
     assert both.returncode == 2 and "--clear takes no" in both.stderr
@@ -356,6 +359,16 @@ def test_send_refuses_args_every_node_would_refuse_before_anything_is_sent(
         refused = fleet(broker, "send", "orin-9", *words, "--key", str(key_file))
         assert refused.returncode == 2, refused.stderr
         assert why in refused.stderr, refused.stderr
+    for words, why in ((("--arg", "qos=null", "--arg", "qos.class=best_effort"),
+                        "--arg qos.class=best_effort: qos was given a value already, so it has "
+                        "no keys to set"),
+                       (("--arg", "qos.class=best_effort", "--arg", "qos=null"),
+                        "--arg qos=null: qos was given keys already (qos.KEY=...); give one "
+                        "or the other")):  # a traceback, and a key dropped without a word
+        refused = fleet(broker, "send", "orin-9", "set-qos", "--arg", "model=m", *words,
+                        "--key", str(key_file))
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.splitlines()[-1].endswith(why), refused.stderr
     newer = fleet(broker, "send", "orin-9", "reboot-into-orbit", "--key", str(key_file),
                   "--timeout", "1")
     assert "nothing was sent" not in newer.stderr, newer.stderr  # sent, to nobody online

@@ -177,8 +177,14 @@ def parse_args_list(pairs: list[str]) -> dict[str, Any]:
             value = text
         node = result
         *parents, leaf = key.split(".")
-        for parent in parents:
+        for depth, parent in enumerate(parents):
             node = node.setdefault(parent, {})
+            if not isinstance(node, dict):  # qos=null, then qos.class=...
+                raise UsageError(f"--arg {pair}: {'.'.join(parents[:depth + 1])} was given "
+                                 "a value already, so it has no keys to set")
+        if isinstance(node.get(leaf), dict):  # qos.class=..., then qos=null
+            raise UsageError(f"--arg {pair}: {key} was given keys already ({key}.KEY=...); "
+                             "give one or the other")
         node[leaf] = value
     return result
 
@@ -257,6 +263,8 @@ def desired(args: argparse.Namespace) -> int:
         name, sep, text = item.partition("=")
         if not sep or not name:
             raise UsageError(f"--qos {item}: expected MODEL=JSON")
+        if name in wanted.get("models", {}):
+            raise UsageError(f"--qos {item}: model {name} was given a qos already")
         try:
             wanted.setdefault("models", {})[name] = {"qos": finite_json(text)}
         except NotFinite as error:
