@@ -351,7 +351,8 @@ def test_a_signed_desired_state_the_node_refuses_is_said_in_reported(
 
     def refusal_of(desired_id: str) -> dict[str, Any] | None:
         return next((r for r in operator.replies if r.get("schema") == "reported/1" and
-                     (r.get("refused") or {}).get("desired_id") == desired_id), None)
+                     (r.get("refused") or {}).get("node:orin-1", {}).get("desired_id")
+                     == desired_id), None)
 
     try:
         good = sign(key, "desired", "node:orin-1", {"models": {"m": {"qos": wanted}}},
@@ -365,8 +366,27 @@ def test_a_signed_desired_state_the_node_refuses_is_said_in_reported(
         said = refusal_of(bad["id"])
         assert said is not None
         assert (said["desired_id"], said["status"]) == (good["id"], "converged")
-        assert said["refused"]["code"] == "malformed", said
-        assert "qos.class must be one of ['latency_critical'" in said["refused"]["message"]
+        refused = said["refused"]["node:orin-1"]
+        assert refused["code"] == "malformed", said
+        assert "qos.class must be one of ['latency_critical'" in refused["message"]
+        # one older than the state applied (an operator's clock behind): said, as stale
+        old = sign(key, "desired", "node:orin-1", {"models": {"m": {"qos": None}}},
+                   ttl_s=3600, now=good["issued_at"] / 1000 - 60)
+        operator.publish(topic, json.dumps(old).encode(), retain=True)
+        assert wait_until(lambda: refusal_of(old["id"]) is not None, 60)
+        stale = refusal_of(old["id"])
+        assert stale is not None and stale["refused"]["node:orin-1"]["code"] == "stale"
+        # the group's own refusal is kept beside the node's, not in its place
+        group = f"edge/v1/{FLEET}/group/line-a/desired"
+        theirs = sign(key, "desired", "group:line-a", {"models": {"m": {"qos": {
+            "class": "fast"}}}}, ttl_s=3600)
+        operator.publish(group, json.dumps(theirs).encode(), retain=True)
+        assert wait_until(lambda: any(
+            (r.get("refused") or {}).get("group:line-a", {}).get("desired_id") == theirs["id"]
+            for r in operator.replies), 60)
+        both = next(r for r in operator.replies
+                    if "group:line-a" in (r.get("refused") or {}))
+        assert both["refused"]["node:orin-1"]["desired_id"] == old["id"]
         assert yaml.safe_load((model_dir(node) / "config.yaml").read_text())["qos"] == wanted
 
         forged = sign(Ed25519PrivateKey.generate(), "desired", "node:orin-1",
@@ -381,6 +401,7 @@ def test_a_signed_desired_state_the_node_refuses_is_said_in_reported(
         assert refusal_of(forged["id"]) is None
     finally:
         operator.publish(topic, b"", retain=True)
+        operator.publish(f"edge/v1/{FLEET}/group/line-a/desired", b"", retain=True)
 
 
 def test_the_commands_qos_schema_has_the_bounds_a_config_yaml_has() -> None:

@@ -306,7 +306,8 @@ class Controller:
                 return
             record("rejected", logging.WARNING, command="desired", id=loose.get("id"),
                    topic=incoming.topic, scope=target, code=error.code, reason=str(error))
-            if error.verified and self.refused is not None:  # an operator signed it
+            if (error.verified or error.code == "stale") and self.refused is not None:
+                # an operator signed it (stale: its signature checked before its time)
                 tell, refusal = self.refused, {"desired_id": loose.get("id"), "scope": target,
                                                "code": error.code, "message": str(error)}
                 self._jobs.put((lambda: tell(refusal), "desired state refused"))

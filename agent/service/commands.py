@@ -321,16 +321,19 @@ class ServiceCommands:
         return f"; the profile put back to {previous or 'none'}"
 
     def refused_desired(self, refusal: dict[str, Any]) -> None:
-        """Say, retained, that a signed desired state was refused (its id, the code and
-        why) beside what the node last converged to, which it still runs (nothing then:
-        ``desired_id`` and ``status`` null).  The same refusal again is not said again."""
+        """Say, retained, that a signed desired state was refused (per scope: its id, the
+        code and why) beside what the node last converged to, which it still runs (nothing
+        then: ``desired_id`` and ``status`` null).  The same refusal again is not said."""
         last = self._reported or {
             "schema": "reported/1", "desired_id": None, "desired_issued_at": None,
             "status": None, "message": None}
-        if last.get("refused") == refusal:
+        scope, entry = refusal["scope"], {k: v for k, v in refusal.items() if k != "scope"}
+        refused = dict(last.get("refused") or {})
+        if refused.get(scope) == entry:
             return
+        refused[scope] = entry
         tuning = self.parts.tuning
-        self._reported = {**last, "refused": refusal,
+        self._reported = {**last, "refused": refused,
                           "profile": tuning.profile if tuning.applied else None,
                           "model": self.parts.inference.model_path,
                           "ts": int(time.time() * 1000)}
