@@ -152,11 +152,11 @@ def test_desired_qos_names_models_by_their_whole_name_and_refuses_what_is_not_js
                      ('det={"class": "throughput", "p99_ms": "20"}',
                       "models.det.qos.p99_ms must be number (expected a number "
                       "0.01..3600000); nothing was sent"),
-                     ('det={"class": "throughput", "extra": 1}', "models.det.qos must not "
-                      "contain {'extra'} properties (expected an object with keys class "
-                      "(required), p99_ms, min_rps; or null)"),
-                     ('det={"p99_ms": 5}', "must contain ['class'] properties"),
-                     ('bad/name=null', "models must be named by propertyName definition "
+                     ('det={"class": "throughput", "extra": 1}', "models.det.qos: unknown "
+                      "key extra (expected an object with keys class (required), p99_ms, "
+                      "min_rps; or null)"),
+                     ('det={"p99_ms": 5}', "models.det.qos: class missing"),
+                     ('bad/name=null', "models: 'bad/name' is not a name allowed here "
                       "(expected each name a string matching")):
         refused = fleet(broker, "desired", "orin-9", "--key", str(key_file), "--qos", bad)
         assert refused.returncode == 2 and why in refused.stderr, refused.stderr
@@ -351,8 +351,15 @@ def test_send_refuses_args_every_node_would_refuse_before_anything_is_sent(
                         "set-qos's args: qos.class must be one of ['latency_critical', "
                         "'throughput', 'best_effort']; nothing was sent"),
                        (("apply-profile", "--arg", "profile=x", "--arg", "bogus=1"),
-                        "apply-profile's args: must not contain {'bogus'} properties "
-                        "(expected an object with keys profile (required), force, guard)"),
+                        "apply-profile's args: unknown key bogus (expected an object with "
+                        "keys profile (required), force, guard)"),
+                       (("ping", "--arg", "x=1"), "ping's args: takes no arguments"),
+                       (("set-qos", "--arg", "model=123", "--arg", "qos=null"),
+                        "model must be string (expected a string matching "
+                        "^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$) (--arg reads 123, true and null "
+                        "as JSON: quote a text that looks like one, KEY='\"123\"')"),
+                       (("apply-profile", "--arg", "profile=Bad.Name"), "profile must "
+                        "match pattern ^[a-z0-9][a-z0-9_-]{0,63}$; nothing was sent"),
                        (("set-telemetry", "--arg", "interval_s=0"),
                         "interval_s must be bigger than or equal to 0.05 (expected a number "
                         "0.05..86400)")):

@@ -145,7 +145,11 @@ def test_desired_state_is_in_time_in_order_and_cleared_only_by_a_signature(
     operator.publish(topic, json.dumps(newer).encode(), retain=True)  # the same id again
     operator.publish(topic, b"", retain=True)  # no longer a clear
     assert_alive(node, operator)
-    assert len(reports(operator)) == seen  # neither the stale one nor the redelivery ran
+    # neither the stale one nor the redelivery ran; the stale one is said, as refused
+    said = reports(operator)[seen:]
+    assert [r["refused"]["node:orin-1"]["code"] for r in said] == ["stale"], said
+    assert said[0]["refused"]["node:orin-1"]["desired_id"] == older["id"]
+    assert said[0]["desired_id"] == newer["id"] and said[0]["status"] == "converged"
     assert node.tuning.applied and snapshot(root) == changed and applied_id() == newer["id"]
     metrics = node.controller.metrics()
     assert metrics["rejected"]["stale"] == 1 and metrics["desired_ignored"] == 1

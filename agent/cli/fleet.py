@@ -140,8 +140,10 @@ def _fits(schema: str, arguments: dict[str, Any], what: str) -> None:
         return  # a command newer than this client: the node judges it
     problem = schemas.check(schema, arguments)
     if problem:
-        key = problem.removeprefix("data").removeprefix(".").lstrip()  # the schema's root
-        raise UsageError(f"{what}: {key}; nothing was sent")
+        key = problem.removeprefix("data").removeprefix(".").removeprefix(":").lstrip()
+        hint = (" (--arg reads 123, true and null as JSON: quote a text that looks like "
+                "one, KEY='\"123\"')" if "must be string" in problem else "")
+        raise UsageError(f"{what}: {key}{hint}; nothing was sent")
 
 
 class NotFinite(ValueError):

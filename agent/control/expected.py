@@ -7,6 +7,7 @@ should not need the schema to correct a command, so a refusal ends with it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 TYPES = {"number": "a number", "integer": "an integer", "string": "a string",
@@ -14,11 +15,35 @@ TYPES = {"number": "a number", "integer": "an integer", "string": "a string",
          "array": "a list"}
 
 
+def refusal(message: str, name: str, rule: str, value: Any, definition: Any) -> str:
+    """fastjsonschema's ``message`` for ``value`` at ``name`` in plain words where its own
+    are the schema's ("must be valid exactly by one definition", "must contain ['model']
+    properties"), with what would have been accepted."""
+    keys = value if isinstance(value, dict) else {}
+    rules = definition if isinstance(definition, dict) else {}
+    if rule == "oneOf":
+        message = f"{name}: {value!r} is not allowed"
+    elif rule == "required":
+        missing = [key for key in rules.get("required", ()) if key not in keys]
+        message = f"{name}: {', '.join(missing) or 'a key'} missing"
+    elif rule == "additionalProperties":
+        known = rules.get("properties", {})
+        if not known:
+            return f"{name}: takes no arguments"
+        message = f"{name}: unknown key {', '.join(k for k in keys if k not in known)}"
+    elif rule == "propertyNames":
+        pattern = (rules.get("propertyNames") or {}).get("pattern", "")
+        bad = [key for key in keys if not re.search(pattern, str(key))]
+        message = f"{name}: {', '.join(map(repr, bad)) or 'a name'} is not a name allowed here"
+    words = expected(rule, definition)
+    return message + (f" (expected {words})" if words else "")
+
+
 def expected(rule: str, definition: Any) -> str:
     """The words for what ``definition`` accepts where ``rule`` of it failed; "" when the
     refusal says it already (an enum lists its values)."""
-    if not isinstance(definition, dict) or rule == "enum":
-        return ""
+    if not isinstance(definition, dict) or rule in ("enum", "pattern", "const"):
+        return ""  # the refusal names the values, the pattern
     if rule == "propertyNames":
         return f"each name {describe(definition.get('propertyNames'))}"
     if rule in ("maxProperties", "maxItems", "minItems", "uniqueItems"):

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from agent.control.expected import expected
+from agent.control.expected import refusal
 from agent.telemetry.groups import METRIC_GROUPS
 
 NAME = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"}
@@ -140,8 +140,8 @@ def check(name: str, value: Any) -> str | None:
     try:
         validator(name)(value)
     except fastjsonschema.JsonSchemaValueException as error:
-        words = expected(error.rule or "", error.definition)
-        return f"{error.message}" + (f" (expected {words})" if words else "")
+        return refusal(error.message, error.name or "data", error.rule or "", error.value,
+                       error.definition)
     return _strict(SCHEMAS.get(name) or ARGS[name], value, "data")
 
 
