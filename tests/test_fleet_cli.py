@@ -376,6 +376,10 @@ def test_send_refuses_args_every_node_would_refuse_before_anything_is_sent(
                         "--key", str(key_file))
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr.splitlines()[-1].endswith(why), refused.stderr
+    merged = fleet(broker, "send", "orin-9", "set-qos", "--arg", "model=m", "--arg",
+                   "qos.class=fast", "--args-json", '{"qos": {"p99_ms": 5}}', "--key",
+                   str(key_file))  # merged at depth: the class is judged, not lost
+    assert "qos.class must be one of ['latency_critical'" in merged.stderr, merged.stderr
     newer = fleet(broker, "send", "orin-9", "reboot-into-orbit", "--key", str(key_file),
                   "--timeout", "1")
     assert "nothing was sent" not in newer.stderr, newer.stderr  # sent, to nobody online

@@ -191,6 +191,16 @@ def parse_args_list(pairs: list[str]) -> dict[str, Any]:
     return result
 
 
+def _merge(into: dict[str, Any], extra: dict[str, Any]) -> None:
+    """``--args-json`` over ``--arg``: an object's keys merged, at any depth (qos.class from
+    --arg keeps its place beside --args-json's qos.p99_ms); anything else replaced."""
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
 def send(args: argparse.Namespace) -> int:
     from agent.cli.fleet_replies import details, table
     from agent.control.collect import collect
@@ -207,7 +217,7 @@ def send(args: argparse.Namespace) -> int:
             raise UsageError(f"--args-json: {error}") from None
         if not isinstance(extra, dict):
             raise UsageError("--args-json: expected a JSON object")
-        arguments.update(extra)
+        _merge(arguments, extra)
     _fits(args.fleet_command, arguments, f"{args.fleet_command}'s args")
     target, scope = protocol.target_of(args.target)
     bus = connect(args, [protocol.STATE, protocol.BIRTH,
