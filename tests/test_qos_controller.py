@@ -88,6 +88,8 @@ def test_when_the_load_goes_back_it_relaxes_toward_the_configured_levers() -> No
     assert 0 < sim.levers[LC].max_queue_delay_us < 4000  # 4 ms would not leave the margin
     relaxed = [a for a in sim.applied if not a.tighten]
     assert relaxed and all(a.why.startswith("every objective holds") for a in relaxed)
+    # a give-back serves the model it was taken for: its event carries that one's figures
+    assert all(a.serves == LC for a in relaxed), [(a.model, a.serves) for a in relaxed]
     kinds = [a.lever for a in relaxed]
     assert kinds.index(ADMIT) < kinds.index(DELAY)  # BE's throughput before LC's batching
     sim.demand[LC] = 0

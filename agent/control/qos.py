@@ -347,7 +347,7 @@ class QosController:
             self._futile[key] = Futile(self.window + min(
                 self.h.futile_windows * 2 ** (fails - 1), self.h.max_relax_windows),
                 trial.reference, fails)
-            self._moved[(trial.target, trial.lever)] = Moved(self.window, False)
+            self._moved[(trial.target, trial.lever)] = Moved(self.window, False, model)
             why = (f"{trial.lever} of {trial.target or 'the device'} for {model} did not "
                    f"help (p99 {trial.reference:.1f} ms before, {after:.1f} ms "
                    "after): given back")
@@ -375,11 +375,12 @@ class QosController:
                 if tighten and last is not None and not last.tighten and (
                         self.window - last.window <= self._relax_needed):
                     self._failed[(target, lever)] = self.window  # a probe undone
-                self._moved[(target, lever)] = Moved(self.window, tighten)
+                model = target or serves or "device"
+                serves = serves or (last.serves if last is not None else "") or model
+                self._moved[(target, lever)] = Moved(self.window, tighten, serves)
                 if tighten and lever == ADMIT:
                     self._held.pop(target, None)  # it climbs back from one step again
                 before: Value = (device.rung if device is not None and target == DEVICE
                                  else levers[target].get(lever))
-                model = target or serves or "device"
-                return Action(model, lever, before, after, why, serves or model, tighten)
+                return Action(model, lever, before, after, why, serves, tighten)
         return None

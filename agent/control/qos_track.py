@@ -68,3 +68,4 @@ class Track:
 class Moved:
     window: int
     tighten: bool
+    serves: str = ""  # the model it was last tightened for: what giving it back serves
