@@ -274,6 +274,7 @@ class ServiceCommands:
                 self.set_model({"model": model, **({"sha256": args["sha256"]}
                                                    if "sha256" in args else {})},
                                lambda step: None)
+            # read and checked again: the profile's guard window may have run for minutes
             self._apply_qos(self._qos_plans(qos, None), models)
         except CommandFailed as failure:
             status, message = "failed", str(failure)

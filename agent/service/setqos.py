@@ -69,10 +69,8 @@ def plan_qos(inference: Inference, builtins: Mapping[str, Path], model: str,
     try:
         before = configfile.read_current(directory)
     except OSError as error:  # a FIFO or directory in its place, a link out of the model
-        reason = error.strerror or str(error)
-        raise CommandFailed("bad_config", (reason if reason.startswith(str(file)) else
-                                           f"{file}: {reason}") +
-                            "; fix it first (nothing written)") from None
+        raise CommandFailed("bad_config", f"{_said(str(file), error)}; fix it first "
+                            "(nothing written)") from None
     document = _document(file, before)
     current, invalid = _current(document, file)
     if qos is None:
@@ -118,7 +116,13 @@ def undo_qos(inference: Inference, plan: QosPlan, loaded: bool) -> str | None:
 
 def _failed(plan: QosPlan, error: OSError) -> str:
     return str(error) if isinstance(error, configfile.ChangedError) else \
-        f"{plan.change['file']}: {error.strerror or error}"
+        _said(plan.change["file"], error)
+
+
+def _said(file: str, error: OSError) -> str:
+    """``error`` on ``file``, the file named once (a link's refusal names it already)."""
+    reason = error.strerror or str(error)
+    return reason if reason.startswith(file) else f"{file}: {reason}"
 
 
 def _document(file: Path, data: bytes | None) -> dict[str, Any]:
