@@ -31,7 +31,8 @@ class Sim:
     a model's admission cap is refused.  BE's threads cost LC ``interference_ms`` at its
     configured threads and 10 requests a second (half once confined to other CPUs, in
     proportion to its threads and its rate up to 10);
-    each rung of the device's ladder takes ``rung_gain`` off every cost."""
+    each rung of the device's ladder takes ``rung_gain`` off every cost; ``foreign`` cores
+    busy outside the agent (a co-located app) add to u, and the controller is told them."""
 
     cost_ms: dict[str, float]
     demand: dict[str, float]
@@ -41,6 +42,7 @@ class Sim:
     # the window a move falls in still holds a request served as before it (the worse p99)
     mixed: bool = False
     extra_ms: float = 0.0
+    foreign: float | None = None
     interference_ms: float = 0.0
     device: Device | None = None
     rung_gain: float = 0.1
@@ -54,8 +56,8 @@ class Sim:
     def window(self) -> dict[str, Figures]:
         admitted = {m: min(d, self.levers[m].admit_rps or d) for m, d in self.demand.items()}
         gain = 1 - self.rung_gain * (self.device.rung if self.device else 0)
-        load = min(0.98, sum(admitted[m] * self.cost_ms[m] * gain / 1000 for m in admitted)
-                   / self.cores)
+        load = min(0.98, (sum(admitted[m] * self.cost_ms[m] * gain / 1000 for m in admitted)
+                          + (self.foreign or 0.0)) / self.cores)
         figures: dict[str, Figures] = {}
         for model, rate in admitted.items():
             levers = self.levers[model]
@@ -120,13 +122,14 @@ def two_models(lc_demand: float = 50, be_demand: float = 10, lc_p99: float = 12.
 
 
 def run(controller: QosController, sim: Sim, objectives: dict[str, Objective],
-        baseline: dict[str, Levers], windows: int, cpus: int = 0
+        baseline: dict[str, Levers], windows: int, cpus: int = 0, told: bool = True
         ) -> list[tuple[dict[str, Figures], Decision]]:
+    """``told``: the controller is given the foreign load (else only its effect)."""
     trace = []
     for _ in range(windows):
         figures = sim.window()
         decision = controller.decide(figures, objectives, dict(sim.levers), baseline,
-                                     sim.device, cpus)
+                                     sim.device, cpus, sim.foreign if told else None)
         for action in [a for a in decision.actions if a.lever in sim.refuse]:
             controller.refused(action)  # as the service does when the plane says no
             decision.actions.remove(action)

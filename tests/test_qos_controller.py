@@ -169,6 +169,28 @@ def test_once_the_edge_is_gone_each_probe_that_holds_halves_the_wait() -> None:
     assert held(trace, 12.0) >= 0.99
 
 
+@pytest.mark.parametrize("told", [True, False])
+def test_when_a_co_located_load_stops_the_probes_back_start_at_once(told: bool) -> None:
+    """A co-located app's third of a core puts BE's cap at the edge: its probes fail and
+    the wait backs off to 40 windows.  When the app stops, the cores busy outside the agent
+    drop: the controller told of them probes as after a probe that held, and BE is uncapped
+    within ten windows; one that sees only the p99 waits out the back-off (120 windows)."""
+    sim, objectives, baseline = two_models(lc_demand=20, be_demand=12)
+    controller = QosController()
+    run(controller, sim, objectives, baseline, 30, told=told)
+    sim.foreign = 0.33
+    edge = run(controller, sim, objectives, baseline, 400, told=told)
+    undone = [a for _, d in edge for a in d.actions if a.lever == ADMIT and a.tighten]
+    assert len(undone) >= 5 and sim.levers[BE].admit_rps == 5.88  # probes undone: at the edge
+    assert held(edge, 12.0) >= 0.97
+    sim.foreign = 0.0
+    after = run(controller, sim, objectives, baseline, 200, told=told)
+    uncapped = next(i for i, (_, d) in enumerate(after)
+                    for a in d.actions if a.lever == ADMIT and a.after is None)
+    assert (uncapped <= 10) if told else (uncapped >= 100), uncapped
+    assert held(after, 12.0) == 1.0
+
+
 def test_a_relaxed_cap_grows_with_each_probe_that_held_and_goes_once_it_admits_all() -> None:
     """A cap comes back by 1/0.7, then by its square, its cube, its fourth power (no more)
     after each probe of it that held; it is lifted once the step would admit every request

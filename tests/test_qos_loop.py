@@ -87,14 +87,19 @@ def test_control_applies_each_step_then_says_unmet_once_and_stops(
         plane: tuple[ModelRegistry, Plane, Path]) -> None:
     registry, supervisor, repo = plane
     events: list[tuple[str, dict[str, Any]]] = []
+    asked: list[int] = []  # the cores busy outside the agent, read for the plane's pid
     loop = QosLoop(qos("control"), supervisor,
                    Objectives(repo), lambda kind, **fields: events.append((kind, fields)),
-                   QosController(Hysteresis(violate_windows=2)))
+                   QosController(Hysteresis(violate_windows=2)),
+                   foreign=lambda pid: asked.append(pid) or 0.4321)
     try:
         windows(loop, registry, 12)
         actions = [f for kind, f in events if kind == "qos_action"]
         # the p99 is more than 4 ms above 10 us: the delay goes at once
         assert [(a["before"], a["after"]) for a in actions] == [(4000, 0)]
+        assert set(asked) == {1} and len(asked) == 12
+        assert actions[0]["figures"]["foreign_cpus"] == 0.43
+        assert loop.metrics()["device"]["foreign_cpus"] == 0.43
         assert all(a["applied"] and a["lever"] == "max_queue_delay_us" for a in actions)
         levers = registry.statistics("lc", "1")[0]["edge_agent"]["levers"]
         assert levers["max_queue_delay_us"] == 0

@@ -18,7 +18,9 @@ machine's does not start the count again); a lever is not relaxed within
 once, and doubles the wait before the next relaxation (up to ``max_relax_windows``), so a
 load that sits at the edge settles instead of probing every few seconds; a probe of that
 lever that holds halves the wait again, so the wait is not left at its longest for good
-once the edge has gone (or once stalls of the machine's have stopped undoing probes).
+once the edge has gone (or once stalls of the machine's have stopped undoing probes); and
+when the cores busy outside the agent fall ``foreign_drop`` below their level at the last
+tightening (a co-located app stopped), probing starts again as after a probe that held.
 
 Every step on another model (or the device) is a trial: it stays only when the model's
 p99 level over the next ``trial_windows`` judged windows is below ``helped`` times its level
@@ -68,7 +70,7 @@ from agent.control.qos_model import (
     Value,
 )
 from agent.control.qos_steps import DEVICE, Step, relax_steps, tighten_steps
-from agent.control.qos_track import Futile, Moved, Track, Trial, level
+from agent.control.qos_track import Foreign, Futile, Moved, Track, Trial, level
 
 __all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "REBUILT", "RUNG",
            "THREADS",
@@ -100,16 +102,25 @@ class QosController:
         self._failed: dict[tuple[str, str], int] = {}  # when a lever's probe was undone
         self._refused: dict[tuple[str, str], int] = {}  # when a lever was refused
         self._futile: dict[tuple[str, str, str], Futile] = {}  # (for, target, lever)
+        self._foreign = Foreign(deque(maxlen=self.h.violate_span))
 
     def decide(self, figures: Mapping[str, Figures], objectives: Mapping[str, Objective],
                levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
-               device: Device | None = None, cpus: int = 0) -> Decision:
+               device: Device | None = None, cpus: int = 0,
+               foreign: float | None = None) -> Decision:
         """This window's actions (at most one per model whose lever moves, and at most one
         on the device) and the models unmet; ``levers``/``baseline``: the models served
         now, as served and as configured; ``device``: its latency ladder (None: none to
-        move); ``cpus``: the CPUs a model may be confined within (0: no placement)."""
+        move); ``cpus``: the CPUs a model may be confined within (0: no placement);
+        ``foreign``: the cores busy outside the agent and its data plane (None: unknown)."""
         self.window += 1
         decision = Decision()
+        self._foreign.seen(foreign)
+        if self._foreign.dropped(self.h.foreign_drop):  # the load met has gone: probe as
+            self._relax_needed = self.h.relax_windows  # after a probe that held
+            self._backed_off.clear()
+            self._failed.clear()
+            self._probe_held = True
         if any(lever.rebuilding for lever in levers.values()):  # judged once swapped
             self._settle_until = max(self._settle_until, self.window + self.h.settle_windows)
             self._probing = False
@@ -169,6 +180,7 @@ class QosController:
         relaxed = None
         if any(action.tighten for action in decision.actions):
             self._probe_held = False  # the load turned against the levers: probe as at first
+            self._foreign.tightened()
         # without margin a probe waits probe_factor times as long, unless the last one held
         probe_wait = self._relax_needed * (1 if self._probe_held else self.h.probe_factor)
         if decision.actions:

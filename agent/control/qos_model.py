@@ -138,6 +138,9 @@ class Hysteresis:
     # windows not judged after a move: the one the move fell in mixes both settings (with
     # twenty calls a window, one request that waited under the old delay is the p99)
     settle_windows: int = 1
+    # the cores busy outside the agent falling this many below their level at the last
+    # tightening: the load the steps met has gone, so probing starts again at the relax wait
+    foreign_drop: float = 0.2
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """What the QoS controller remembers of each model between windows: its recent verdicts and
 p99s (and the level they sit at), whether it is unmet, the steps on trial for it, the levers
-that did not help it, and when each lever last moved.  Plain records: the decisions that
+that did not help it, and when each lever last moved; and of the device, the CPU load from
+outside the agent.  Plain records: the decisions that
 read and change them are the controller's (qos)."""
 
 from __future__ import annotations
@@ -69,3 +70,29 @@ class Moved:
     window: int
     tighten: bool
     serves: str = ""  # the model it was last tightened for: what giving it back serves
+
+
+@dataclass
+class Foreign:
+    """The cores busy outside the agent and its data plane over the last windows, and their
+    level (median) when a step last tightened.  A level well below that one says the load
+    the steps met has gone (a co-located app stopped): what was held back for it may be
+    probed back without waiting out a back-off its misses set."""
+
+    recent: deque[float]
+    at_tighten: float | None = None
+
+    def seen(self, cores: float | None) -> None:
+        if cores is not None:
+            self.recent.append(cores)
+
+    def tightened(self) -> None:
+        self.at_tighten = median(self.recent) if self.recent else None
+
+    def dropped(self, by: float) -> bool:
+        """Whether the level fell ``by`` cores below the last tightening's (once each)."""
+        if self.at_tighten is None or not self.recent \
+                or median(self.recent) >= self.at_tighten - by:
+            return False
+        self.at_tighten = None
+        return True

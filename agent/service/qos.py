@@ -36,6 +36,7 @@ from agent.control.qos import (
     QosController,
     Unmet,
 )
+from agent.service.qos_foreign import ForeignLoad
 from agent.service.qos_inputs import Served, Windows, lever_request
 
 if TYPE_CHECKING:
@@ -84,12 +85,15 @@ class QosLoop:
     def __init__(self, config: QosConfig, supervisor: DataPlane,
                  objectives: ObjectiveLookup, on_event: Callable[..., None],
                  controller: QosController | None = None, ladder: Ladder | None = None,
-                 device: DeviceReader | None = None) -> None:
+                 device: DeviceReader | None = None,
+                 foreign: Callable[[int], float | None] | None = None) -> None:
         self.config, self.supervisor = config, supervisor
         self.objectives, self.on_event = objectives, on_event
         self.controller = controller or QosController(advising=config.mode == "advise")
         self.ladder, self.device = ladder, device
         self.device_figures: dict[str, Any] = {}
+        self.foreign = foreign or ForeignLoad()
+        self.foreign_cpus: float | None = None  # the last window's (qos_foreign)
         self._advised_rung: int | None = None  # advise: the rung it would have moved to
         self._rebuilding: dict[str, Action] = {}  # threads/CPUs asked for, not yet swapped
         self.windows = Windows()
@@ -145,7 +149,9 @@ class QosLoop:
         except ServeError as error:
             logger.debug("qos: no statistics: %s", error)
             return None
-        self.served = served = self.windows.advance(self.supervisor.status()["pid"], stats)
+        pid = self.supervisor.status()["pid"]
+        self.served = served = self.windows.advance(pid, stats)
+        self.foreign_cpus = self.foreign(pid) if isinstance(pid, int) else None
         for model, asked in list(self._rebuilding.items()):
             if model not in served or served[model].rebuild_failed:  # logged by the plane
                 self.controller.refused(asked)
@@ -156,7 +162,7 @@ class QosLoop:
         decision = self.controller.decide({m: s.figures for m, s in served.items()},
                                           objectives, levers,
                                           {m: s.configured for m, s in served.items()},
-                                          self._device(), self._cpus())
+                                          self._device(), self._cpus(), self.foreign_cpus)
         decided = time.perf_counter()
         for action in decision.actions:
             self._act(client, action, served, decided)
@@ -209,6 +215,8 @@ class QosLoop:
                                    for m in {action.model, action.serves} if m in served}
         if self.device_figures:
             figures["device"] = self.device_figures
+        if self.foreign_cpus is not None:
+            figures["foreign_cpus"] = round(self.foreign_cpus, 2)
         self.last_action = {"model": action.model, "serves": action.serves,
                             "lever": action.lever, "before": action.before,
                             "after": action.after, "tighten": action.tighten,
@@ -268,6 +276,8 @@ class QosLoop:
             device["rung"] = (self._advised_rung if self._advised_rung is not None
                               else self.ladder.rung)
             device["rungs"] = len(self.ladder.ladder())
+        if self.foreign_cpus is not None:
+            device["foreign_cpus"] = round(self.foreign_cpus, 2)
         return {"mode": self.config.mode, "window_s": self.config.window_s,
                 "windows": self.controller.window, "actions": self.actions,
                 "last_action": self.last_action, "models": models,
