@@ -341,6 +341,45 @@ def test_a_desired_state_whose_reload_fails_puts_back_every_qos_it_wrote(
         operator.publish(topic, b"", retain=True)
 
 
+def test_a_desired_state_failing_after_its_model_step_takes_the_new_version_back(
+        node: Service, operator: Operator, key: Ed25519PrivateKey) -> None:
+    """Whole or not at all, the model step too: the state installs a new version of the
+    default model, then n's qos is written but n cannot be loaded again.  The new version
+    goes, and the one before it serves as before.  Before, the node went on serving the new
+    version under a state reported failed."""
+    inference = node.inference
+    assert inference is not None
+    default, path_before = inference.default, inference.model_path
+    versions_before = [m for m in inference.served_models() if m["name"] == default]
+    models = Path(node.config.state_dir) / "models"
+    models.mkdir(exist_ok=True)
+    mlp(models / "other.onnx")
+    other = model_dir(node).parent / "n"
+    shutil.copytree(model_dir(node), other, ignore=shutil.ignore_patterns("config.yaml*"))
+    inference.supervisor.client().load("n")
+    (other / "config.yaml").write_bytes(b"instances: [{device: 'dla:7'}]\n")
+    topic = f"edge/v1/{FLEET}/orin-1/desired"
+    operator.client.subscribe(f"edge/v1/{FLEET}/orin-1/reported", qos=1)
+    try:
+        state = sign(key, "desired", "node:orin-1", {
+            "model": str(models / "other.onnx"),
+            "models": {"n": {"qos": {"class": "best_effort", "min_rps": 1}}}}, ttl_s=3600)
+        operator.publish(topic, json.dumps(state).encode(), retain=True)
+        reported = reported_for(operator, state["id"])
+        assert reported["status"] == "failed", reported
+        message = reported["message"]
+        assert "did not load n again" in message, message
+        installed = inference.repository / default
+        assert message.endswith(f"; the qos written put back (1 file(s)); {default} "
+                                f"version 2 taken back"), message[-300:]
+        assert reported["model"] == path_before == inference.model_path
+        assert not (installed / "2").exists()
+        assert wait_until(lambda: [m for m in inference.served_models()  # type: ignore[union-attr]
+                                   if m["name"] == default] == versions_before, 30)
+    finally:
+        operator.publish(topic, b"", retain=True)
+
+
 def test_a_signed_desired_state_the_node_refuses_is_said_in_reported(
         node: Service, operator: Operator, key: Ed25519PrivateKey) -> None:
     """Not only in the node's audit: ``reported`` keeps the state it converged to and runs,

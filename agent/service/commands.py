@@ -258,6 +258,7 @@ class ServiceCommands:
         model = args.get("model")
         installing = model and Path(model).resolve() != Path(inference.model_path).resolve()
         previous, switched = tuning.profile if tuning.applied else None, False
+        installed, served_before = None, inference.model_path
         try:
             # every model's qos checked before anything changes; the one the model step
             # installs may have no directory yet: it is checked when it has
@@ -271,13 +272,15 @@ class ServiceCommands:
                 tuning.rollback()
                 self._announce_tuning()
             if installing:
-                self.set_model({"model": model, **({"sha256": args["sha256"]}
+                installed = self.set_model({"model": model, **({"sha256": args["sha256"]}
                                                    if "sha256" in args else {})},
                                lambda step: None)
             # read and checked again: the profile's guard window may have run for minutes
             self._apply_qos(self._qos_plans(qos, None), models)
         except CommandFailed as failure:
             status, message = "failed", str(failure)
+            if installed is not None:  # put back in the order applied, the last first
+                message += self._withdraw(installed, served_before)
             if switched and (tuning.profile if tuning.applied else None) != previous:
                 message += self._put_back(previous)
         reported = {"schema": "reported/1", "desired_id": envelope["id"],
@@ -310,6 +313,20 @@ class ServiceCommands:
             models[plan.change["model"]] = done
             if done["written"]:
                 written.append((plan, done["reloaded"]))
+
+    def _withdraw(self, installed: dict[str, Any], path: str) -> str:
+        """The version a failed desired state installed taken back: the one before it
+        serves again (whole or not at all); what it did, for the report's message."""
+        from agent.serving.errors import ServeError
+
+        name, version = installed["model"], installed["version"]
+        try:
+            self.parts.inference.withdraw(installed, path)
+        except (OSError, ServeError) as error:
+            return f"; taking {name} version {version} back failed: {error}"
+        finally:
+            self.parts.link().rebirth()  # birth lists the served models
+        return f"; {name} version {version} taken back"
 
     def _put_back(self, previous: str | None) -> str:
         """A desired state that failed after its profile step: the profile before it

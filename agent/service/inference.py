@@ -207,6 +207,16 @@ class Inference:
         return {"model": name, "version": version, "sha256": digest, "path": str(path),
                 **({"files": sorted(files)} if extras else {})}
 
+    def withdraw(self, installed: Mapping[str, Any], path: str) -> None:
+        """Take back a version ``install`` put in (a desired state that failed after it):
+        its directory removed and the model loaded again, so the version before it serves,
+        and the default entry's path ``path`` again.  OSError or ServeError when it cannot."""
+        name = installed["model"]
+        shutil.rmtree(self.repository / name / str(installed["version"]))
+        if name == self.default:
+            self.model_path = path
+        self.supervisor.client().load(name, timeout_s=LOAD_ALLOWANCE_S)
+
     @staticmethod
     def _read(path: Path) -> bytes:
         try:
