@@ -147,6 +147,31 @@ def test_a_second_tune_keeps_the_first_original_for_rollback(tmp_path: Path) -> 
         configfile.rollback(fresh)
 
 
+def test_a_write_put_back_to_the_original_leaves_no_trace_and_one_after_a_tune_keeps_it(
+        tmp_path: Path) -> None:
+    """Put back to the original kept beside it, the directory is as before any write (a
+    rollback then has nothing to do); put back over an earlier tune's file, the original
+    stays kept for that tune's rollback."""
+    directory, absent = tmp_path / "m", tmp_path / "n"
+    directory.mkdir()
+    (directory / "config.yaml").write_bytes(b"max_run_ms: 7\n")
+    configfile.write_tuned(directory, b"qos: {class: best_effort}\n", b"max_run_ms: 7\n")
+    configfile.put_back(directory, b"max_run_ms: 7\n", b"qos: {class: best_effort}\n")
+    configfile.write_tuned(absent, b"qos: {class: best_effort}\n", None)
+    configfile.put_back(absent, None, b"qos: {class: best_effort}\n")
+    assert sorted(p.name for p in directory.iterdir()) == ["config.yaml"]
+    assert (directory / "config.yaml").read_bytes() == b"max_run_ms: 7\n"
+    assert list(absent.iterdir()) == []
+    with pytest.raises(configfile.RollbackError):
+        configfile.rollback(directory)
+    configfile.write_tuned(directory, b"max_batch_size: 4\n", b"max_run_ms: 7\n")
+    configfile.write_tuned(directory, b"qos: {class: best_effort}\n", b"max_batch_size: 4\n")
+    configfile.put_back(directory, b"max_batch_size: 4\n", b"qos: {class: best_effort}\n")
+    assert (directory / configfile.WRITTEN).read_bytes() == b"max_batch_size: 4\n"
+    assert "restored" in configfile.rollback(directory)
+    assert (directory / "config.yaml").read_bytes() == b"max_run_ms: 7\n"
+
+
 def test_the_recorded_rate_is_read_from_a_real_registrys_statistics(tmp_path: Path) -> None:
     from agent.inference.demo_model import DEMO_MODEL_PATH
     from agent.serving.core import InferRequest

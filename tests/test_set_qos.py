@@ -336,6 +336,8 @@ def test_a_desired_state_whose_reload_fails_puts_back_every_qos_it_wrote(
         assert "models" not in reported
         assert (directory / "config.yaml").read_bytes() == before
         assert (other / "config.yaml").read_bytes() == bad
+        for marker in (configfile.PREVIOUS, configfile.ABSENT, configfile.WRITTEN):
+            assert not (directory / marker).exists() and not (other / marker).exists()
         assert not any(key.startswith("qos.") for key in served_parameters(node, "m"))
     finally:
         operator.publish(topic, b"", retain=True)

@@ -68,7 +68,9 @@ def write_tuned(directory: Path, data: bytes, expected: bytes | None,
 
 def put_back(directory: Path, data: bytes | None, expected: bytes) -> None:
     """Undo one write that took ``data`` (None: no file) to ``expected``: a change of a
-    desired state that failed part-way; ChangedError when the file is no longer that."""
+    desired state that failed part-way; ChangedError when the file is no longer that.
+    Back at the original kept beside it, the directory is as before any write: the
+    markers go too (else a rollback would "restore" what is already there)."""
     files = _files(directory)
     if files.read(f"/{CONFIG_FILE}") != expected:
         raise ChangedError(f"{directory / CONFIG_FILE}: changed since it was written; "
@@ -77,7 +79,13 @@ def put_back(directory: Path, data: bytes | None, expected: bytes) -> None:
         files.remove(f"/{CONFIG_FILE}")
     else:
         files.write(f"/{CONFIG_FILE}", data)
-    files.write(f"/{WRITTEN}", data or b"")
+    original = files.read(f"/{PREVIOUS}")
+    if (data is not None and original == data) or (
+            data is None and files.read(f"/{ABSENT}") is not None):
+        for marker in (PREVIOUS, ABSENT, WRITTEN):
+            files.remove(f"/{marker}")
+    else:
+        files.write(f"/{WRITTEN}", data or b"")
 
 
 def rollback(directory: Path) -> str:
