@@ -634,6 +634,9 @@ def controller_run(url: str, pid: int, repo: Path, feeds: dict[str, dict[str, np
                  " ms")
         if "did not help" in event.get("why", ""):  # a trial's figures: what it judged
             moved += f" ({event['why'].partition('(')[2].partition(')')[0]})"
+        outside = event.get("figures", {}).get("foreign_cpus")
+        if outside is not None:  # the cores busy outside the agent: the hog's, mostly
+            moved += f" [outside {outside:.2f} cores]"
         print(f"    {phase.name:8} +{event['at'] - phase.start:5.1f} s  {event['kind']}: {moved}")
     print(f"  {len(actions)} qos_action events; by lever: " + ", ".join(
         f"{lever} {sum(a['lever'] == lever for a in actions)}"
