@@ -32,7 +32,9 @@ class Sim:
     configured threads and 10 requests a second (half once confined to other CPUs, in
     proportion to its threads and its rate up to 10);
     each rung of the device's ladder takes ``rung_gain`` off every cost; ``foreign`` cores
-    busy outside the agent (a co-located app) add to u, and the controller is told them."""
+    busy outside the agent (a co-located app) add to u, and the controller is told them,
+    with BE's client's (``client_cores_per_rps`` of each BE request admitted: a co-located
+    process whose CPU follows what it is served, inside BE's cost here)."""
 
     cost_ms: dict[str, float]
     demand: dict[str, float]
@@ -43,6 +45,8 @@ class Sim:
     mixed: bool = False
     extra_ms: float = 0.0
     foreign: float | None = None
+    client_cores_per_rps: float = 0.0
+    outside: float | None = None  # what the controller is told this window
     interference_ms: float = 0.0
     device: Device | None = None
     rung_gain: float = 0.1
@@ -58,6 +62,8 @@ class Sim:
         gain = 1 - self.rung_gain * (self.device.rung if self.device else 0)
         load = min(0.98, (sum(admitted[m] * self.cost_ms[m] * gain / 1000 for m in admitted)
                           + (self.foreign or 0.0)) / self.cores)
+        self.outside = None if self.foreign is None and not self.client_cores_per_rps else (
+            (self.foreign or 0.0) + self.client_cores_per_rps * admitted.get(BE, 0.0))
         figures: dict[str, Figures] = {}
         for model, rate in admitted.items():
             levers = self.levers[model]
@@ -129,7 +135,7 @@ def run(controller: QosController, sim: Sim, objectives: dict[str, Objective],
     for _ in range(windows):
         figures = sim.window()
         decision = controller.decide(figures, objectives, dict(sim.levers), baseline,
-                                     sim.device, cpus, sim.foreign if told else None)
+                                     sim.device, cpus, sim.outside if told else None)
         for action in [a for a in decision.actions if a.lever in sim.refuse]:
             controller.refused(action)  # as the service does when the plane says no
             decision.actions.remove(action)

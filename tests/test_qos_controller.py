@@ -130,12 +130,16 @@ def test_advising_judges_no_move_by_an_effect_it_never_had() -> None:
     assert LC in decision.unmet and decision.unmet[LC].best_p99_ms > 12.0
 
 
-def test_a_load_at_the_edge_does_not_oscillate() -> None:
+@pytest.mark.parametrize("client_cores_per_rps", [0.0, 0.06])
+def test_a_load_at_the_edge_does_not_oscillate(client_cores_per_rps: float) -> None:
     """Steady load where every relaxation of BE's cap falls off a cliff: each probe is
     undone after one window, the next waits twice as long, and over 1,000 windows a lever
-    moves only a handful of times."""
+    moves only a handful of times.  So too when BE's client is a co-located process whose
+    CPU falls with BE's cap (1.2 cores to 0.3): that drop, of the cores outside the agent,
+    forgets the back-off once, not at every probe undone."""
     sim, objectives, baseline = two_models(be_demand=20)
     sim.cliff = 0.38  # comfortable at BE's floor (u 0.375), violated one step above it
+    sim.client_cores_per_rps = client_cores_per_rps
     controller = QosController()
     run(controller, sim, objectives, baseline, 200)
     before = len(sim.applied)
