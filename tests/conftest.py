@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from control_helpers import Operator
@@ -43,6 +44,43 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _MADE = pytest.StashKey[str]()
+
+# The test files on the session's RabbitMQ cluster (fixture rabbit_cluster): one work unit
+# of --dist loadfile, so they share one worker and with it one cluster (a session fixture
+# is per worker: two workers would boot two clusters, 20 s and 11 s of CPU each, 45 s each
+# on a loaded 2-core machine).
+CLUSTER_FILES = ("tests/test_rabbit_cluster.py", "tests/test_cluster_fleet.py")
+CLUSTER_UNIT = "rabbit_cluster"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadfile with CLUSTER_FILES as one unit, handed out first (the longest unit:
+    last, it would be the run's tail).  Other --dist modes are xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ClusterFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return CLUSTER_UNIT if path in CLUSTER_FILES else path
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if CLUSTER_UNIT in self.workqueue:
+                self.workqueue.move_to_end(CLUSTER_UNIT, last=False)
+            super()._assign_work_unit(node)
+
+    return ClusterFilesTogether(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test on the cluster outside CLUSTER_FILES would boot a cluster of its own on
+    whichever worker runs it, beside one that may be killing members: refused."""
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if "rabbit_cluster" in getattr(item, "fixturenames", ()) and path not in CLUSTER_FILES:
+            raise pytest.UsageError(f"{item.nodeid} uses rabbit_cluster: add {path} to "
+                                    "CLUSTER_FILES in tests/conftest.py")
 
 
 @pytest.fixture(scope="session")
