@@ -60,13 +60,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    if not hasattr(LoadFileScheduling, "_split_scope"):  # an xdist that splits otherwise
+        return None  # (its private hook, stable since 1.x): one cluster per worker again
+
     class ClusterFilesTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return CLUSTER_UNIT if path in CLUSTER_FILES else path
 
         def _assign_work_unit(self, node: Any) -> None:
-            if CLUSTER_UNIT in self.workqueue:
+            if CLUSTER_UNIT in self.workqueue and hasattr(self.workqueue, "move_to_end"):
                 self.workqueue.move_to_end(CLUSTER_UNIT, last=False)
             super()._assign_work_unit(node)
 
