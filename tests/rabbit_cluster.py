@@ -9,9 +9,10 @@ and keep their names (``ea1@localhost`` …), cookie, config, database and logs 
 directory, so a system node (``rabbit@HOST`` on 4369/5672/25672) is never in the way.  Every
 listener (MQTT, AMQP, Erlang distribution, epmd) is on 127.0.0.1 and a free port.
 
-The first member is the seed; the others, started together once it is up, join it while they
-boot (classic-config peer discovery), which saves the stop_app/join_cluster/start_app round
-of a cluster formed afterwards.  A killed member restarted on its database rejoins by itself.
+The first member is the seed; the others, started one after another once it is up, join it
+while they boot (classic-config peer discovery), which saves the stop_app/join_cluster/
+start_app round of a cluster formed afterwards.  A killed member restarted on its database
+rejoins by itself.
 
 What RabbitMQ 3.10's MQTT plugin gives a fleet, as ``tests/test_rabbit_cluster.py`` asserts:
 a QoS 1 message published on one member reaches subscribers on every member; a member killed
