@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from agent.service.qos_foreign import ForeignLoad, machine_busy_s, process_cpu_s
+from agent.service.qos_foreign import ForeignLoad
+from agent.telemetry.cpu_time import machine_busy_s, process_cpu_s
 
 PLANE = 4242
 

@@ -1,8 +1,8 @@
 """What the QoS controller remembers of each model between windows: its recent verdicts and
 p99s (and the level they sit at), whether it is unmet, the steps on trial for it, the levers
 that did not help it, and when each lever last moved; and of the device, the CPU load from
-outside the agent.  Plain records: the decisions that
-read and change them are the controller's (qos)."""
+outside the agent.  Plain records: the decisions that read and change them are the
+controller's (qos)."""
 
 from __future__ import annotations
 

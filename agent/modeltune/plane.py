@@ -140,11 +140,10 @@ class ScratchPlane:
 
     def cpu_seconds(self) -> float:
         """The data plane's CPU time so far, user and system (its threads included)."""
-        import psutil
+        from agent.telemetry.cpu_time import process_cpu_s
 
         assert self._process is not None  # started
-        times = psutil.Process(self._process.pid).cpu_times()
-        return float(times.user + times.system)
+        return process_cpu_s(self._process.pid)
 
     def stop(self) -> None:
         process, self._process = self._process, None

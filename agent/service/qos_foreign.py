@@ -2,10 +2,8 @@
 co-located apps (and of a VM's neighbours, whose steal time counts as busy), which the
 controller reads to tell when the load its steps met has gone (agent.control.qos).
 
-psutil's counters: the whole machine's busy time less this process's and the data plane's
-CPU time, over the wall time between two readings.  The whole of both, not of one root's
-/proc: these are the processes running here, whatever ``--root`` the device's files are read
-under."""
+The whole machine's busy time less this process's and the data plane's CPU time
+(telemetry.cpu_time), over the wall time between two readings."""
 
 from __future__ import annotations
 
@@ -16,18 +14,7 @@ from typing import NamedTuple
 
 import psutil
 
-
-def machine_busy_s() -> float:
-    """CPU seconds every CPU spent not idle since boot (guest time is inside user's)."""
-    t = psutil.cpu_times()
-    return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0)
-                 + getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0))
-
-
-def process_cpu_s(pid: int) -> float:
-    """A process's CPU seconds so far, its threads included (psutil.Error if it is gone)."""
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
+from agent.telemetry.cpu_time import machine_busy_s, process_cpu_s
 
 
 class Reading(NamedTuple):
