@@ -5,6 +5,7 @@ first, and steps on others given back when their trial shows they did not help."
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -112,7 +113,8 @@ def test_where_threads_outnumber_the_cpus_the_others_threads_come_before_admissi
 def test_a_step_on_others_that_did_not_help_is_given_back_and_then_nothing_moves() -> None:
     """LC misses for a cause of its own (``extra_ms``) that BE's traffic does not make: BE
     is held while the controller tries, its trials show no gain, so its admission comes back
-    in full, LC is unmet, and then nothing moves."""
+    in full (the chain of notches at once), LC is unmet, and then nothing moves until the
+    lever is due again (its wait doubled for each notch given back: 240 windows by now)."""
     sim, objectives, baseline = two_models(be_demand=10)
     sim.cost_ms[BE] = 1.0  # BE is light: holding it frees next to nothing
     sim.extra_ms = 30.0
@@ -124,7 +126,7 @@ def test_a_step_on_others_that_did_not_help_is_given_back_and_then_nothing_moves
     assert released and all("did not help" in a.why and a.serves == LC for a in released)
     assert set(trace[-1][1].unmet) == {LC}
     moves = len(sim.applied)
-    run(controller, sim, objectives, baseline, 200)
+    run(controller, sim, objectives, baseline, 180)
     assert len(sim.applied) == moves, "levers moved after the release"
 
 
@@ -260,8 +262,10 @@ def test_objectives_held_without_margin_still_give_best_effort_back_in_probes() 
 
 
 def test_once_a_probe_without_margin_holds_the_next_ones_come_at_the_plain_wait() -> None:
-    """A burst takes BE's cap down three steps; then LC holds at ~90 % of its objective
-    (never with margin) while BE asks for twelve times its cap.  The first probe waits the
+    """A burst takes BE's cap down three steps; the last two, taken while LC's p99 stayed
+    at a cause of its own (``extra_ms``), did not help and are given back together; then
+    LC holds at ~90 % of its objective
+    (never with margin) while BE asks for six times its cap.  The first probe waits the
     long wait (ten times the relax wait); once one held, the next wait the plain one, and
     each raises the cap by more, so it is gone within twenty windows of that first probe.
     Before, every probe waited the long wait, and the cap was not back after 400 windows."""
@@ -273,8 +277,11 @@ def test_once_a_probe_without_margin_holds_the_next_ones_come_at_the_plain_wait(
     assert sim.levers[BE].admit_rps == 5.042
     sim.extra_ms = 4.5
     trace = run(controller, sim, objectives, baseline, 400)
-    probes = [(i, a.why) for i, (_, d) in enumerate(trace) for a in d.actions
-              if a.lever == ADMIT]
+    moves = [(i, a.why, a.after) for i, (_, d) in enumerate(trace) for a in d.actions
+             if a.lever == ADMIT]
+    backs = [after for _, why, after in moves if "did not help" in why]
+    assert backs == [10.29], moves
+    probes = [(i, why) for i, why, _ in moves if "did not help" not in why]
     assert {why for _, why in probes} == {"every objective holds, not all with margin: a probe"}
     first, last = probes[0][0], probes[-1][0]
     assert first >= 50 and last - first <= 20, probes
@@ -310,3 +317,25 @@ def test_a_model_stays_unmet_while_a_lever_passed_over_is_tried_again() -> None:
     assert len(tries) >= 3, sim.applied  # the first, and tries after the time outs
     assert held(trace, 12.0) == 0.0
     assert all(LC in d.unmet for _, d in trace[first:])
+
+
+def test_caps_on_others_are_not_kept_for_misses_of_a_cause_that_comes_and_goes() -> None:
+    """LC sits at ~95 % of its objective from a cause of its own whose windows scatter
+    (lognormal, as a co-located app makes them in bench/qos.py's hog phase), and BE is so
+    light that its cap frees next to nothing.  BE's cap is taken a notch further before
+    the last notch's trial ends; the notches are judged as one, by the first one's windows,
+    and given back together.  Before, each notch gave the chain another run of windows in
+    which to look helpful by chance, and BE kept a third of its demand; now about a half."""
+    shares, chains = [], 0
+    for seed in range(10):
+        sim, objectives, baseline = two_models(be_demand=20)
+        sim.cost_ms[BE] = 1.0
+        noise, controller, served = random.Random(seed), QosController(), 0.0
+        for _ in range(200):
+            sim.extra_ms = max(0.0, 12.0 * 0.95 * math.exp(noise.gauss(0, 0.21)) - 6.8)
+            served += run(controller, sim, objectives, baseline, 1)[-1][0][BE].rate_rps
+        shares.append(served / (20 * 200))
+        backs = [a for a in sim.applied if a.lever == ADMIT and "did not help" in a.why]
+        chains += sum(a.after is None or a.after > a.before / 0.7 ** 1.5 for a in backs)
+    assert sum(shares) / len(shares) >= 0.42, shares
+    assert chains >= 5  # given back more than one notch at once

@@ -168,7 +168,7 @@ class QosController:
             if target != model and self._failed.get((target, action.lever)) != self.window \
                     and not self.advising:
                 for trial in track.trials:
-                    trial.overlapped = trial.overlapped or bool(trial.samples)
+                    trial.overlap(target, action.lever)
                 track.trials.append(Trial(target, action.lever, action.before, action.after,
                                           level(track.p99s), misses=len(misses)))
             moved.add(target)
@@ -355,7 +355,7 @@ class QosController:
                 continue  # no longer served
             if now not in [t.after for t in chain] or trial.target in moved:
                 continue  # relaxed since, or moved by another model's trial this window
-            fails = self._futile[key].fails + 1 if key in self._futile else 1
+            fails = (self._futile[key].fails if key in self._futile else 0) + len(chain)
             self._futile[key] = Futile(self.window + min(
                 self.h.futile_windows * 2 ** (fails - 1), self.h.max_relax_windows),
                 trial.reference, fails)

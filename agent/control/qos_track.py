@@ -35,6 +35,17 @@ class Trial:
     overlapped: bool = False
     misses: int = 0  # windows over the objective among those the reference is of
 
+    def overlap(self, target: str, lever: str) -> None:
+        """A later step for the same model, on ``target``'s ``lever``, falls in this
+        trial's windows.  A step on another lever may be what this one waited for: this
+        one is judged again over the windows after it.  A step on the same lever (a cap
+        taken a notch further) continues this one and is judged with it, once: else
+        each notch, taken before the last one's trial ends, gave the whole chain another
+        run of windows to look helpful in, and under a load that makes misses of its own
+        (a co-located app) the caps were kept for misses they did not cause."""
+        if self.samples and (self.target, self.lever) != (target, lever):
+            self.overlapped = True
+
 
 @dataclass
 class Futile:
