@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -31,7 +32,28 @@ from paho.mqtt.enums import CallbackAPIVersion
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
 
+PORTS_BELOW = 12_000  # how far below the ephemeral range free_port looks
+
+
 def free_port() -> int:
+    """A loopback port free now, below the range the kernel takes clients' ports from.
+    One from that range (what binding port 0 gives) can be taken by an outgoing connection
+    before the broker binds it, and a client that connects to it while nothing listens
+    (a member stopped on purpose) can connect to itself (TCP simultaneous open) and then
+    hold it: the member cannot start again ("address in use")."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    choices = random.Random()  # its own, so a test that seeds random does not repeat ports
+    for _ in range(1000 if low > 2048 else 0):  # a range from 1024 up: any port is one
+        port = choices.randrange(max(1024, low - PORTS_BELOW), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use: another
+            return port
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
