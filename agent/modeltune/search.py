@@ -2,9 +2,8 @@
 start point, each dimension in turn is swept with the others held (upward past the current
 point only while the line still gains), the best point of the line becomes the new start
 where it gains more than a tie on it, and passes repeat until one changes nothing or the
-budget is spent.  Model Analyzer's quick
-search is a hill-climb of the same kind; its docs put it above 95 % of the sweep's optimum
-at under 10 % of the sweep's cost."""
+budget is spent.  Model Analyzer's quick search is a hill-climb of the same kind; its docs
+put it above 95 % of the sweep's optimum at under 10 % of the sweep's cost."""
 
 from __future__ import annotations
 
@@ -92,8 +91,9 @@ def coordinate_descent(space: Space, cpus: int, measure: Callable[[Candidate], R
                 line.append(measured[point])
                 if value > getattr(current, dimension) and _worse(line[-1], choose(line)):
                     break  # past the current point and falling: the rest of the line too
-            if line and _gains(choose(line), measured[current]):
-                current = choose(line).candidate
+            best = choose(line) if line else None
+            if best is not None and _gains(best, measured[current]):
+                current = best.candidate
         if current == before:
             break
     return list(measured.values())
