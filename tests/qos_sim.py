@@ -54,6 +54,8 @@ class Sim:
     refuse: set[str] = field(default_factory=set)  # levers this data plane does not have
     refused: list[Action] = field(default_factory=list)
     rebuilds: int = 0  # windows a rebuild still takes, once one is asked for
+    rebuild_ms: float = 0.0  # LC's p99 rises this much in the window a rebuild runs in
+    _building: bool = False
     _before: dict[str, Figures] = field(default_factory=dict)
     _rebuilding: dict[str, int] = field(default_factory=dict)
 
@@ -73,7 +75,8 @@ class Sim:
             p99 = self.cost_ms[model] * gain / (1 - load) + wait + (
                 50 if load > self.cliff else 0)
             if model == LC:
-                p99 += self.extra_ms + self._interference(admitted)
+                p99 += self.extra_ms + self._interference(admitted) + (
+                    self.rebuild_ms if self._building else 0.0)
             figures[model] = Figures(p99_ms=round(p99, 3), queue_ms=wait, rate_rps=rate,
                                      rejections=round(self.demand[model] - rate),
                                      count=round(rate))
@@ -81,6 +84,7 @@ class Sim:
             figures = {m: max(f, self._before.get(m, f), key=lambda g: g.p99_ms)
                        for m, f in figures.items()}
             self._before = {}
+        self._building = False
         self._tick()
         return figures
 
@@ -108,6 +112,7 @@ class Sim:
                 self.device = replace(self.device, rung=action.after)
             else:
                 changed = self.levers[action.model].set(action.lever, action.after)
+                self._building = self._building or action.lever in (THREADS, CPUS)
                 if action.lever in (THREADS, CPUS) and self.rebuilds:
                     changed = replace(changed, rebuilding=True)
                     self._rebuilding[action.model] = self.rebuilds

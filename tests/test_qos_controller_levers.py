@@ -70,6 +70,27 @@ def test_a_rebuild_is_not_judged_until_it_is_swapped_in() -> None:
     assert len(windows) >= 8, "no rebuild was asked for"
 
 
+def test_a_relaxed_rebuild_is_judged_once_swapped_not_by_its_own_build() -> None:
+    """A rebuild that swaps within the window after it was asked for (the data plane's
+    usual one) takes the CPU in that window, and LC misses there (``rebuild_ms``).  That
+    window is the build's, not the probe's: once the interference has gone, BE's CPUs and
+    threads come back to config.yaml's, each in one relaxation.  Judged as a probe, each
+    such window undid the relaxation it was built for, and BE stayed at one thread."""
+    sim, objectives, baseline = two_models(be_demand=30, be_threads=CONFIGURED_BE_THREADS)
+    sim.interference_ms = 40.0
+    controller = QosController()
+    run(controller, sim, objectives, baseline, 120, cpus=4)
+    assert sim.levers[BE].threads == 1 and sim.levers[BE].cpus is not None
+    moved = len(sim.applied)
+    sim.interference_ms, sim.demand[BE], sim.rebuild_ms = 0.0, 2, 30.0
+    run(controller, sim, objectives, baseline, 300, cpus=4)
+    assert sim.levers[BE] == baseline[BE]
+    rebuilt = [(a.lever, a.before, a.after, a.tighten) for a in sim.applied[moved:]
+               if a.lever in (THREADS, CPUS)]
+    assert rebuilt == [(CPUS, (2, 3), None, False), (THREADS, 1, 2, False),
+                       (THREADS, 2, 4, False)], rebuilt
+
+
 @pytest.mark.parametrize(("cpus", "order"), [(8, (RUNG, CPUS, THREADS, ADMIT)),
                                              (2, (RUNG, ADMIT, CPUS, THREADS))])
 def test_relaxation_gives_the_device_back_first_then_the_others_in_reverse(
