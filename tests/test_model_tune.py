@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from agent.modeltune.search import TIE
+from agent.modeltune.space import default_space, grid, parse_space
 from agent.serving.settings import read_settings
 from tests import onnx_models
 from tests.cli_helpers import edge_agent
@@ -132,6 +133,9 @@ def test_an_objective_no_candidate_meets_is_refused_and_nothing_is_written(
      "16 integers 1..1024, comma-separated"),
     (("demo", "--space", "threads=64", "--space", "count=64"), "edge-agent model: --space "
      "leaves no candidate within 2 threads per CPU ({cpus} CPUs)"),
+    (("demo", "--exhaustive", "--space", "batch=" + ",".join(map(str, range(2, 18))),
+      "--space", "delay_us=" + ",".join(map(str, range(16)))),
+     "edge-agent model: --exhaustive: {grid} candidates, above 512: narrow it with --space"),
     (("demo", "--p99-ms", "-1"), "argument --p99-ms: -1: expected a number 0.01..3600000"),
     # the bounds config.yaml's qos keys have; an open loop at 1e9 rps once queued gigabytes
     (("demo", "--p99-ms", "1e12"), "argument --p99-ms: 1e12: expected a number "
@@ -149,10 +153,14 @@ def test_a_bad_model_or_flag_is_one_line_and_exit_2(tmp_path: Path, args: tuple[
     result = edge_agent("model", "tune", *args, "--repository", repository)
     assert result.returncode == 2
     lines = result.stderr.splitlines()
-    expected = message.format(repo=repository, cpus=len(os.sched_getaffinity(0)))
+    cpus = len(os.sched_getaffinity(0))
+    points = len(grid(parse_space([a for a in args if "=" in a], default_space(cpus, True),
+                                  True), cpus)) if "{grid}" in message else 0
+    expected = message.format(repo=repository, cpus=cpus, grid=points)
     assert lines[-1].endswith(expected), lines
     # nothing started (no progress line), no traceback: argparse's usage, then the one line
     assert all(line.startswith(("usage:", " ")) for line in lines[:-1]), lines
+    assert not [line for line in lines if line.startswith("  ... ")], lines
     assert list(repository.iterdir()) == []
 
 

@@ -87,6 +87,28 @@ def _space(items: Sequence[str], cpus: int, batched: bool) -> dict[str, tuple[in
         raise TuneError(str(error)) from None
 
 
+def _grid_sizes(items: Sequence[str], cpus: int, extra: Mapping[str, Sequence[int]]
+                ) -> list[int]:
+    """The grid's size for a model that batches and one that does not (the data plane's
+    metadata tells which), of those ``--space`` allows: a size that is too large (or nil)
+    either way is refused before the scratch plane starts."""
+    sizes = []
+    for batched in (True, False):
+        try:
+            space = parse_space(items, default_space(cpus, batched), batched)
+        except SpaceError as error:
+            if batched:
+                raise TuneError(str(error)) from None
+            continue  # batching keys: only a model that batches can be asked for them
+        sizes.append(len(grid({**space, **extra}, cpus)))
+    return sizes
+
+
+def _too_many(candidates: int) -> TuneError:
+    return TuneError(f"--exhaustive: {candidates} candidates, above {MAX_GRID}: narrow it "
+                     "with --space")
+
+
 def _variants(request: TuneRequest, versions: Mapping[int, Path], served: int
               ) -> dict[int, variants.Variant]:
     """The variants searched by version ({} without --variants)."""
@@ -131,9 +153,12 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
     if request.knobs is not None and request.knobs.labels:
         extra["knobs"] = tuple(range(len(request.knobs.labels)))
     files = {v: entry.versions[v] for v in found} or {number: wanted[number]}
-    if not grid(_space(request.space, cpus, True), cpus):  # refused before anything starts
+    sizes = _grid_sizes(request.space, cpus, extra)  # refused before anything starts
+    if not max(sizes):
         raise TuneError(f"--space leaves no candidate within {THREADS_PER_CPU} threads per "
                         f"CPU ({cpus} CPUs)")
+    if request.exhaustive and min(sizes) > MAX_GRID:
+        raise _too_many(min(sizes))
     with tempfile.TemporaryDirectory(prefix="edge-agent-tune-") as scratch:
         config_file = stage_model(Path(scratch), request.model, files, directory, original,
                                   number)
@@ -152,8 +177,7 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
             space = {**_space(request.space, cpus, batched), **extra}
             points = grid(space, cpus)
             if request.exhaustive and len(points) > MAX_GRID:
-                raise TuneError(f"--exhaustive: {len(points)} candidates, above {MAX_GRID}: "
-                                "narrow it with --space")
+                raise _too_many(len(points))
             load = Load(rate, request.window_s)
             power = request.power.read if request.power is not None else None
 
