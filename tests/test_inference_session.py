@@ -244,6 +244,39 @@ def test_a_python_thread_started_during_a_build_is_not_taken_for_a_worker(
         go.set()
 
 
+def test_the_workers_of_a_build_beside_it_are_not_taken_for_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another model's session built (on another thread) while this one builds starts ORT
+    workers too, which are no Python threads: taken for this one's, they would be pinned to
+    this model's CPUs.  Only the two this build started are its workers, and they and the
+    building thread keep the building thread's name."""
+    model, others, go = mlp(tmp_path), [], threading.Event()
+    create = sess.create_session
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 3
+
+    def another_build() -> None:
+        go.wait(60)
+        others.append(ort.InferenceSession(str(model), options, providers=[CPU]))
+
+    beside = threading.Thread(target=another_build, daemon=True)
+    beside.start()  # before the build: not a thread the build started
+
+    def with_another_build(*args: Any) -> Any:
+        go.set()
+        beside.join(60)
+        return create(*args)
+
+    monkeypatch.setattr(sess, "create_session", with_another_build)
+    own = Path("/proc/thread-self/comm").read_text()
+    built = build_session(model, providers=[CPU], intra_op=3, inter_op=1, cache_dir=None)
+    assert others, "the other session was not built"
+    assert len(built.worker_tids) == 2, built.worker_tids
+    assert Path("/proc/thread-self/comm").read_text() == own
+    assert {Path(f"/proc/self/task/{tid}/comm").read_text() for tid in built.worker_tids} == {
+        own}
+
+
 def test_spinning_defaults_to_ort_and_can_be_turned_off(tmp_path: Path) -> None:
     model = mlp(tmp_path)
     default = build(model, None).session.get_session_options()

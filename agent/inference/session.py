@@ -8,6 +8,7 @@ session options in ``options``, the cache in ``graph_cache``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -29,6 +30,7 @@ from agent.inference.graph_cache import (
 )
 from agent.inference.model_files import ModelFiles, open_model
 from agent.inference.options import GraphOptimization, optimisation_level, session_options
+from agent.kernel.process import name_current_thread
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +85,9 @@ def build_session(model_path: Path, *, providers: Sequence[Provider], intra_op: 
     fresh = functools.partial(session_options, intra_op, inter_op, graph_optimization,
                               allow_spinning, stop_spinning_after_run=stop_spinning_after_run,
                               memory_arena=memory_arena)
-    threads_before = _own_threads()
     compiling = building is not None and COMPILING_PROVIDERS.intersection(
         provider_names(providers))
-    with _open_pinned(model_path, expected_sha256) as files, \
+    with _open_pinned(model_path, expected_sha256) as files, _Workers() as workers, \
             _heartbeat(building if compiling else None, start):
         session, cache = create_session(model_path, files.model, files.sha256,
                                         list(providers), lambda: files.attach(fresh()),
@@ -94,7 +95,7 @@ def build_session(model_path: Path, *, providers: Sequence[Provider], intra_op: 
     built = BuiltSession(session=session, providers=list(session.get_providers()),
                          intra_op=intra_op, inter_op=inter_op, model_sha256=files.sha256,
                          load_ms=(time.perf_counter() - start) * 1000, cache=cache,
-                         worker_tids=frozenset(_own_threads() - threads_before))
+                         worker_tids=workers.tids)
     logger.info("model %s: providers %s, threads %d/%d, cache %s, %.1f ms", model_path,
                 built.providers, intra_op, inter_op, cache, built.load_ms)
     return built
@@ -128,10 +129,45 @@ class _heartbeat:
                 logger.exception("session build progress hook failed")
 
 
+class _Workers:
+    """The threads ORT starts for a session built in the block, told from any other thread
+    the process starts meanwhile (a front end's handler, gRPC's own, another model's build):
+    they are given the profile's scheduling and pinned to the model's CPUs.  The building
+    thread takes a name of its own for the block, which the threads it starts inherit (a new
+    thread takes its creator's comm); they take its usual name back afterwards."""
+
+    def __init__(self) -> None:
+        self.tids: frozenset[int] = frozenset()
+        self._marker = f"ort-build-{threading.get_native_id() % 100_000}"  # 15 bytes at most
+
+    def __enter__(self) -> _Workers:
+        self._name = _comm("thread-self")
+        self._before = _own_threads()
+        if self._name is not None:
+            name_current_thread(self._marker)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        new = _own_threads() - self._before
+        if self._name is None:  # no name to tell them by: every new thread but Python's
+            self.tids = frozenset(new)
+            return
+        name_current_thread(self._name)
+        self.tids = frozenset(tid for tid in new if _comm(f"self/task/{tid}") == self._marker)
+        for tid in self.tids:
+            with contextlib.suppress(OSError):  # one that has exited meanwhile
+                Path(f"/proc/self/task/{tid}/comm").write_text(self._name)
+
+
+def _comm(thread: str) -> str | None:
+    """``/proc/<thread>/comm`` (None: gone, or no procfs)."""
+    try:
+        return Path(f"/proc/{thread}/comm").read_text().rstrip("\n")
+    except OSError:
+        return None
+
+
 def _own_threads() -> set[int]:
-    """Thread ids of this process but its Python threads: those ORT starts are not Python's,
-    while a front end's handler thread (or any other) that starts during a build is, and
-    must not be taken for one of the session's workers (given their scheduling, pinned to
-    their CPUs).  Sessions are built from one control thread at a time."""
+    """Thread ids of this process but its Python threads (ORT's are not Python's)."""
     tids = {int(tid) for tid in os.listdir("/proc/self/task")}
     return tids - {thread.native_id for thread in threading.enumerate()}
