@@ -329,12 +329,13 @@ Static = tuple[float | None, int, tuple[int, ...] | None]
 
 def set_be(client: HttpClient, admit: float | None, threads: int,
            cpus: tuple[int, ...] | None) -> None:
-    """be's levers; its threads and CPUs through a rebuild, waited for until it serves."""
+    """be's levers; its threads through a rebuild, waited for until it serves (its CPUs
+    move at once)."""
     served = client.statistics("be")[0]["edge_agent"]["levers"]
     placed = None if cpus is None else list(cpus)
-    rebuild = served.get("threads") != threads or served.get("cpus") != placed
-    client.set_levers("be", {"admit_rps": admit,
-                             **({"threads": threads, "cpus": placed} if rebuild else {})})
+    rebuild = served.get("threads") != threads
+    client.set_levers("be", {"admit_rps": admit, **({"threads": threads} if rebuild else {}),
+                             **({"cpus": placed} if served.get("cpus") != placed else {})})
     deadline = time.monotonic() + 120
     while rebuild and time.monotonic() < deadline:
         ours = client.statistics("be")[0]["edge_agent"]

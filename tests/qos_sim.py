@@ -9,9 +9,8 @@ from dataclasses import dataclass, field, replace
 
 from agent.control.qos import QosController
 from agent.control.qos_model import (
-    CPUS,
+    REBUILT,
     RUNG,
-    THREADS,
     Action,
     Decision,
     Device,
@@ -112,8 +111,8 @@ class Sim:
                 self.device = replace(self.device, rung=action.after)
             else:
                 changed = self.levers[action.model].set(action.lever, action.after)
-                self._building = self._building or action.lever in (THREADS, CPUS)
-                if action.lever in (THREADS, CPUS) and self.rebuilds:
+                self._building = self._building or action.lever in REBUILT
+                if action.lever in REBUILT and self.rebuilds:
                     changed = replace(changed, rebuilding=True)
                     self._rebuilding[action.model] = self.rebuilds
                 self.levers[action.model] = changed

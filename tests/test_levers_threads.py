@@ -1,8 +1,9 @@
 """The ``threads`` and ``cpus`` levers on real ONNX Runtime sessions: the route starts a
-rebuild and answers at once, the new versions serve once swapped (their threads really
-pinned: the thread that calls ORT and ORT's own workers), a stream of requests across
-rebuilds fails none, a second rebuild while one runs is refused, a failed rebuild leaves
-the old versions serving and says why, and a reload serves config.yaml's values again."""
+threads rebuild and answers at once, the new versions serve once swapped (their threads
+really pinned: the thread that calls ORT and ORT's own workers), ``cpus`` alone moves the
+serving versions' threads at once, a stream of requests across both fails none, a second
+rebuild (or a move of CPUs) while one runs is refused, a failed rebuild leaves the old
+versions serving and says why, and a reload serves config.yaml's values again."""
 
 from __future__ import annotations
 
@@ -174,10 +175,51 @@ def test_placed_versions_run_only_on_their_cpus_and_a_reload_puts_config_back(
     for _ in range(5):
         registry.infer(InferRequest("two", "", x()))
     assert set(factory.runs) == {frozenset(CPUS)}
-    client.set_levers("two", {"cpus": [CPUS[0]]})
-    assert rebuilt(registry, "two")["cpus"] == [CPUS[0]]
+
+
+def threads_of(registry: ModelRegistry, model: str) -> set[int]:
+    """The threads that compute the model's runs: ORT's intra-op workers, the scheduler's."""
+    version = registry._served(model).versions[1]
+    return ({tid for session in version.sessions for tid in session.built.worker_tids}
+            | set(version.scheduler.tids()))
+
+
+def test_cpus_alone_move_the_serving_threads_at_once_and_a_rebuild_keeps_them(
+        served: Served) -> None:
+    """No rebuild for a placement: the route's answer already shows it, the same version
+    serves with every thread of its runs on the CPUs, ``null`` puts them back on every CPU,
+    a threads rebuild afterwards builds on the CPUs placed, and a reload drops them."""
+    registry, client, _, factory = served
+    client.set_levers("two", {"threads": 2})  # an intra-op worker each, beside the caller
+    last = rebuilt(registry, "two")
+    assert last["state"] == "done"
     version = registry._served("two").versions[1]
-    assert {cpus_allowed(t.native_id) for t in version.scheduler._threads} == {str(CPUS[0])}
+    tids = threads_of(registry, "two")
+    assert len(tids) == 4 and {cpus_allowed(tid) for tid in tids} == {format_cpulist(CPUS)}
+    status, _, body = client.request("POST", "/v2/repository/models/two/levers",
+                                     b'{"cpus": [%d]}' % LAST)
+    answer = json.loads(body)
+    assert status == 200 and answer["rebuilding"] is False
+    assert answer["versions"]["1"]["cpus"] == [LAST]
+    assert ours(registry, "two")["rebuild"] == last  # none since
+    assert registry._served("two").versions[1] is version
+    assert {cpus_allowed(tid) for tid in tids} == {str(LAST)}
+    factory.runs.clear()
+    for _ in range(20):
+        registry.infer(InferRequest("two", "", x()))
+    assert factory.runs and set(factory.runs) == {frozenset([LAST])}  # never on ours
+    client.set_levers("two", {"cpus": None})
+    assert {cpus_allowed(tid) for tid in tids} == {format_cpulist(CPUS)}
+    assert ours(registry, "two")["levers"]["cpus"] is None
+    client.set_levers("two", {"cpus": [CPUS[0]]})
+    client.set_levers("two", {"threads": 1})
+    assert rebuilt(registry, "two")["cpus"] == [CPUS[0]]
+    assert registry._served("two").versions[1] is not version
+    assert {cpus_allowed(tid) for tid in threads_of(registry, "two")} == {str(CPUS[0])}
+    registry.load("two", {})
+    assert ours(registry, "two")["levers"]["cpus"] is None
+    assert {cpus_allowed(tid) for tid in threads_of(registry, "two")} == {
+        format_cpulist(CPUS)}
 
 
 def test_rebuilds_under_a_stream_of_requests_fail_none(served: Served) -> None:
@@ -201,10 +243,12 @@ def test_a_second_rebuild_while_one_runs_is_refused(served: Served) -> None:
     client.set_levers("one", {"threads": 1})
     assert factory.entered.wait(REBUILD_S)
     assert ours(registry, "one")["rebuild"]["state"] == "rebuilding"
-    with pytest.raises(ServeError) as refused:
-        client.set_levers("one", {"cpus": [LAST], "max_queue_delay_us": 0})
-    assert refused.value.code == "UNAVAILABLE"
-    assert "model one is rebuilding already" in refused.value.message
+    for change in ({"threads": 2, "max_queue_delay_us": 0},
+                   {"cpus": [LAST], "max_queue_delay_us": 0}):  # its versions are replaced
+        with pytest.raises(ServeError) as refused:
+            client.set_levers("one", change)
+        assert refused.value.code == "UNAVAILABLE"
+        assert "model one is rebuilding already" in refused.value.message
     assert ours(registry, "one")["levers"]["max_queue_delay_us"] == 500  # nothing changed
     assert registry.infer(InferRequest("one", "", x())).version == "1"  # the old one serves
     factory.hold.clear()
@@ -266,7 +310,8 @@ def test_parse_change_reads_threads_and_cpus() -> None:
     assert parse_change({"threads": None}) == LeverChange(rethread=True)
     assert parse_change({"cpus": [LAST, CPUS[0]]}) == LeverChange(
         place=True, cpus=tuple(sorted({LAST, CPUS[0]})))
-    assert parse_change({"cpus": None}).rebuilds
+    assert not parse_change({"cpus": None}).rebuilds  # moved where they are
+    assert parse_change({"cpus": None, "threads": 2}).rebuilds
     assert not parse_change({"admit_rps": None}).rebuilds
 
 
@@ -322,14 +367,13 @@ def test_the_data_planes_placement_holds_through_a_profile_switch(tmp_path: Path
     plane.registry.start()
     try:
         plane.registry.set_levers("one", parse_change({"cpus": [LAST]}))
-        until(lambda: (plane.registry._rebuilds.view("one") or {}).get("state") == "done",
-              REBUILD_S)
-        version = plane.registry._served("one").versions[1]
-        tids = ({tid for session in version.sessions for tid in session.built.worker_tids}
-                | {thread.native_id for thread in version.scheduler._threads})
+        tids = threads_of(plane.registry, "one")
         assert len(tids) == 2
+        assert {cpus_allowed(tid) for tid in tids} == {str(LAST)}
         plane.threads.switch(None)  # a rollback to no profile: every CPU, but not for these
         assert {cpus_allowed(tid) for tid in tids} == {str(LAST)}
+        plane.registry.set_levers("one", parse_change({"cpus": None}))  # the profile's again
+        assert {cpus_allowed(tid) for tid in tids} == {format_cpulist(CPUS)}
         assert not plane.threads.errors
     finally:
         plane.registry.stop()

@@ -1,5 +1,5 @@
 """The QoS controller's slower levers against the simulated data plane and device: a lower
-class's threads and CPUs (rebuilt off the hot path: windows not judged until swapped), the
+class's threads (rebuilt off the hot path: windows not judged until swapped) and CPUs, the
 device's latency ladder (within its rungs, never while it throttles), relaxation costliest
 first, and steps on others given back when their trial shows they did not help."""
 
@@ -52,8 +52,8 @@ def test_the_ladder_stops_at_its_last_rung_and_never_moves_while_the_device_thro
 
 
 def test_a_rebuild_is_not_judged_until_it_is_swapped_in() -> None:
-    """Threads and CPUs take a rebuild (here 4 windows): no lever moves while one is under
-    way, so one rebuild's effect is judged before the next step."""
+    """Threads take a rebuild (here 4 windows): no lever moves while one is under way, so
+    one rebuild's effect is judged before the next step."""
     sim, objectives, baseline = two_models(be_demand=30, be_threads=CONFIGURED_BE_THREADS)
     sim.interference_ms, sim.rebuilds = 40.0, 4
     controller = QosController()
@@ -73,9 +73,9 @@ def test_a_rebuild_is_not_judged_until_it_is_swapped_in() -> None:
 def test_a_relaxed_rebuild_is_judged_once_swapped_not_by_its_own_build() -> None:
     """A rebuild that swaps within the window after it was asked for (the data plane's
     usual one) takes the CPU in that window, and LC misses there (``rebuild_ms``).  That
-    window is the build's, not the probe's: once the interference has gone, BE's CPUs and
-    threads come back to config.yaml's, each in one relaxation.  Judged as a probe, each
-    such window undid the relaxation it was built for, and BE stayed at one thread."""
+    window is the build's, not the probe's: once the interference has gone, BE's threads
+    come back to config.yaml's, each step in one relaxation.  Judged as a probe, each such
+    window undid the relaxation it was built for, and BE stayed at one thread."""
     sim, objectives, baseline = two_models(be_demand=30, be_threads=CONFIGURED_BE_THREADS)
     sim.interference_ms = 40.0
     controller = QosController()

@@ -7,7 +7,7 @@ Hysteresis, so that it does not oscillate: a model acts only after ``violate_win
 violating windows among its last ``violate_span`` (so a violation that comes and goes every
 other window is acted on as one that stays, and one lone window is not); the window a move
 falls in is not judged (it mixes both settings; a relaxation's is, so that one violating
-window undoes it, but for threads or CPUs: their window holds the rebuild), nor is any
+window undoes it, but for threads: their window holds the rebuild), nor is any
 window while a model's sessions are being rebuilt, and each further step then waits one
 window to see the last one's effect; it relaxes only after ``relax_windows`` windows in
 a row in which every model's p99 level (see below) holds with ``margin`` (or
@@ -202,8 +202,8 @@ class QosController:
             for model in held:  # one violating window undoes this probe
                 self._tracks[model].arm(self.h.violate_windows - 1)
         # a relaxation is judged at once: a window that violates with it, even mixed with
-        # the old setting, undoes it without a second violating window; not one of threads
-        # or CPUs, whose window holds the rebuild (they serve once swapped: judged after)
+        # the old setting, undoes it without a second violating window; not one of threads,
+        # whose window holds the rebuild (they serve once swapped: judged after)
         self._probing = relaxed is not None and relaxed.lever not in REBUILT
         if decision.actions:
             self._settle_until = self.window + self.h.settle_windows

@@ -14,8 +14,8 @@ ADMIT = "admit_rps"
 THREADS = "threads"
 CPUS = "cpus"
 RUNG = "device_rung"  # the device's latency ladder: CPU frequency floor and PM QoS
-INSTANT = (DELAY, PREFERRED, ADMIT)  # the data plane changes these in place
-REBUILT = (THREADS, CPUS)  # the data plane rebuilds the model's sessions for these
+INSTANT = (DELAY, PREFERRED, ADMIT, CPUS)  # the data plane changes these in place
+REBUILT = (THREADS,)  # the data plane rebuilds the model's sessions for these
 ADMIT_STEP = 0.7  # each admission step keeps this share of the rate admitted before
 ADMIT_FLOOR_RPS = 1.0  # a model without min_rps is never held below this
 MIN_DELAY_US = 100  # a queue delay below this is no delay: the step goes to 0
@@ -53,7 +53,7 @@ class Levers:
     """A model's levers as served: queue delay, largest preferred batch (0: the model does
     not batch), the admission cap (None: every request admitted), intra-op threads per
     session (0: not a lever here) and the CPUs its sessions run on (None: any), and whether
-    a rebuild for the last two is still under way."""
+    a rebuild for its threads is still under way."""
 
     max_queue_delay_us: int
     preferred_batch_size: int

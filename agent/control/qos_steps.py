@@ -4,7 +4,7 @@ Tightening, for a model whose objective is violated: its own queue delay (a quar
 time, or all of it when the p99 is further above the objective than the delay itself), then
 its own preferred batch (both cost only its batching gain); then, on every model of a lower
 class (the least protected first), admission (a rate cap, never below its ``min_rps``), then
-its intra-op threads and its CPUs (the data plane rebuilds its sessions off the hot path), then
+its intra-op threads (the data plane rebuilds its sessions off the hot path) and its CPUs, then
 the device's latency ladder (a higher CPU frequency floor, PM QoS: through the tuning
 engine, within the profile's bounds, never while the device throttles).  Relaxing walks the
 same levers back in the reverse order, so the costliest comes back first: the device's

@@ -19,7 +19,7 @@ Symbolic links: a file is opened (following links) and then the path of the open
 the last component and refuses links that stay inside (weights shared by two versions); a
 ``realpath`` check before the open races with a rename.  Checking what was actually opened
 does neither.  A repository's model file is checked the same way against the repository
-(versions.build); a built-in (the demo model, ``inference.model``) lies outside it by design.
+(serving/build.py); a built-in (the demo model, ``inference.model``) lies outside it by design.
 
 A model's digest (what ``sha256`` pins and the caches are keyed by) is the sha256 of
 ``model.onnx`` when it names no external file, so pins of such models keep their value;

@@ -1,8 +1,8 @@
 """The QoS controller while serving (``qos.mode`` advise or control): every ``window_s`` it
 reads the data plane's statistics, turns them into each model's window (qos_inputs), lets
 the decision core (agent.control.qos) decide, and in ``control`` mode applies each action
-through the data plane's token-guarded levers route (threads and CPUs: the data plane
-rebuilds the model's sessions and swaps them in), and the device's latency ladder through
+through the data plane's token-guarded levers route (threads: the data plane rebuilds
+the model's sessions and swaps them in), and the device's latency ladder through
 the tuning engine (``ladder``; restored to the profile's rung when the loop stops).  The
 control plane decides; the data plane and the engine only execute.
 
@@ -95,7 +95,7 @@ class QosLoop:
         self.foreign = foreign or ForeignLoad()
         self.foreign_cpus: float | None = None  # the last window's (qos_foreign)
         self._advised_rung: int | None = None  # advise: the rung it would have moved to
-        self._rebuilding: dict[str, Action] = {}  # threads/CPUs asked for, not yet swapped
+        self._rebuilding: dict[str, Action] = {}  # threads asked for, not yet swapped
         self.windows = Windows()
         self.actions = 0
         self.last_action: dict[str, Any] | None = None

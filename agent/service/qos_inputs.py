@@ -35,13 +35,13 @@ class Served:
     levers: Levers
     configured: Levers
     preferred: tuple[int, ...]
-    rebuild_failed: bool = False  # the last rebuild of its threads or CPUs failed
+    rebuild_failed: bool = False  # the last rebuild of its threads failed
 
 
 def levers_of(view: Mapping[str, Any]) -> Levers:
     """The controller's levers from the data plane's (levers.view): the preferred batch is
     the largest preferred size, max_batch_size when none is set (a batch is cut there);
-    threads and CPUs as the sessions serving now were built with."""
+    threads as the sessions serving now were built with, CPUs as their threads run on."""
     sizes = [int(size) for size in view["preferred_batch_size"]]
     batch = int(view["max_batch_size"])
     rate, cpus = view.get("admit_rps"), view.get("cpus")
@@ -53,7 +53,7 @@ def levers_of(view: Mapping[str, Any]) -> Levers:
 
 def served_levers(ours: Mapping[str, Any]) -> tuple[Levers, Levers]:
     """A version's levers as served and as configured, from its statistics' ``edge_agent``:
-    a rebuild under way (threads, CPUs) marks them ``rebuilding``; without a configured
+    a rebuild under way (threads) marks them ``rebuilding``; without a configured
     thread count (the runtime chose it) threads are no lever: nothing to give them back to."""
     served, configured = levers_of(ours["levers"]), levers_of(ours["configured"])
     rebuild = ours.get("rebuild") or {}

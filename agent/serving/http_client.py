@@ -280,8 +280,8 @@ class HttpClient:
 
     def set_levers(self, model: str, levers: Mapping[str, Any]) -> dict[str, Any]:
         """The QoS controller's levers on ``model`` (needs the token), any of levers.KEYS:
-        each serving version's levers as the data plane now serves them.  ``threads`` and
-        ``cpus`` start a rebuild and show in the statistics only once it swapped
+        each serving version's levers as the data plane now serves them.  ``threads``
+        starts a rebuild and shows in the statistics only once it swapped
         (``edge_agent.levers``; ``edge_agent.rebuild`` says how it went)."""
         document = self._json("POST", f"/v2/repository/models/{_quote(model)}/levers",
                               dict(levers))

@@ -1,9 +1,10 @@
 """The instant levers the QoS controller moves on a served version, live: its queue delay and
 preferred batch sizes (the queue's next cut uses them) and an admission cap in requests per
 second.  The control plane decides; this only checks what it is asked and executes it.
-Two more levers are not instant: ``threads`` (intra-op threads per session) and ``cpus``
-(the CPUs a model's threads run on) rebuild the model's versions off the hot path and swap
-them in (rebuild.py); the route answers at once and the statistics show them once swapped.
+``cpus`` (the CPUs a model's threads run on) moves its threads where they are
+(Version.place).  ``threads`` (intra-op threads per session) is not instant: it rebuilds the
+model's versions off the hot path and swaps them in (rebuild.py); the route answers at once
+and the statistics show them once swapped.
 
 What comes in is a JSON document from a socket (the token-guarded ``…/levers`` route), so it
 is checked in full, bounded, before anything changes: a document that names an unknown key
@@ -55,8 +56,9 @@ class LeverChange:
 
     @property
     def rebuilds(self) -> bool:
-        """Whether the change needs the versions rebuilt (rebuild.py)."""
-        return self.rethread or self.place
+        """Whether the change needs the versions rebuilt (rebuild.py): new threads do, CPUs
+        alone do not (the threads move where they are)."""
+        return self.rethread
 
 
 def _integer(value: Any) -> bool:

@@ -1,6 +1,8 @@
 """Where a model's threads run: the ``cpus`` lever pins every thread that computes one of
 its runs, which is the scheduler's worker that calls ONNX Runtime (the calling thread
-computes a share of each run) and the intra-op workers each session was born with.
+computes a share of each run) and the intra-op workers each session was born with.  The
+lever moves those threads where they are (Version.place); only a build (a load, the
+``threads`` lever's rebuild) pins its new threads as they are made.
 
 The pin is the kernel's affinity (sched_setaffinity on each thread id), not ORT's
 ``session.intra_op_thread_affinities``: the server adopts a session's workers as inference
@@ -19,13 +21,17 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-Place = Callable[[Iterable[int], Sequence[int]], None]  # pins threads (tids) to CPUs
+# pins threads (tids) to CPUs; None: unpinned, back to the CPUs they had before any pin
+Place = Callable[[Iterable[int], Sequence[int] | None], None]
 
 
-def pin(tids: Iterable[int], cpus: Sequence[int]) -> None:
-    """Pin each thread to ``cpus`` (the default ``Place`` where no InferenceThreads
-    schedules the threads); one that has exited meanwhile is skipped, a refusal (CPUs a
-    cpuset took away since the lever was checked) logged: a worker must still start."""
+def pin(tids: Iterable[int], cpus: Sequence[int] | None) -> None:
+    """Pin each thread to ``cpus``, None: the process's CPUs (the default ``Place`` where
+    no InferenceThreads schedules the threads); one that has exited meanwhile is skipped, a
+    refusal (CPUs a cpuset took away since the lever was checked) logged: a worker must
+    still start."""
+    if cpus is None:
+        cpus = sorted(os.sched_getaffinity(0))
     for tid in tids:
         try:
             os.sched_setaffinity(tid, cpus)

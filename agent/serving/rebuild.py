@@ -1,5 +1,6 @@
-"""The ``threads`` and ``cpus`` levers: a model's served versions rebuilt with other intra-op
-threads or pinned to other CPUs, off the hot path, then swapped in as a load swaps.
+"""The ``threads`` lever: a model's served versions rebuilt with other intra-op threads (and
+the CPUs the same request asks for, else the ones they run on), off the hot path, then
+swapped in as a load swaps.  (``cpus`` alone moves the threads where they are.)
 
 The route only checks the request and starts the rebuild on a thread of its own: a build
 takes seconds (longer than the controller's client waits), and the controller reads the
@@ -80,6 +81,11 @@ def rebuilt(old: Served, threads: int | None, cpus: tuple[int, ...] | None,
     return Served(versions, old.default, old.settings)
 
 
+def _rebuilding(name: str) -> ServeError:
+    return unavailable(f"model {name} is rebuilding already; ask again once its "
+                       "statistics' edge_agent.rebuild says it is done")
+
+
 class Rebuilds:
     """The rebuilds running, one per model, and each model's last one for the statistics."""
 
@@ -96,8 +102,7 @@ class Rebuilds:
         block ends without an error (the instant levers of the same request apply there)."""
         with self._lock:
             if name in self._running:
-                raise unavailable(f"model {name} is rebuilding already; ask again once "
-                                  "its statistics' edge_agent.rebuild says it is done")
+                raise _rebuilding(name)
             thread = threading.Thread(target=self._rebuild, args=(name, wanted),
                                       name=f"rebuild-{name}", daemon=True)
             self._running[name] = thread
@@ -133,6 +138,24 @@ class Rebuilds:
         self._last[name] = self._state(wanted, "failed" if error else "done", started, error)
         with self._lock:
             del self._running[name]
+
+    def guarding(self, name: str, served: Served, change: LeverChange, cpus: int
+                 ) -> contextlib.AbstractContextManager[None]:
+        """What a levers request of ``served`` runs in: its rebuild reserved (``threads``,
+        over ``cpus`` inference CPUs), rebuilds held off (``cpus`` alone), or nothing."""
+        if change.rebuilds:
+            return self.starting(name, target(name, served, change, cpus))
+        return self.idle(name) if change.place else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def idle(self, name: str) -> Iterator[None]:
+        """Hold off rebuilds of the model through the block: UNAVAILABLE while one runs
+        (its versions take the CPUs it was asked with when they swap in, so a placement of
+        the ones it replaces now would be lost)."""
+        with self._lock:
+            if name in self._running:
+                raise _rebuilding(name)
+            yield
 
     def view(self, name: str) -> Mapping[str, Any] | None:
         """The model's last rebuild (None: none since the data plane started)."""

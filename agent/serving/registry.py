@@ -13,7 +13,6 @@ the front ends answer meanwhile, and the server is ready once the round finished
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -27,6 +26,7 @@ import agent
 from agent.inference.errors import SessionError
 from agent.inference.model_files import model_sha256
 from agent.serving import canary as canaries
+from agent.serving.build import SessionFactory, build
 from agent.serving.core import (
     IndexEntry,
     InferRequest,
@@ -40,7 +40,7 @@ from agent.serving.loading import load_in_turn
 from agent.serving.pending import Retired
 from agent.serving.placement import Place, pin
 from agent.serving.probe import Prober
-from agent.serving.rebuild import Rebuilds, Target, rebuilt, target
+from agent.serving.rebuild import Rebuilds, Target, rebuilt
 from agent.serving.repository import (
     BUILTIN_VERSION,
     CONFIG_FILE,
@@ -51,7 +51,7 @@ from agent.serving.repository import (
 )
 from agent.serving.settings import ModelSettings, instances_problem
 from agent.serving.state import Served, Slot, config_view, index_rows, swap, versions_of
-from agent.serving.versions import SessionFactory, Version, build, version_key
+from agent.serving.versions import Version, version_key
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class ModelRegistry:
         """``clock``/``sleep`` pace a canary (tests inject their own); ``sleep`` defaults to
         a wait that ``stop`` cuts short.  ``intra_op_threads``: the CPUs the profile gives
         inference (one intra-op thread each, options.thread_plan; None: this process's
-        CPUs), shared out among a version's instances (versions.build) and bounding their
+        CPUs), shared out among a version's instances (build.py) and bounding their
         threads in all (settings.check_threads); ``worker_start`` runs on every worker
         thread as it starts; ``device_problem`` says why an instance's device is not on
         this board (devices.device_problem over the discovered topology; None: every device
@@ -259,7 +259,7 @@ class ModelRegistry:
                      place=self._place)
 
     def _rebuild(self, name: str, wanted: Target) -> None:
-        """The ``threads``/``cpus`` levers' rebuild (rebuild.py), swapped in as a load is."""
+        """The ``threads`` lever's rebuild (rebuild.py), swapped in as a load is."""
         with self._lock(name):
             slot, old = self._slots[name], self._slots[name].served
             if old is None or self._stopping.is_set():
@@ -388,10 +388,13 @@ class ModelRegistry:
         return entries
 
     def set_levers(self, name: str, change: LeverChange) -> dict[str, Any]:
-        """The QoS controller's levers on each serving version: ``{version: levers}``; the
-        ``threads``/``cpus`` ones start a rebuild (rebuild.py) and serve once it swapped."""
+        """The QoS controller's levers on each serving version: ``{version: levers}``; a
+        ``threads`` one starts a rebuild (rebuild.py, with the request's ``cpus``) and
+        serves once it swapped, ``cpus`` alone moves the versions' threads at once."""
         served = self._served(name)
-        rebuild = (self._rebuilds.starting(name, target(name, served, change, self._cpus))
-                   if change.rebuilds else contextlib.nullcontext())
-        with rebuild:
-            return {str(n): v.set_levers(change) for n, v in sorted(served.versions.items())}
+        with self._rebuilds.guarding(name, served, change, self._cpus):
+            for version in served.versions.values():
+                version.set_levers(change)
+                if change.place and not change.rebuilds:
+                    version.place(change.cpus, self._place)
+            return {str(n): v.levers() for n, v in sorted(served.versions.items())}

@@ -96,6 +96,10 @@ class Scheduler:
                 raise deadline_exceeded(item, self.label)
         return item.answer.result()
 
+    def tids(self) -> list[int]:
+        """The workers' kernel thread ids (those that have started)."""
+        return [thread.native_id for thread in self._threads if thread.native_id is not None]
+
     def close(self) -> None:
         self.queue.close()
 

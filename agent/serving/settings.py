@@ -222,7 +222,7 @@ def parse_settings(data: Any, file: str) -> ModelSettings:
 def check_threads(settings: ModelSettings, file: str, cpus: int) -> None:
     """ModelSettingsError unless the model's instances have at most THREADS_PER_CPU threads
     per CPU in all (``cpus``: those the profile gives inference).  An instance without
-    ``threads`` gets its share of the CPUs, as versions.build gives it, and every session
+    ``threads`` gets its share of the CPUs, as serving/build.py gives it, and every session
     counts at least one thread, so ``count`` is bounded by the same rule."""
     sessions = sum(instance.count for instance in settings.instances)
     share = max(1, cpus // sessions)

@@ -77,14 +77,17 @@ class InferenceThreads:
                 self._tids.add(tid)
                 self._apply_one(tid)
 
-    def place(self, tids: Iterable[int], cpus: Sequence[int]) -> None:
+    def place(self, tids: Iterable[int], cpus: Sequence[int] | None) -> None:
         """Pin adopted threads of a model to ``cpus`` (the ``cpus`` lever, placement.py):
         they keep the profile's policy and priority, on these CPUs instead of its, also
-        after a switch."""
+        after a switch; None: on the profile's CPUs again."""
         with self._lock:
             for tid in tids:
                 if tid in self._tids:
-                    self._placed[tid] = list(cpus)
+                    if cpus is None:
+                        self._placed.pop(tid, None)
+                    else:
+                        self._placed[tid] = list(cpus)
                     self._apply_one(tid)
 
     def switch(self, wanted: rt.ThreadSched | None) -> None:

@@ -1,10 +1,11 @@
 """One served version of a model: its sessions, its tensor specs, the scheduler its calls
 queue on, and its statistics.
 
-A version is built once and never changed afterwards, apart from its counters and its last
-probe; a request holds the version it started on until it ends, and a version the registry
-drops is closed (its queue drained, its workers gone), so a swap never pulls a session from
-under a queued or running call.
+A version is built once (build.py) and never changed afterwards, apart from its counters,
+its last probe and the QoS controller's levers that need no new sessions (the instant ones,
+and the CPUs its threads run on); a request holds the version it started on until it ends,
+and a version the registry drops is closed (its queue drained, its workers gone), so a swap
+never pulls a session from under a queued or running call.
 """
 
 from __future__ import annotations
@@ -17,16 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from agent.inference.backends import Backend
-from agent.inference.backends.onnx import as_backend
-from agent.inference.errors import SessionError
 from agent.inference.loop import all_finite
-from agent.inference.model_files import model_sha256
-from agent.inference.session import BuiltSession
 from agent.inference.stats import LatencyStats
 from agent.serving.batching import signature
 from agent.serving.core import DATATYPES, InferRequest, InferResult, Tensor, TensorSpec
@@ -34,7 +31,7 @@ from agent.serving.counters import Counters
 from agent.serving.errors import invalid
 from agent.serving.levers import LeverChange, retuned, view
 from agent.serving.pending import Pending, Retired
-from agent.serving.placement import Place, pinning, worker_tids
+from agent.serving.placement import Place, worker_tids
 from agent.serving.policy import SchedulePolicy
 from agent.serving.scheduler import Scheduler
 from agent.serving.settings import Instance, ModelSettings
@@ -53,16 +50,6 @@ RELEASE_WAIT_S = 60.0  # a dropped version's queued runs finish before its backe
 # what each instance's statistics say of its backend: the status and Prometheus labels
 INSTANCE_KEYS = ("backend", "device", "precision", "providers")
 logger = logging.getLogger(__name__)
-
-
-class SessionFactory(Protocol):
-    """Builds one instance of a model file on ``device`` in ``precision``: the server wires
-    the backends with the providers, thread plan and caches it chose; None means "your
-    choice".  A BuiltSession it returns is served by the ONNX Runtime backend."""
-
-    def __call__(self, path: Path, *, sha256: str | None, providers: Sequence[str] | None,
-                 threads: int | None, device: str,
-                 precision: str) -> BuiltSession | Backend: ...
 
 
 def file_sha256(path: Path) -> str:
@@ -153,7 +140,7 @@ class Version:
         """``instances``: each backend with the instance (config.yaml) it was built for;
         one queue feeds them all, whatever device each runs on.  ``configured``: each
         session's threads as config.yaml gives them (None: the factory's choice);
-        ``threads``/``cpus``: the rebuild levers it was built with (None: config.yaml's,
+        ``threads``/``cpus``: the levers it was built with (None: config.yaml's,
         no placement)."""
         self.model, self.number, self.path, self.digest = model, number, path, digest
         self.instances = tuple(instances)
@@ -166,6 +153,7 @@ class Version:
         self.max_elements = input_caps(self.inputs, self.max_batch_size,
                                        settings.max_input_elements)
         self.policy = SchedulePolicy.of(settings, self.max_batch_size)
+        self.settings = settings
         self.key = version_key(path, digest, settings, threads, cpus)
         self.threads, self.cpus = threads, cpus
         self.configured_threads = max((n for n in configured if n), default=None)
@@ -283,6 +271,18 @@ class Version:
             self.scheduler.admission.set_rate(None if change is None else change.admit_rps)
         return self.levers()
 
+    def place(self, cpus: tuple[int, ...] | None, place: Place) -> None:
+        """The ``cpus`` lever, in place (placement.py): the threads that compute its runs
+        (its scheduler's workers, its sessions' intra-op workers) pinned to ``cpus``, or
+        back to the profile's (None), and its runs kept off the front ends' threads while
+        placed.  No new sessions: the kernel moves the threads at once, where a rebuild
+        took a quarter of a second of CPU from the models it was meant to help."""
+        self.scheduler.inline = False  # no run starts on an unpinned caller meanwhile
+        place([*self.scheduler.tids(), *worker_tids(self.instances)], cpus)
+        self.cpus = cpus
+        self.key = version_key(self.path, self.digest, self.settings, self.threads, cpus)
+        self.scheduler.inline = cpus is None
+
     def levers(self) -> dict[str, Any]:
         """The levers served now: the instant ones, the sessions' intra-op threads (the
         most, where instances differ) and the CPUs its threads are pinned to (None: any)."""
@@ -344,56 +344,3 @@ class Version:
                                                "cpus": None},
         }
         return entry
-
-
-def build(model: str, number: int, path: Path, settings: ModelSettings,
-          factory: SessionFactory, *, intra_op_threads: int | None = None,
-          worker_start: Callable[[], None] | None = None,
-          root: Path | None = None, threads: int | None = None,
-          cpus: tuple[int, ...] | None = None, place: Place | None = None) -> Version:
-    """Build and probe one version; ServeError INVALID_ARGUMENT naming it when the file,
-    its pinned digest, a session or the probe fails.  ``intra_op_threads``: the threads the
-    server may give one version, shared out among the sessions of instances that name no
-    ``threads`` of their own, so N instances do not oversubscribe the CPUs (None: the
-    factory's choice).  ``root``: the repository the model file must lie in, its links
-    followed (None for a built-in, served in place).  The digest covers the external data
-    files the model names (model_files), which must lie in its version directory.
-    ``threads``: every session's intra-op threads (None: as above); ``cpus``: the CPUs its
-    sessions' ORT workers and its scheduler's workers are pinned to, through ``place``."""
-    label = f"model {model} version {number}"
-    try:
-        digest = model_sha256(path, root=root)
-    except SessionError as error:
-        raise invalid(f"{label}: {error}") from None
-    pin = settings.sha256.get(number)
-    if pin is not None and pin != digest:
-        raise invalid(f"{label}: {path} has sha256 {digest}, but it is pinned to {pin}; "
-                      "refused")
-    sessions = sum(instance.count for instance in settings.instances)
-    share = None if intra_op_threads is None else max(1, intra_op_threads // sessions)
-    configured = [instance.threads or share for instance in settings.instances
-                  for _ in range(instance.count)]
-    built = []
-    try:
-        for instance in settings.instances:
-            for _ in range(instance.count):
-                made = factory(path, sha256=pin, providers=settings.providers,
-                               threads=threads or instance.threads or share,
-                               device=instance.device, precision=settings.precision)
-                built.append((instance, as_backend(made, instance.device,
-                                                   settings.precision)))
-        if cpus is not None and place is not None:
-            place(worker_tids(built), cpus)
-            worker_start = pinning(worker_start, place, cpus)
-        version = Version(model, number, path, digest, built, settings, worker_start,
-                          configured=configured, threads=threads, cpus=cpus)
-    except Exception as error:  # a file ORT refuses, a provider it lacks, a bad batch size
-        for _, backend in built:
-            backend.close()
-        raise invalid(f"{label}: {error}") from None
-    reason = version.probe()
-    if reason:
-        version.close()
-        raise invalid(f"{label}: probe failed: {reason}")
-    return version
-
