@@ -216,10 +216,42 @@ def test_cpus_alone_move_the_serving_threads_at_once_and_a_rebuild_keeps_them(
     assert rebuilt(registry, "two")["cpus"] == [CPUS[0]]
     assert registry._served("two").versions[1] is not version
     assert {cpus_allowed(tid) for tid in threads_of(registry, "two")} == {str(CPUS[0])}
-    registry.load("two", {})
+    registry.load("two", {})  # config.yaml's threads: built anew, on every CPU
     assert ours(registry, "two")["levers"]["cpus"] is None
     assert {cpus_allowed(tid) for tid in threads_of(registry, "two")} == {
         format_cpulist(CPUS)}
+    unchanged = registry._served("two").versions[1]
+    client.set_levers("two", {"cpus": [LAST]})
+    registry.load("two", {})  # as config.yaml but for its CPUs: unpinned where it is
+    assert registry._served("two").versions[1] is unchanged
+    assert ours(registry, "two")["levers"]["cpus"] is None
+    assert {cpus_allowed(tid) for tid in threads_of(registry, "two")} == {
+        format_cpulist(CPUS)}
+
+
+def test_a_version_is_built_only_once_its_workers_have_started(tmp_path: Path) -> None:
+    """Each scheduler worker runs its start (adopted as an inference thread, pinned) before
+    its version can serve: a move of the CPUs then finds every worker adopted, and none
+    pins itself afterwards to the CPUs it was built with."""
+    go, started = threading.Event(), []
+
+    def worker_start() -> None:
+        go.wait(REBUILD_S)
+        started.append(threading.get_native_id())
+
+    repo = tmp_path / "repository"
+    put(repo, "one", 1, onnx_models.dynamic_batch_mlp)
+    registry = ModelRegistry(repo, {}, cpu_factory, probe_interval_s=3600,
+                             worker_start=worker_start)
+    registry.start_loading()
+    try:
+        assert not registry.wait_loaded(0.5), "served before its worker started"
+        go.set()
+        assert registry.wait_loaded(REBUILD_S)
+        assert set(registry._served("one").versions[1].scheduler.tids()) <= set(started)
+    finally:
+        go.set()
+        registry.stop()
 
 
 def test_rebuilds_under_a_stream_of_requests_fail_none(served: Served) -> None:

@@ -201,7 +201,7 @@ def test_a_cpu_hog_beside_two_models_holds_the_best_effort_admission_then_gives_
                                           for e in watcher.on("event")), 60), agent.stdout
             held = [a for a in actions() if a["tighten"]]
             # every step was on be for lc: its admission, each cap below the one before,
-            # down to min_rps, and (rebuilt) its threads and its CPUs: after the admission,
+            # down to min_rps, and its threads (rebuilt) and its CPUs: after the admission,
             # or before it where the two models' threads outnumber the CPUs (contended)
             assert held and all((a["model"], a["serves"]) == ("be", "lc") for a in held), \
                 _moves(held)

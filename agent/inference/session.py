@@ -138,21 +138,23 @@ class _Workers:
 
     def __init__(self) -> None:
         self.tids: frozenset[int] = frozenset()
-        self._marker = f"ort-build-{threading.get_native_id() % 100_000}"  # 15 bytes at most
+        self._marker = f"ort-b-{threading.get_native_id():x}"  # 15 bytes at most
 
     def __enter__(self) -> _Workers:
         self._name = _comm("thread-self")
         self._before = _own_threads()
         if self._name is not None:
             name_current_thread(self._marker)
+        self._marked = _comm("thread-self") == self._marker
         return self
 
     def __exit__(self, *_: object) -> None:
+        if self._name is not None:
+            name_current_thread(self._name)
         new = _own_threads() - self._before
-        if self._name is None:  # no name to tell them by: every new thread but Python's
-            self.tids = frozenset(new)
+        if not self._marked or self._name is None:  # nothing to tell them by: every new
+            self.tids = frozenset(new)  # thread but Python's
             return
-        name_current_thread(self._name)
         self.tids = frozenset(tid for tid in new if _comm(f"self/task/{tid}") == self._marker)
         for tid in self.tids:
             with contextlib.suppress(OSError):  # one that has exited meanwhile

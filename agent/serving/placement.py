@@ -21,7 +21,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# pins threads (tids) to CPUs; None: unpinned, back to the CPUs they had before any pin
+# pins threads (tids) to CPUs; None: unpinned, on the CPUs of threads no profile places
 Place = Callable[[Iterable[int], Sequence[int] | None], None]
 
 

@@ -9,8 +9,8 @@ values once they serve, ``edge_agent.rebuild`` the rebuild's state).  One rebuil
 at a time: a second request while one runs is refused UNAVAILABLE (the controller asks
 again in a later window, with what it then wants), rather than queued behind a decision
 that may be stale by the time it runs.  The rebuild holds the model's load lock, so a load
-and a rebuild never interleave; a load afterwards builds config.yaml's threads and no
-placement again (the levers are in the version key).  A rebuild that fails leaves what
+and a rebuild never interleave; a load afterwards builds config.yaml's threads again (they
+are in the version key) and unpins what it keeps.  A rebuild that fails leaves what
 served serving, logs why, and says it in ``edge_agent.rebuild``.  The new versions keep the
 instant levers the old ones had.
 """

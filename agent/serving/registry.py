@@ -221,7 +221,7 @@ class ModelRegistry:
             current = old.versions.get(number) if old is not None else None
             if current is not None and current.key == self._key(name, number, path, entry):
                 versions[number] = current  # unchanged: keeps its sessions and figures
-                current.set_levers(None)  # but serves the file's levers, as built
+                current.set_levers(None, self._place)  # but serves the file's levers
             else:
                 to_build.append(number)
         slot.loading = tuple(to_build)
@@ -391,10 +391,8 @@ class ModelRegistry:
         """The QoS controller's levers on each serving version: ``{version: levers}``; a
         ``threads`` one starts a rebuild (rebuild.py, with the request's ``cpus``) and
         serves once it swapped, ``cpus`` alone moves the versions' threads at once."""
-        served = self._served(name)
-        with self._rebuilds.guarding(name, served, change, self._cpus):
+        with self._rebuilds.guarding(name, self._served(name), change, self._cpus):
+            served = self._served(name)  # a rebuild may have swapped in before the guard
             for version in served.versions.values():
-                version.set_levers(change)
-                if change.place and not change.rebuilds:
-                    version.place(change.cpus, self._place)
+                version.set_levers(change, self._place)
             return {str(n): v.levers() for n, v in sorted(served.versions.items())}

@@ -71,8 +71,13 @@ class Scheduler:
                                           name=f"{thread_name}-{index}",
                                           daemon=True)
                          for index, session in enumerate(sessions)]
+        # each worker's start done before the version can serve: a move of its CPUs
+        # (Version.place) must find every worker adopted, and none pins itself afterwards
+        self._started = [threading.Event() for _ in self._threads]
         for thread in self._threads:
             thread.start()
+        for started in self._started:
+            started.wait()
 
     def submit(self, item: Pending) -> dict[str, np.ndarray]:
         """Queue ``item`` and wait for its outputs; past its deadline while still queued it
@@ -117,8 +122,11 @@ class Scheduler:
                    if run is not None)
 
     def _work(self, index: int, session: Any) -> None:
-        if self._worker_start is not None:
-            self._worker_start()
+        try:
+            if self._worker_start is not None:
+                self._worker_start()
+        finally:
+            self._started[index].set()
         if self._warm_up is not None:
             self._warm_up(session)
         while (batch := self.queue.take(index)) is not None:

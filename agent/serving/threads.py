@@ -70,11 +70,14 @@ class InferenceThreads:
         self.adopt([threading.get_native_id()])
 
     def adopt(self, tids: Iterable[int]) -> None:
+        """New inference threads (a thread is adopted once, as it starts): a tid seen
+        before belonged to a thread that has exited, and its pin is not this one's."""
         with self._lock:
             for tid in tids:
-                if tid in self._tids or not os.path.exists(f"/proc/self/task/{tid}"):
-                    continue  # adopted already, or gone already
+                if not os.path.exists(f"/proc/self/task/{tid}"):
+                    continue  # gone already
                 self._tids.add(tid)
+                self._placed.pop(tid, None)
                 self._apply_one(tid)
 
     def place(self, tids: Iterable[int], cpus: Sequence[int] | None) -> None:

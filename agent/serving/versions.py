@@ -98,15 +98,16 @@ def input_caps(inputs: Sequence[TensorSpec], max_batch: int,
     return caps
 
 
-def version_key(path: Path, digest: str, settings: ModelSettings, threads: int | None = None,
-                cpus: tuple[int, ...] | None = None) -> object:
+def version_key(path: Path, digest: str, settings: ModelSettings, threads: int | None = None
+                ) -> object:
     """What makes a loaded version "unchanged" for a later load: the same file and the same
     settings its sessions, limits and queue were built with (a change to dynamic_batching
     alone, a tuned queue delay, builds the version anew: its queue's policy is built with
-    it), and the rebuild levers (rebuild.py), so a load puts config.yaml's back."""
+    it), and the threads lever (rebuild.py), so a load puts config.yaml's back.  Not its
+    CPUs: a load unpins an unchanged version where it is (``set_levers``)."""
     return (path, digest, settings.instances, settings.providers, settings.max_batch_size,
             settings.precision, settings.max_run_ms, settings.max_input_elements,
-            settings.dynamic_batching, threads, cpus)
+            settings.dynamic_batching, threads)
 
 
 def synthetic(specs: Sequence[TensorSpec]) -> tuple[Tensor, ...]:
@@ -124,7 +125,8 @@ def synthetic(specs: Sequence[TensorSpec]) -> tuple[Tensor, ...]:
 
 
 class Version:
-    """A model version that serves: built by ``build``, then read-only but for its figures.
+    """A model version that serves: built by ``build``, then read-only but for its figures
+    and the levers that need no new sessions (``set_levers``).
 
     Requests go through its scheduler (one queue, a worker per session); the background
     probe goes around it, straight to a session, so a full queue never reads as a broken
@@ -153,8 +155,7 @@ class Version:
         self.max_elements = input_caps(self.inputs, self.max_batch_size,
                                        settings.max_input_elements)
         self.policy = SchedulePolicy.of(settings, self.max_batch_size)
-        self.settings = settings
-        self.key = version_key(path, digest, settings, threads, cpus)
+        self.key = version_key(path, digest, settings, threads)
         self.threads, self.cpus = threads, cpus
         self.configured_threads = max((n for n in configured if n), default=None)
         self.stats = LatencyStats()
@@ -262,13 +263,20 @@ class Version:
                           f"{self.max_batch_size}")
         return batch
 
-    def set_levers(self, change: LeverChange | None) -> dict[str, Any]:
-        """The QoS controller's instant levers, live (levers.py), or config.yaml's (None: a
-        load serves the file's); the levers now served.  ``policy`` stays config.yaml's."""
+    def set_levers(self, change: LeverChange | None, place: Place | None = None
+                   ) -> dict[str, Any]:
+        """The QoS controller's levers but threads, live (levers.py), or config.yaml's
+        (None: a load serves the file's); the levers now served.  ``place``: how the
+        threads are pinned (None: where they are, whatever the change's ``cpus``).
+        ``policy`` stays config.yaml's."""
         queue = self.scheduler.queue
         queue.retune(self.policy if change is None else retuned(queue.policy, change, self.label))
         if change is None or change.admit:
             self.scheduler.admission.set_rate(None if change is None else change.admit_rps)
+        cpus = None if change is None else change.cpus
+        moved = change is None or (change.place and not change.rebuilds)
+        if place is not None and moved and cpus != self.cpus:
+            self.place(cpus, place)
         return self.levers()
 
     def place(self, cpus: tuple[int, ...] | None, place: Place) -> None:
@@ -280,7 +288,6 @@ class Version:
         self.scheduler.inline = False  # no run starts on an unpinned caller meanwhile
         place([*self.scheduler.tids(), *worker_tids(self.instances)], cpus)
         self.cpus = cpus
-        self.key = version_key(self.path, self.digest, self.settings, self.threads, cpus)
         self.scheduler.inline = cpus is None
 
     def levers(self) -> dict[str, Any]:
