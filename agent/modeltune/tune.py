@@ -95,10 +95,10 @@ def _grid_sizes(items: Sequence[str], cpus: int, extra: Mapping[str, Sequence[in
     sizes = []
     for batched in (True, False):
         try:
-            space = parse_space(items, default_space(cpus, batched), batched)
-        except SpaceError as error:
+            space = _space(items, cpus, batched)
+        except TuneError:
             if batched:
-                raise TuneError(str(error)) from None
+                raise
             continue  # batching keys: only a model that batches can be asked for them
         sizes.append(len(grid({**space, **extra}, cpus)))
     return sizes

@@ -14,7 +14,7 @@ from agent.inference.errors import SessionError
 from agent.inference.model_files import model_sha256
 from agent.inference.session import BuiltSession
 from agent.serving.errors import invalid
-from agent.serving.placement import Place, pinning, worker_tids
+from agent.serving.placement import Place
 from agent.serving.settings import ModelSettings
 from agent.serving.versions import Version
 
@@ -65,11 +65,10 @@ def build(model: str, number: int, path: Path, settings: ModelSettings,
                                device=instance.device, precision=settings.precision)
                 built.append((instance, as_backend(made, instance.device,
                                                    settings.precision)))
-        if cpus is not None and place is not None:
-            place(worker_tids(built), cpus)
-            worker_start = pinning(worker_start, place, cpus)
         version = Version(model, number, path, digest, built, settings, worker_start,
-                          configured=configured, threads=threads, cpus=cpus)
+                          configured=configured, threads=threads)
+        if cpus is not None and place is not None:
+            version.place(cpus, place)  # as the lever moves it, before it serves
     except Exception as error:  # a file ORT refuses, a provider it lacks, a bad batch size
         for _, backend in built:
             backend.close()

@@ -1,8 +1,8 @@
 """Where a model's threads run: the ``cpus`` lever pins every thread that computes one of
 its runs, which is the scheduler's worker that calls ONNX Runtime (the calling thread
 computes a share of each run) and the intra-op workers each session was born with.  The
-lever moves those threads where they are (Version.place); only a build (a load, the
-``threads`` lever's rebuild) pins its new threads as they are made.
+lever moves those threads where they are (Version.place), as a build (a load, the
+``threads`` lever's rebuild) pins a new version's before it serves.
 
 The pin is the kernel's affinity (sched_setaffinity on each thread id), not ORT's
 ``session.intra_op_thread_affinities``: the server adopts a session's workers as inference
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -46,14 +45,3 @@ def worker_tids(built: Sequence[tuple[Any, Any]]) -> set[int]:
     (none for other backends)."""
     return {tid for _, backend in built
             for tid in getattr(getattr(backend, "built", None), "worker_tids", ())}
-
-
-def pinning(worker_start: Callable[[], None] | None, place: Place,
-            cpus: Sequence[int]) -> Callable[[], None]:
-    """A scheduler worker's start that pins the worker itself after the profile's
-    scheduling has been applied to it."""
-    def start() -> None:
-        if worker_start is not None:
-            worker_start()
-        place([threading.get_native_id()], cpus)
-    return start

@@ -102,7 +102,7 @@ class Scheduler:
         return item.answer.result()
 
     def tids(self) -> list[int]:
-        """The workers' kernel thread ids (those that have started)."""
+        """The workers' kernel thread ids (each has started: see ``__init__``)."""
         return [thread.native_id for thread in self._threads if thread.native_id is not None]
 
     def close(self) -> None:

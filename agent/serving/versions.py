@@ -137,13 +137,12 @@ class Version:
                  instances: Sequence[tuple[Instance, Backend]],
                  settings: ModelSettings,
                  worker_start: Callable[[], None] | None = None, *,
-                 configured: Sequence[int | None] = (), threads: int | None = None,
-                 cpus: tuple[int, ...] | None = None) -> None:
+                 configured: Sequence[int | None] = (), threads: int | None = None) -> None:
         """``instances``: each backend with the instance (config.yaml) it was built for;
         one queue feeds them all, whatever device each runs on.  ``configured``: each
         session's threads as config.yaml gives them (None: the factory's choice);
-        ``threads``/``cpus``: the levers it was built with (None: config.yaml's,
-        no placement)."""
+        ``threads``: the lever it was built with (None: config.yaml's).  Its threads run
+        on any CPU until ``place``."""
         self.model, self.number, self.path, self.digest = model, number, path, digest
         self.instances = tuple(instances)
         self.sessions = tuple(backend for _, backend in self.instances)
@@ -156,7 +155,8 @@ class Version:
                                        settings.max_input_elements)
         self.policy = SchedulePolicy.of(settings, self.max_batch_size)
         self.key = version_key(path, digest, settings, threads)
-        self.threads, self.cpus = threads, cpus
+        self.threads: int | None = threads
+        self.cpus: tuple[int, ...] | None = None
         self.configured_threads = max((n for n in configured if n), default=None)
         self.stats = LatencyStats()
         self.counters = Counters(len(self.sessions))
@@ -167,8 +167,6 @@ class Version:
         self.scheduler = Scheduler(self.label, f"infer-{model}", self.sessions,
                                    self.output_names, self.policy, self.counters,
                                    worker_start, self._probe, max_run_ms=settings.max_run_ms)
-        # a placed model runs on its pinned workers only, never on a front end's thread
-        self.scheduler.inline = cpus is None
 
     @property
     def label(self) -> str:
@@ -283,8 +281,9 @@ class Version:
         """The ``cpus`` lever, in place (placement.py): the threads that compute its runs
         (its scheduler's workers, its sessions' intra-op workers) pinned to ``cpus``, or
         back to the profile's (None), and its runs kept off the front ends' threads while
-        placed.  No new sessions: the kernel moves the threads at once, where a rebuild
-        took a quarter of a second of CPU from the models it was meant to help."""
+        placed (a placed model runs on its pinned workers only).  No new sessions: the
+        kernel moves the threads at once, where a rebuild took a quarter of a second of CPU
+        from the models it was meant to help."""
         self.scheduler.inline = False  # no run starts on an unpinned caller meanwhile
         place([*self.scheduler.tids(), *worker_tids(self.instances)], cpus)
         self.cpus = cpus
