@@ -79,7 +79,8 @@ def test_a_shorter_queue_delay_frees_the_waiting_batch_at_once(
         answer = client.set_levers("waits", {"max_queue_delay_us": 0})
         assert answer == {"1": {"max_queue_delay_us": 0, "preferred_batch_size": [8],
                                 "max_batch_size": 8, "admit_rps": None, "not_admitted": 0,
-                                "threads": 4, "cpus": None}}
+                                "threads": 4, "cpus": None,
+                                "realtime": None}}  # its 4 threads spin: no lever
         # well inside the 10 s it would otherwise have waited
         result = waiting.result(timeout=8)
         np.testing.assert_array_equal(result.outputs[0].array,

@@ -14,7 +14,7 @@ from agent.inference.errors import SessionError
 from agent.inference.model_files import model_sha256
 from agent.inference.session import BuiltSession
 from agent.serving.errors import invalid
-from agent.serving.placement import Place
+from agent.serving.placement import Scheduling
 from agent.serving.settings import ModelSettings
 from agent.serving.versions import Version
 
@@ -33,7 +33,7 @@ def build(model: str, number: int, path: Path, settings: ModelSettings,
           factory: SessionFactory, *, intra_op_threads: int | None = None,
           worker_start: Callable[[], None] | None = None,
           root: Path | None = None, threads: int | None = None,
-          cpus: tuple[int, ...] | None = None, place: Place | None = None) -> Version:
+          cpus: tuple[int, ...] | None = None, sched: Scheduling | None = None) -> Version:
     """Build and probe one version; ServeError INVALID_ARGUMENT naming it when the file,
     its pinned digest, a session or the probe fails.  ``intra_op_threads``: the threads the
     server may give one version, shared out among the sessions of instances that name no
@@ -42,7 +42,7 @@ def build(model: str, number: int, path: Path, settings: ModelSettings,
     followed (None for a built-in, served in place).  The digest covers the external data
     files the model names (model_files), which must lie in its version directory.
     ``threads``: every session's intra-op threads (None: as above); ``cpus``: the CPUs its
-    sessions' ORT workers and its scheduler's workers are pinned to, through ``place``."""
+    sessions' ORT workers and its scheduler's workers are pinned to, through ``sched``."""
     label = f"model {model} version {number}"
     try:
         digest = model_sha256(path, root=root)
@@ -67,8 +67,8 @@ def build(model: str, number: int, path: Path, settings: ModelSettings,
                                                    settings.precision)))
         version = Version(model, number, path, digest, built, settings, worker_start,
                           configured=configured, threads=threads)
-        if cpus is not None and place is not None:
-            version.place(cpus, place)  # as the lever moves it, before it serves
+        if cpus is not None and sched is not None:
+            version.place(cpus, sched)  # as the lever moves it, before it serves
     except Exception as error:  # a file ORT refuses, a provider it lacks, a bad batch size
         for _, backend in built:
             backend.close()

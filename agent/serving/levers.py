@@ -2,8 +2,9 @@
 preferred batch sizes (the queue's next cut uses them) and an admission cap in requests per
 second.  The control plane decides; this only checks what it is asked and executes it.
 ``cpus`` (the CPUs a model's threads run on) moves its threads where they are
-(Version.place).  ``threads`` (intra-op threads per session) is not instant: it rebuilds the
-model's versions off the hot path and swaps them in (rebuild.py); the route answers at once
+(Version.place), ``realtime`` lifts them to SCHED_FIFO (Version.lift, placement.py).
+``threads`` (intra-op threads per session) is not instant: it rebuilds the model's versions
+off the hot path and swaps them in (rebuild.py); the route answers at once
 and the statistics show them once swapped.
 
 What comes in is a JSON document from a socket (the token-guarded ``…/levers`` route), so it
@@ -31,7 +32,8 @@ MAX_DELAY_US = 10_000_000  # as config.yaml's dynamic_batching.max_queue_delay_u
 MAX_PREFERRED = 16  # sizes in one preferred_batch_size list
 MAX_ADMIT_RPS = 1_000_000.0
 MAX_THREADS = 1024  # as config.yaml's instances[].threads; rebuild.py bounds it per model
-KEYS = ("max_queue_delay_us", "preferred_batch_size", "admit_rps", "threads", "cpus")
+KEYS = ("max_queue_delay_us", "preferred_batch_size", "admit_rps", "threads", "cpus",
+        "realtime")
 BURST_S = 0.1  # an admission cap lets this much of a second's rate through at once
 # ... and at least this many requests: a bucket one token deep drops what accrues while it
 # is full, so requests that come a little late against the cap's period (any real client's
@@ -43,7 +45,7 @@ MIN_BURST = 2.0
 class LeverChange:
     """What to change (None: leave as it is; ``admit`` set with ``admit_rps`` None: no cap;
     ``rethread`` set with ``threads`` None: config.yaml's threads; ``place`` set with
-    ``cpus`` None: no placement)."""
+    ``cpus`` None: no placement; ``lift`` set: ``realtime`` as it says)."""
 
     delay_us: int | None = None
     preferred: tuple[int, ...] | None = None
@@ -53,6 +55,8 @@ class LeverChange:
     threads: int | None = None
     place: bool = False
     cpus: tuple[int, ...] | None = None
+    lift: bool = False
+    realtime: bool = False
 
     @property
     def rebuilds(self) -> bool:
@@ -90,10 +94,13 @@ def parse_change(document: Any) -> LeverChange:
     threads = document.get("threads")
     if threads is not None and not (_integer(threads) and 1 <= threads <= MAX_THREADS):
         raise invalid(f"threads must be null (config.yaml's) or an integer 1..{MAX_THREADS}")
+    realtime = document.get("realtime", False)
+    if not isinstance(realtime, bool):
+        raise invalid("realtime must be true (the model's threads at SCHED_FIFO) or false")
     return LeverChange(delay, None if preferred is None else tuple(sorted(set(preferred))),
                        "admit_rps" in document, None if rate is None else float(rate),
                        "threads" in document, threads, "cpus" in document,
-                       _cpus(document.get("cpus")))
+                       _cpus(document.get("cpus")), "realtime" in document, realtime)
 
 
 def _cpus(value: Any) -> tuple[int, ...] | None:

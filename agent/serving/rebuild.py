@@ -28,6 +28,7 @@ from typing import Any
 
 from agent.serving.errors import ServeError, invalid, unavailable
 from agent.serving.levers import LeverChange
+from agent.serving.placement import Scheduling
 from agent.serving.settings import THREADS_PER_CPU, ModelSettings, ModelSettingsError, check_threads
 from agent.serving.state import Served
 from agent.serving.versions import Version
@@ -62,10 +63,10 @@ def target(name: str, served: Served, change: LeverChange, cpus: int) -> Target:
 
 
 def rebuilt(old: Served, threads: int | None, cpus: tuple[int, ...] | None,
-            build_one: BuildOne) -> Served:
+            build_one: BuildOne, sched: Scheduling) -> Served:
     """Every version of ``old`` built anew with ``threads`` and ``cpus`` (ServeError as a
     load's build raises it; what was built is closed then), carrying the instant levers
-    the old versions serve now."""
+    the old versions serve now (``realtime`` through ``sched``)."""
     versions: dict[int, Version] = {}
     try:
         for number, version in sorted(old.versions.items()):
@@ -78,6 +79,8 @@ def rebuilt(old: Served, threads: int | None, cpus: tuple[int, ...] | None,
         before = old.versions[number].scheduler
         version.scheduler.queue.retune(before.queue.policy)
         version.scheduler.admission.set_rate(before.admission.rate)
+        if old.versions[number].realtime and version.liftable:
+            version.lift(True, sched)
     return Served(versions, old.default, old.settings)
 
 
@@ -142,16 +145,17 @@ class Rebuilds:
     def guarding(self, name: str, served: Served, change: LeverChange, cpus: int
                  ) -> contextlib.AbstractContextManager[None]:
         """What a levers request of ``served`` runs in: its rebuild reserved (``threads``,
-        over ``cpus`` inference CPUs), rebuilds held off (``cpus`` alone), or nothing."""
+        over ``cpus`` inference CPUs), rebuilds held off (``cpus`` or ``realtime`` alone), or
+        nothing."""
         if change.rebuilds:
             return self.starting(name, target(name, served, change, cpus))
-        return self.idle(name) if change.place else contextlib.nullcontext()
+        return self.idle(name) if change.place or change.lift else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def idle(self, name: str) -> Iterator[None]:
         """Hold off rebuilds of the model through the block: UNAVAILABLE while one runs
-        (its versions take the CPUs it was asked with when they swap in, so a placement of
-        the ones it replaces now would be lost)."""
+        (its versions take the CPUs it was asked with, and the lift of the ones they replace
+        as it was when they were built, so a move of those now would be lost)."""
         with self._lock:
             if name in self._running:
                 raise _rebuilding(name)

@@ -38,7 +38,7 @@ from agent.serving.errors import ServeError, invalid, not_found, unavailable
 from agent.serving.levers import LeverChange
 from agent.serving.loading import load_in_turn
 from agent.serving.pending import Retired
-from agent.serving.placement import Place, pin
+from agent.serving.placement import Scheduling, Unscheduled
 from agent.serving.probe import Prober
 from agent.serving.rebuild import Rebuilds, Target, rebuilt
 from agent.serving.repository import (
@@ -73,7 +73,8 @@ class ModelRegistry:
                  worker_start: Callable[[], None] | None = None,
                  device_problem: Callable[[str], str | None] | None = None,
                  privileged_priority: int = 0,
-                 load_alone_s: float = LOAD_ALONE_S, place: Place = pin) -> None:
+                 load_alone_s: float = LOAD_ALONE_S,
+                 sched: Scheduling | None = None) -> None:
         """``clock``/``sleep`` pace a canary (tests inject their own); ``sleep`` defaults to
         a wait that ``stop`` cuts short.  ``intra_op_threads``: the CPUs the profile gives
         inference (one intra-op thread each, options.thread_plan; None: this process's
@@ -82,8 +83,9 @@ class ModelRegistry:
         thread as it starts; ``device_problem`` says why an instance's device is not on
         this board (devices.device_problem over the discovered topology; None: every device
         goes); ``privileged_priority``: serve.privileged_priority (policy.level; 0: every
-        level is open, as in a registry without front ends); ``place``: how the ``cpus``
-        lever pins threads (the server's keeps them pinned through a profile switch)."""
+        level is open, as in a registry without front ends); ``sched``: how the ``cpus``
+        and ``realtime`` levers pin and lift threads (the server's keeps both through a
+        profile switch; None: ``Unscheduled``)."""
         bad = [name for name in builtins if not valid_name(name)]
         if bad:
             raise ValueError(f"built-in model names {bad} are not valid model names")
@@ -96,7 +98,7 @@ class ModelRegistry:
         self._privileged = privileged_priority
         self._device_problem = device_problem
         self._worker_start = worker_start
-        self._place = place
+        self._sched = sched or Unscheduled()
         self._rebuilds = Rebuilds(self._rebuild)
         self._stopping = threading.Event()
         self._clock = clock
@@ -221,7 +223,7 @@ class ModelRegistry:
             current = old.versions.get(number) if old is not None else None
             if current is not None and current.key == self._key(name, number, path, entry):
                 versions[number] = current  # unchanged: keeps its sessions and figures
-                current.set_levers(None, self._place)  # but serves the file's levers
+                current.set_levers(None, self._sched)  # but serves the file's levers
             else:
                 to_build.append(number)
         slot.loading = tuple(to_build)
@@ -256,7 +258,7 @@ class ModelRegistry:
         return build(name, number, path, settings, self.factory,
                      intra_op_threads=self._intra_op_threads, worker_start=self._worker_start,
                      root=self._root(name, number), threads=threads, cpus=cpus,
-                     place=self._place)
+                     sched=self._sched)
 
     def _rebuild(self, name: str, wanted: Target) -> None:
         """The ``threads`` lever's rebuild (rebuild.py), swapped in as a load is."""
@@ -264,7 +266,7 @@ class ModelRegistry:
             slot, old = self._slots[name], self._slots[name].served
             if old is None or self._stopping.is_set():
                 raise unavailable(f"model {name} is not loaded ({slot.reason})")
-            new = rebuilt(old, *wanted, lambda *args: self._build(name, *args))
+            new = rebuilt(old, *wanted, lambda *args: self._build(name, *args), self._sched)
             if self._stopping.is_set():  # stop gave up waiting for it: install nothing
                 swap(slot, slot.served, new)
                 raise unavailable("the server stopped during the rebuild")
@@ -394,5 +396,5 @@ class ModelRegistry:
         with self._rebuilds.guarding(name, self._served(name), change, self._cpus):
             served = self._served(name)  # a rebuild may have swapped in before the guard
             for version in served.versions.values():
-                version.set_levers(change, self._place)
+                version.set_levers(change, self._sched)
             return {str(n): v.levers() for n, v in sorted(served.versions.items())}

@@ -214,7 +214,7 @@ class DataPlane:
                                       worker_start=self.threads.adopt_current,
                                       device_problem=_device_check(settings),
                                       privileged_priority=settings.privileged_priority,
-                                      place=self.threads.place)
+                                      sched=self.threads)
         everything = not (is_loopback(split_address(settings.http)[0])
                           and is_loopback(split_address(settings.grpc)[0]))
         self.access = Access(list(settings.token_files), everything=everything)
@@ -223,9 +223,9 @@ class DataPlane:
             settings.topology.memory.total_bytes if settings.topology else None,
             settings.max_request_bytes))
         self.http_pool = ThreadPoolExecutor(settings.workers, "infer-http",
-                                            initializer=self.threads.adopt_current)
+                                            initializer=self.threads.adopt_front)
         self.grpc_pool = ThreadPoolExecutor(settings.workers, "infer-grpc",
-                                            initializer=self.threads.adopt_current)
+                                            initializer=self.threads.adopt_front)
         self.grpc_server: Any = None
         self.http: HttpListener | None = None
         self.metrics: MetricsServer | None = None
@@ -311,7 +311,7 @@ class DataPlane:
             self.addresses["metrics"] = self.metrics.address
         if settings.local is not None:
             self.local = LocalListener(settings.local, self.registry, self.access, self.budget,
-                                       self.threads.adopt_current)
+                                       self.threads.adopt_front)
             try:
                 self.local.start()
             except LocalListenError as error:
@@ -325,7 +325,7 @@ class DataPlane:
         from agent.serving.frigate_api import BindError, FrigateFrontEnd  # zmq only for it
 
         self.frigate = FrigateFrontEnd(self.registry, frigate, self.settings.max_request_bytes,
-                                       self.threads.adopt_current)
+                                       self.threads.adopt_front)
         try:
             return self.frigate.start()
         except BindError as error:

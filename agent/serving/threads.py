@@ -8,6 +8,12 @@ rollback (a file and SIGHUP); with none, every adopted thread is put back to wha
 have before any profile: SCHED_OTHER at nice 0 on every CPU this process may use.  Not what
 each one had when adopted: a thread born of a SCHED_FIFO thread inherits FIFO and its CPUs,
 so a rollback from ``realtime`` would leave it there.
+
+The ``realtime`` lever lifts one model's threads to SCHED_FIFO (placement.py): one above the
+profile's real-time priority, or LIFTED_PRIORITY where it has none, on the same CPUs.  While
+any model is lifted the front ends' request threads are lifted too: a request waits on them
+before and after its run (and a model that is not placed runs on them), so a lifted model
+behind a front end at normal priority still waited for whatever else ran there.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 
 from agent.kernel import sched as rt
 from agent.kernel.process import name_current_thread
+from agent.serving.placement import LIFTED_PRIORITY
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +66,8 @@ class InferenceThreads:
         self.full_cpus = sorted(os.sched_getaffinity(0))
         self._tids: set[int] = set()
         self._placed: dict[int, list[int]] = {}  # tid -> the cpus lever's CPUs (placement)
+        self._lifted: set[int] = set()  # the realtime lever's threads
+        self._front: set[int] = set()  # the front ends' request threads
         self._lock = threading.Lock()
         self.errors: list[str] = []
 
@@ -69,6 +78,13 @@ class InferenceThreads:
         name_current_thread(threading.current_thread().name)
         self.adopt([threading.get_native_id()])
 
+    def adopt_front(self) -> None:
+        """``adopt_current`` for a front end's pool: lifted while any model is."""
+        self.adopt_current()
+        with self._lock:
+            self._front.add(threading.get_native_id())
+            self._apply_one(threading.get_native_id())
+
     def adopt(self, tids: Iterable[int]) -> None:
         """New inference threads (a thread is adopted once, as it starts): a tid seen
         before belonged to a thread that has exited, and its pin is not this one's."""
@@ -78,6 +94,8 @@ class InferenceThreads:
                     continue  # gone already
                 self._tids.add(tid)
                 self._placed.pop(tid, None)
+                self._lifted.discard(tid)
+                self._front.discard(tid)
                 self._apply_one(tid)
 
     def place(self, tids: Iterable[int], cpus: Sequence[int] | None) -> None:
@@ -93,6 +111,24 @@ class InferenceThreads:
                         self._placed[tid] = list(cpus)
                     self._apply_one(tid)
 
+    def lift(self, tids: Iterable[int], on: bool) -> list[str]:
+        """Lift adopted threads of a model (the realtime lever), or put them back, and the
+        front ends' threads with the first model lifted or the last put back; what the
+        kernel refused, as messages."""
+        with self._lock:
+            before = self._any_lifted()
+            changed = [tid for tid in tids if tid in self._tids]
+            (self._lifted.update if on else self._lifted.difference_update)(changed)
+            if before != self._any_lifted():
+                changed += sorted(self._front)
+            refused = [self._apply_one(tid) for tid in changed]
+            return [message for message in refused if message]
+
+    def _any_lifted(self) -> bool:
+        """Whether a live thread is lifted (a retired version's threads have exited)."""
+        self._lifted = {tid for tid in self._lifted if os.path.exists(f"/proc/self/task/{tid}")}
+        return bool(self._lifted)
+
     def switch(self, wanted: rt.ThreadSched | None) -> None:
         """A new profile's scheduling (None: the baseline), for every live thread."""
         with self._lock:
@@ -101,18 +137,35 @@ class InferenceThreads:
                 if not os.path.exists(f"/proc/self/task/{tid}"):
                     self._tids.discard(tid)
                     self._placed.pop(tid, None)
+                    self._front.discard(tid)
                     continue
                 self._apply_one(tid)
 
-    def _apply_one(self, tid: int) -> None:
+    def _apply_one(self, tid: int) -> str:
+        """Schedule one thread as the profile, its pin and its lift say; "" or why not."""
         placed = self._placed.get(tid)
+        lifted = tid in self._lifted or (tid in self._front and self._any_lifted())
         try:
-            if self.wanted is None:
+            if lifted:
+                rt.apply_thread_sched(tid, self._lifted_sched(placed))
+            elif self.wanted is None:
                 rt.reset_thread_sched(tid, placed or self.full_cpus)
             else:
                 rt.apply_thread_sched(tid, self.wanted if placed is None else
                                       dataclasses.replace(self.wanted, cpus=placed))
+        except ProcessLookupError:
+            return ""  # exited meanwhile
         except (OSError, rt.RtError) as error:
             message = f"thread {tid}: {error}"
             logger.warning("inference thread scheduling: %s", message)
             self.errors = [*self.errors[-9:], message]
+            return message
+        return ""
+
+    def _lifted_sched(self, placed: list[int] | None) -> rt.ThreadSched:
+        """SCHED_FIFO above the profile's inference threads, on its (or the pin's) CPUs."""
+        wanted = self.wanted
+        priority = (min(99, wanted.priority + 1) if wanted is not None and rt.is_realtime(wanted)
+                    else LIFTED_PRIORITY)
+        cpus = placed or (wanted.cpus if wanted is not None else self.full_cpus)
+        return rt.ThreadSched("fifo", priority, list(cpus))

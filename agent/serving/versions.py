@@ -28,10 +28,10 @@ from agent.inference.stats import LatencyStats
 from agent.serving.batching import signature
 from agent.serving.core import DATATYPES, InferRequest, InferResult, Tensor, TensorSpec
 from agent.serving.counters import Counters
-from agent.serving.errors import invalid
+from agent.serving.errors import ServeError, invalid
 from agent.serving.levers import LeverChange, retuned, view
 from agent.serving.pending import Pending, Retired
-from agent.serving.placement import Place, worker_tids
+from agent.serving.placement import Scheduling, spinning_workers, worker_tids
 from agent.serving.policy import SchedulePolicy
 from agent.serving.scheduler import Scheduler
 from agent.serving.settings import Instance, ModelSettings
@@ -157,6 +157,8 @@ class Version:
         self.key = version_key(path, digest, settings, threads)
         self.threads: int | None = threads
         self.cpus: tuple[int, ...] | None = None
+        self.realtime = False  # its threads lifted to SCHED_FIFO (the realtime lever)
+        self._lifter: Scheduling | None = None  # what lifted them, to put them back on close
         self.configured_threads = max((n for n in configured if n), default=None)
         self.stats = LatencyStats()
         self.counters = Counters(len(self.sessions))
@@ -261,23 +263,25 @@ class Version:
                           f"{self.max_batch_size}")
         return batch
 
-    def set_levers(self, change: LeverChange | None, place: Place | None = None
+    def set_levers(self, change: LeverChange | None, sched: Scheduling | None = None
                    ) -> dict[str, Any]:
         """The QoS controller's levers but threads, live (levers.py), or config.yaml's
-        (None: a load serves the file's); the levers now served.  ``place``: how the
-        threads are pinned (None: where they are, whatever the change's ``cpus``).
-        ``policy`` stays config.yaml's."""
+        (None: a load serves the file's); the levers now served.  ``sched``: how the
+        threads are pinned and lifted (None: where they are, whatever the change's ``cpus``
+        and ``realtime``).  ``policy`` stays config.yaml's."""
+        if sched is not None and (change is None or change.lift):
+            self.lift(change is not None and change.realtime, sched)  # refused: no change
         queue = self.scheduler.queue
         queue.retune(self.policy if change is None else retuned(queue.policy, change, self.label))
         if change is None or change.admit:
             self.scheduler.admission.set_rate(None if change is None else change.admit_rps)
         cpus = None if change is None else change.cpus
         moved = change is None or (change.place and not change.rebuilds)
-        if place is not None and moved and cpus != self.cpus:
-            self.place(cpus, place)
+        if sched is not None and moved and cpus != self.cpus:
+            self.place(cpus, sched)
         return self.levers()
 
-    def place(self, cpus: tuple[int, ...] | None, place: Place) -> None:
+    def place(self, cpus: tuple[int, ...] | None, sched: Scheduling) -> None:
         """The ``cpus`` lever, in place (placement.py): the threads that compute its runs
         (its scheduler's workers, its sessions' intra-op workers) pinned to ``cpus``, or
         back to the profile's (None), and its runs kept off the front ends' threads while
@@ -285,20 +289,53 @@ class Version:
         kernel moves the threads at once, where a rebuild took a quarter of a second of CPU
         from the models it was meant to help."""
         self.scheduler.inline = False  # no run starts on an unpinned caller meanwhile
-        place([*self.scheduler.tids(), *worker_tids(self.instances)], cpus)
+        sched.place([*self.scheduler.tids(), *worker_tids(self.instances)], cpus)
         self.cpus = cpus
         self.scheduler.inline = cpus is None
 
+    @property
+    def liftable(self) -> bool:
+        """Whether ``realtime`` is a lever here: not with intra-op workers that spin."""
+        return not spinning_workers(self.instances)
+
+    def lift(self, on: bool, sched: Scheduling) -> None:
+        """The ``realtime`` lever (placement.py): the threads that compute its runs at
+        SCHED_FIFO, or back to the profile's scheduling.  FAILED_PRECONDITION for a version
+        whose workers spin, or where the kernel refuses a thread (those lifted are put
+        back: the lever is all or nothing)."""
+        if on == self.realtime:
+            return
+        if on and not self.liftable:
+            raise ServeError(
+                "FAILED_PRECONDITION",
+                f"{self.label}: its intra-op workers spin between a run's ops, which no "
+                "real-time thread may: realtime needs threads 1, or sessions built under a "
+                "real-time rt.inference (no spinning)")
+        tids = [*self.scheduler.tids(), *worker_tids(self.instances)]
+        refused = sched.lift(tids, on)
+        if refused and on:
+            sched.lift(tids, False)
+            raise ServeError("FAILED_PRECONDITION", f"{self.label}: realtime refused: "
+                             f"{refused[0]} (needs CAP_SYS_NICE or RLIMIT_RTPRIO)")
+        self.realtime, self._lifter = on, sched if on else None
+
     def levers(self) -> dict[str, Any]:
         """The levers served now: the instant ones, the sessions' intra-op threads (the
-        most, where instances differ) and the CPUs its threads are pinned to (None: any)."""
+        most, where instances differ), the CPUs its threads are pinned to (None: any) and
+        whether they are lifted (None: not a lever for it)."""
         return view(self.scheduler.queue.policy, self.scheduler.admission) | {
             "threads": max(backend.intra_op for backend in self.sessions),
-            "cpus": None if self.cpus is None else list(self.cpus)}
+            "cpus": None if self.cpus is None else list(self.cpus),
+            "realtime": self.realtime if self.liftable else None}
 
     def close(self) -> None:
         """Stop taking requests; the queued ones are still served, then the workers exit
-        and the backends are released (an NPU context is not freed under a run)."""
+        and the backends are released (an NPU context is not freed under a run).  Lifted
+        threads are put back first: the front ends stay lifted only while a served model
+        is."""
+        if self._lifter is not None:
+            self._lifter.lift([*self.scheduler.tids(), *worker_tids(self.instances)], False)
+            self.realtime, self._lifter = False, None
         self.scheduler.close()
         threading.Thread(target=self._release, name=f"release-{self.model}",
                          daemon=True).start()
@@ -347,6 +384,7 @@ class Version:
             "levers": self.levers(),
             # config.yaml's, which a relaxation or a reload returns to
             "configured": view(self.policy) | {"threads": self.configured_threads,
-                                               "cpus": None},
+                                               "cpus": None,
+                                               "realtime": False if self.liftable else None},
         }
         return entry

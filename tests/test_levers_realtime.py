@@ -1,0 +1,166 @@
+"""The ``realtime`` lever on real ONNX Runtime sessions in a real data plane: it lifts the
+threads that compute a model's runs to SCHED_FIFO, and the front ends' request threads
+while any model is lifted; it outlives a profile switch and a threads rebuild, a reload
+drops it, a version whose intra-op workers spin has no such lever, and a lift the kernel
+refuses leaves nothing lifted."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import onnx_models
+import pytest
+from serving_helpers import cpu_factory
+from test_serve_registry import put, until, x
+
+from agent.kernel.sched import ThreadSched
+from agent.serving.core import InferRequest
+from agent.serving.errors import ServeError
+from agent.serving.levers import LeverChange, parse_change
+from agent.serving.registry import ModelRegistry
+from agent.serving.server import DataPlane, ServerSettings
+
+CPUS = sorted(os.sched_getaffinity(0))
+OTHER, FIFO = os.SCHED_OTHER, os.SCHED_FIFO
+
+
+def data_plane(tmp_path: Path, threads: int = 1) -> DataPlane:
+    """Models ``one`` and ``two``, each session with ``threads`` intra-op threads."""
+    repository = tmp_path / "repository"
+    for model in ("one", "two"):
+        put(repository, model, 1, onnx_models.dynamic_batch_mlp)
+    return DataPlane(ServerSettings(
+        http="127.0.0.1:0", grpc="127.0.0.1:0", repository=repository, builtins={},
+        pins={}, token_files=[], max_request_bytes=1 << 20,
+        providers=["CPUExecutionProvider"], threads=(threads, 1), cache_dir=None,
+        ready_file=tmp_path / "ready.json", metrics="127.0.0.1:0"))
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[DataPlane]:
+    made = data_plane(tmp_path)
+    made.registry.start()
+    yield made
+    made.registry.stop()
+    made.http_pool.shutdown()
+
+
+def sched(tid: int) -> tuple[int, int]:
+    return os.sched_getscheduler(tid), os.sched_getparam(tid).sched_priority
+
+
+def model_threads(registry: ModelRegistry, model: str) -> set[int]:
+    version = registry._served(model).versions[1]
+    return ({tid for session in version.sessions for tid in session.built.worker_tids}
+            | set(version.scheduler.tids()))
+
+
+def front_thread(plane: DataPlane) -> int:
+    """A thread of the HTTP front end's pool, started as a request would start it."""
+    return int(plane.http_pool.submit(threading.get_native_id).result(timeout=30))
+
+
+def lift(registry: ModelRegistry, model: str, on: bool) -> None:
+    registry.set_levers(model, parse_change({"realtime": on}))
+
+
+def test_parse_change_reads_realtime() -> None:
+    assert parse_change({"realtime": True}) == LeverChange(lift=True, realtime=True)
+    assert parse_change({"realtime": False}) == LeverChange(lift=True)
+    assert not parse_change({"realtime": True}).rebuilds
+    for bad in ("yes", None, 1):
+        with pytest.raises(ServeError, match="realtime must be true") as refused:
+            parse_change({"realtime": bad})
+        assert refused.value.code == "INVALID_ARGUMENT"
+
+
+def test_a_lift_takes_the_models_threads_and_the_front_ends_while_any_model_is(
+        plane: DataPlane) -> None:
+    registry, front = plane.registry, front_thread(plane)
+    one, two = model_threads(registry, "one"), model_threads(registry, "two")
+    assert one and two
+    assert registry.statistics("one", "1")[0]["edge_agent"]["levers"]["realtime"] is False
+    lift(registry, "one", True)
+    assert {sched(tid) for tid in one | {front}} == {(FIFO, 1)}
+    assert {sched(tid) for tid in two} == {(OTHER, 0)}
+    assert registry.statistics("one", "1")[0]["edge_agent"]["levers"]["realtime"] is True
+    assert registry.infer(InferRequest("one", "", x())).outputs  # it serves, lifted
+    lift(registry, "two", True)
+    lift(registry, "one", False)  # two is still lifted: the front end stays
+    assert {sched(tid) for tid in one} == {(OTHER, 0)}
+    assert {sched(tid) for tid in two | {front}} == {(FIFO, 1)}
+    lift(registry, "two", False)
+    assert {sched(tid) for tid in one | two | {front}} == {(OTHER, 0)}
+    assert not plane.threads.errors
+
+
+def test_a_lift_outlives_a_profile_switch_and_a_rebuild_and_a_reload_drops_it(
+        plane: DataPlane) -> None:
+    registry, front = plane.registry, front_thread(plane)
+    lift(registry, "one", True)
+    plane.threads.switch(ThreadSched("fifo", 10, CPUS))  # a profile with rt.inference
+    assert {sched(tid) for tid in model_threads(registry, "one") | {front}} == {(FIFO, 11)}
+    assert {sched(tid) for tid in model_threads(registry, "two")} == {(FIFO, 10)}
+    plane.threads.switch(None)
+    assert {sched(tid) for tid in model_threads(registry, "one") | {front}} == {(FIFO, 1)}
+    before = registry._served("one").versions[1]
+    registry.set_levers("one", parse_change({"threads": 1}))
+    until(lambda: registry._served("one").versions[1] is not before, 60)
+    rebuilt = model_threads(registry, "one")
+    assert rebuilt and {sched(tid) for tid in rebuilt} == {(FIFO, 1)}
+    registry.load("one", {})  # config.yaml's levers again: not lifted
+    version = registry._served("one").versions[1]
+    assert not version.realtime
+    assert {sched(tid) for tid in model_threads(registry, "one") | {front}} == {(OTHER, 0)}
+    assert not plane.threads.errors
+
+
+def test_a_version_whose_workers_spin_has_no_realtime_lever(tmp_path: Path) -> None:
+    plane = data_plane(tmp_path, threads=2)  # an ORT worker each, spinning (no profile)
+    plane.registry.start()
+    try:
+        entry = plane.registry.statistics("one", "1")[0]["edge_agent"]
+        assert entry["levers"]["realtime"] is None and entry["configured"]["realtime"] is None
+        with pytest.raises(ServeError, match="spin") as refused:
+            lift(plane.registry, "one", True)
+        assert refused.value.code == "FAILED_PRECONDITION"
+        assert {sched(tid) for tid in model_threads(plane.registry, "one")} == {(OTHER, 0)}
+    finally:
+        plane.registry.stop()
+        plane.http_pool.shutdown()
+
+
+class Refusing:
+    """A Scheduling whose kernel refuses the last thread of each lift (no CAP_SYS_NICE)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[int], bool]] = []
+
+    def place(self, tids: Iterable[int], cpus: Sequence[int] | None) -> None:
+        raise AssertionError("not placed here")
+
+    def lift(self, tids: Iterable[int], on: bool) -> list[str]:
+        listed = list(tids)
+        self.calls.append((listed, on))
+        return [f"thread {listed[-1]}: Operation not permitted"] if on else []
+
+
+def test_a_lift_the_kernel_refuses_is_put_back_and_answered(tmp_path: Path) -> None:
+    repository = tmp_path / "repository"
+    put(repository, "one", 1, onnx_models.dynamic_batch_mlp)
+    refusing = Refusing()
+    registry = ModelRegistry(repository, {}, cpu_factory, probe_interval_s=3600,
+                             sched=refusing)
+    registry.start()
+    try:
+        with pytest.raises(ServeError, match="Operation not permitted") as refused:
+            lift(registry, "one", True)
+        assert refused.value.code == "FAILED_PRECONDITION"
+        assert [on for _, on in refusing.calls] == [True, False]  # all back, at once
+        assert refusing.calls[0][0] == refusing.calls[1][0]
+        assert registry.statistics("one", "1")[0]["edge_agent"]["levers"]["realtime"] is False
+    finally:
+        registry.stop()
