@@ -65,9 +65,11 @@ def qos_line(action: dict[str, Any], count: int) -> str:
 
 def _value(lever: Any, value: Any) -> str:
     """A lever's value as an operator reads it: none (no cap, no placement), CPUs as a
-    cpulist (1-3), batch sizes as a list (4, 8)."""
+    cpulist (1-3), batch sizes as a list (4, 8), a switch (realtime) as on or off."""
     if value is None:
         return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
     if isinstance(value, list | tuple):
         if lever == "cpus":
             return format_cpulist([int(cpu) for cpu in value])

@@ -33,7 +33,9 @@ class Sim:
     each rung of the device's ladder takes ``rung_gain`` off every cost; ``foreign`` cores
     busy outside the agent (a co-located app) add to u, and the controller is told them,
     with BE's client's (``client_cores_per_rps`` of each BE request admitted: a co-located
-    process whose CPU follows what it is served, inside BE's cost here)."""
+    process whose CPU follows what it is served, inside BE's cost here).  LC lifted to real
+    time (``realtime``) runs before every thread of normal priority: its load is its own,
+    and neither the others' threads nor the foreign cores delay it."""
 
     cost_ms: dict[str, float]
     demand: dict[str, float]
@@ -71,10 +73,13 @@ class Sim:
             fill_ms = ((levers.preferred_batch_size - 1) / rate * 1000
                        if rate and levers.preferred_batch_size > 1 else 0.0)
             wait = min(levers.max_queue_delay_us / 1000, fill_ms)
-            p99 = self.cost_ms[model] * gain / (1 - load) + wait + (
+            lifted = model == LC and bool(levers.realtime)
+            seen = min(0.98, rate * self.cost_ms[model] * gain / 1000 / self.cores
+                       ) if lifted else load
+            p99 = self.cost_ms[model] * gain / (1 - seen) + wait + (
                 50 if load > self.cliff else 0)
             if model == LC:
-                p99 += self.extra_ms + self._interference(admitted) + (
+                p99 += self.extra_ms + (0.0 if lifted else self._interference(admitted)) + (
                     self.rebuild_ms if self._building else 0.0)
             figures[model] = Figures(p99_ms=round(p99, 3), queue_ms=wait, rate_rps=rate,
                                      rejections=round(self.demand[model] - rate),

@@ -30,6 +30,8 @@ def test_levers_of_reads_the_largest_preferred_size_or_the_max_batch() -> None:
     assert levers_of(view(2000, [2, 4], 8)) == Levers(2000, 4)
     assert levers_of(view(2000, [], 8, 3.5)) == Levers(2000, 8, 3.5)
     assert levers_of(view(0, [], 0)) == Levers(0, 0)  # no batching: no batching levers
+    assert levers_of(view(0, [], 0) | {"realtime": True}).realtime is True
+    assert levers_of(view(0, [], 0) | {"realtime": None}).realtime is None  # no lever
 
 
 @pytest.mark.parametrize(("configured", "largest", "sent"), [
@@ -69,8 +71,9 @@ def test_windows_count_the_calls_and_refusals_between_two_reads(tmp_path: Path) 
         later = windows.advance(1, registry.statistics("", ""), now_s=102.0)["m"]
         assert later.figures.count == 1 and later.figures.rate_rps == 0.5
         assert later.figures.rejections == 2 and later.figures.p99_ms > 0
-        assert later.levers == Levers(100, 4, 0.001)
-        assert later.configured == Levers(300, 4) and later.preferred == (2, 4)
+        assert later.levers == Levers(100, 4, 0.001, realtime=False)
+        assert later.configured == Levers(300, 4, realtime=False)
+        assert later.preferred == (2, 4)
         again = windows.advance(1, registry.statistics("", ""), now_s=103.0)["m"]
         assert (again.figures.count, again.figures.rejections) == (0, 0)
         broken = [{"name": "m", "version": "2", "edge_agent": {"window": "junk"}}]

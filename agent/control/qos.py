@@ -3,38 +3,36 @@ one lever change per model per window.  Pure: it reads numbers and returns actio
 service layer feeds it the data plane's windows and the device's ladder, and executes what
 it returns.  The steps and their order of cost are in qos_steps.
 
-Hysteresis, so that it does not oscillate: a model acts only after ``violate_windows``
-violating windows among its last ``violate_span`` (so a violation that comes and goes every
-other window is acted on as one that stays, and one lone window is not); the window a move
-falls in is not judged (it mixes both settings; a relaxation's is, so that one violating
-window undoes it, but for threads: their window holds the rebuild), nor is any
-window while a model's sessions are being rebuilt, and each further step then waits one
-window to see the last one's effect; it relaxes only after ``relax_windows`` windows in
-a row in which every model's p99 level (see below) holds with ``margin`` (or
-``probe_factor`` times as many in which it holds at all: as many, once the last probe
-held, until one is undone or a model acts again), with fewer violating windows among its
-last ``violate_span`` than act (one stalled window of the machine's does not start the
-count again); a lever is not relaxed within
-``hold_windows`` of its last move; a relaxation is a probe: one violating window undoes it at
-once, and doubles the wait before the next relaxation (up to ``max_relax_windows``), so a
-load that sits at the edge settles instead of probing every few seconds; a probe of that
-lever that holds halves the wait again, so the wait is not left at its longest for good
-once the edge has gone (or once stalls of the machine's have stopped undoing probes); and
-when the cores busy outside the agent fall ``foreign_drop`` below their level at the last
-tightening (a co-located app stopped), probing starts again as after a probe that held.
+Hysteresis, so that it does not oscillate: a model acts only after ``violate_windows`` violating
+windows among its last ``violate_span`` (so a violation that comes and goes every other window
+is acted on as one that stays, and one lone window is not); the window a move falls in is not
+judged (it mixes both settings; a relaxation's is, so that one violating window undoes it, but
+for threads: their window holds the rebuild), nor is any window while a model's sessions are
+being rebuilt, and each further step then waits one window to see the last one's effect; it
+relaxes only after ``relax_windows`` windows in a row in which every model's p99 level (see
+below) holds with ``margin`` (or ``probe_factor`` times as many in which it holds at all: as
+many, once the last probe held, until one is undone or a model acts again), with fewer violating
+windows among its last ``violate_span`` than act (one stalled window of the machine's does not
+start the count again); a lever is not relaxed within ``hold_windows`` of its last move; a
+relaxation is a probe: one violating window undoes it at once (its undoing is the first step),
+and doubles the wait before the next relaxation (up to ``max_relax_windows``), so a load that
+sits at the edge settles instead of probing every few seconds; a probe of that lever that holds
+halves the wait again, so the wait is not left at its longest for good once the edge has gone
+(or once stalls of the machine's have stopped undoing probes); and when the cores busy outside
+the agent fall ``foreign_drop`` below their level at the last tightening (a co-located app
+stopped), probing starts again as after a probe that held.
 
-Every step on another model (or the device) is a trial: it stays only when the model's
-p99 level over the next ``trial_windows`` judged windows is below ``helped`` times its level
-over the last ``violate_span`` before the step (or back within the objective from above
-it, or without a miss where ``violate_windows`` of those had one), a level being the
-median of a run of windows without its worst one.  One that did not
-help is given back (``why`` says "did not help") and passed over for that model while its
-level stays below ``risen`` times what it was then (``futile_windows``, doubled each time
-the same lever fails again): a violation the machine makes (a stall of the VM, another
-process) then costs the other models little, while one they make is still met, step by
-step.  Without the worst window, so that one stalled window neither makes a step look
-helpful nor hides a cause that stays: two stalls among four windows leave the level where
-it was, three violations of four raise it.
+Every step on another model (or the device) is a trial: it stays only when the model's p99 level
+over the next ``trial_windows`` judged windows is below ``helped`` times its level over the last
+``violate_span`` before the step (or back within the objective from above it, or without a miss
+where ``violate_windows`` of those had one), a level being the median of a run of windows
+without its worst one.  One that did not help is given back (``why`` says "did not help") and
+passed over for that model while its level stays below ``risen`` times what it was then
+(``futile_windows``, doubled each time the same lever fails again): a violation the machine
+makes (a stall of the VM, another process) then costs the other models little, while one they
+make is still met, step by step.  Without the worst window, so that one stalled window neither
+makes a step look helpful nor hides a cause that stays: two stalls among four windows leave the
+level where it was, three violations of four raise it.
 
 With every lever at its limit (or passed over) a violated model is ``unmet`` (with the best
 p99 of its last ``violate_span`` windows, and of every window since), and nothing more moves
@@ -73,8 +71,7 @@ from agent.control.qos_model import (
 from agent.control.qos_steps import DEVICE, Step, relax_steps, tighten_steps
 from agent.control.qos_track import Foreign, Futile, Moved, Track, Trial, level
 
-__all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "REBUILT", "RUNG",
-           "THREADS",
+__all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "REBUILT", "RUNG", "THREADS",
            "Action", "Decision", "Device", "Figures", "Hysteresis", "Levers", "Objective",
            "QosController", "Unmet"]
 
@@ -310,12 +307,15 @@ class QosController:
                  levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
                  figures: Mapping[str, Figures], device: Device | None, cpus: int,
                  moved: set[str]) -> Action | bool:
-        """The cheapest step toward ``model``'s objective; True when the steps left are on
-        models (or the device) already moved this window, False when none is left."""
+        """The cheapest step toward ``model``'s objective (the undoing of a relaxation not yet
+        judged first: what it gave back is what is missing now); True when the steps left are
+        on models (or the device) moved this window already, False when none is left."""
         steps = [step for step in tighten_steps(model, objectives, levers, baseline, figures,
                                                 device, cpus)
                  if self._available(step[0], step[1])
                  and not self._futile_now(model, step[0], step[1])]
+        if self._last_relax is not None:
+            steps.sort(key=lambda step: (step[0], step[1]) != self._relaxed)
         action = self._first(steps, levers, device, model, moved, True)
         return action if action is not None else bool(steps)
 

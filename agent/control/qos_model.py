@@ -13,8 +13,9 @@ PREFERRED = "preferred_batch_size"
 ADMIT = "admit_rps"
 THREADS = "threads"
 CPUS = "cpus"
+REALTIME = "realtime"  # a latency-critical model's threads at SCHED_FIFO
 RUNG = "device_rung"  # the device's latency ladder: CPU frequency floor and PM QoS
-INSTANT = (DELAY, PREFERRED, ADMIT, CPUS)  # the data plane changes these in place
+INSTANT = (DELAY, PREFERRED, ADMIT, CPUS, REALTIME)  # the data plane changes these in place
 REBUILT = (THREADS,)  # the data plane rebuilds the model's sessions for these
 ADMIT_STEP = 0.7  # each admission step keeps this share of the rate admitted before
 ADMIT_FLOOR_RPS = 1.0  # a model without min_rps is never held below this
@@ -52,8 +53,9 @@ class Figures:
 class Levers:
     """A model's levers as served: queue delay, largest preferred batch (0: the model does
     not batch), the admission cap (None: every request admitted), intra-op threads per
-    session (0: not a lever here) and the CPUs its sessions run on (None: any), and whether
-    a rebuild for its threads is still under way."""
+    session (0: not a lever here), the CPUs its sessions run on (None: any), whether its
+    threads are lifted to real time (None: not a lever here), and whether a rebuild for
+    its threads is still under way."""
 
     max_queue_delay_us: int
     preferred_batch_size: int
@@ -61,10 +63,12 @@ class Levers:
     threads: int = 0
     cpus: tuple[int, ...] | None = None
     rebuilding: bool = False
+    realtime: bool | None = None
 
     def get(self, lever: str) -> Value:
         return {DELAY: self.max_queue_delay_us, PREFERRED: self.preferred_batch_size,
-                ADMIT: self.admit_rps, THREADS: self.threads, CPUS: self.cpus}[lever]
+                ADMIT: self.admit_rps, THREADS: self.threads, CPUS: self.cpus,
+                REALTIME: self.realtime}[lever]
 
     def set(self, lever: str, value: Value) -> Levers:
         if lever == ADMIT:
@@ -73,6 +77,8 @@ class Levers:
         if lever == CPUS:
             assert value is None or isinstance(value, tuple)
             return replace(self, cpus=value)
+        if lever == REALTIME:
+            return replace(self, realtime=bool(value))
         assert isinstance(value, int | float)
         return replace(self, **{lever: int(value)})  # type: ignore[arg-type]
 

@@ -2,14 +2,18 @@
 
 Tightening, for a model whose objective is violated: its own queue delay (a quarter at a
 time, or all of it when the p99 is further above the objective than the delay itself), then
-its own preferred batch (both cost only its batching gain); then, on every model of a lower
+its own preferred batch (both cost only its batching gain); then, for a latency-critical
+model, its threads lifted to real time (placement.py: it then runs before anything of
+normal priority, a co-located app's included, and costs no model of the agent any
+throughput); then, on every model of a lower
 class (the least protected first), admission (a rate cap, never below its ``min_rps``), then
 its intra-op threads (the data plane rebuilds its sessions off the hot path) and its CPUs, then
 the device's latency ladder (a higher CPU frequency floor, PM QoS: through the tuning
 engine, within the profile's bounds, never while the device throttles).  Relaxing walks the
 same levers back in the reverse order, so the costliest comes back first: the device's
 power, then the other models' CPUs, threads and admission (best-effort throughput), then
-the model's own batching; never past what config.yaml (or the profile) set.
+the model's own real-time lift and batching; never past what config.yaml (or the profile)
+set.
 
 One exception to that order: when the busy models' intra-op threads, as configured,
 outnumber the CPUs (``contended``), a lower class's threads and CPUs come before its
@@ -32,6 +36,7 @@ from agent.control.qos_model import (
     DELAY,
     MIN_DELAY_US,
     PREFERRED,
+    REALTIME,
     RUNG,
     THREADS,
     Device,
@@ -67,6 +72,8 @@ def tighten_steps(model: str, objectives: Mapping[str, Objective],
         steps.append((model, DELAY, delay, why))
     if own.preferred_batch_size > 1 and own.max_queue_delay_us > 0:  # else it waits not
         steps.append((model, PREFERRED, own.preferred_batch_size // 2, why))
+    if own.realtime is False and objectives[model].service_class == CLASSES[0]:
+        steps.append((model, REALTIME, True, f"{why}: its threads lifted to real time"))
     lower = below(objectives, levers, rank(objectives, model))
     admission: list[Step] = []
     for other in lower:
@@ -135,6 +142,8 @@ def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers
         steps += placement + admission
     if below_rank is not None:
         return steps
+    steps += [(model, REALTIME, False, why) for model in order
+              if levers[model].realtime and model in baseline and not baseline[model].realtime]
     for lever in (PREFERRED, DELAY):
         for model in order:
             if model not in baseline:

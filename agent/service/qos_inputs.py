@@ -41,14 +41,16 @@ class Served:
 def levers_of(view: Mapping[str, Any]) -> Levers:
     """The controller's levers from the data plane's (levers.view): the preferred batch is
     the largest preferred size, max_batch_size when none is set (a batch is cut there);
-    threads as the sessions serving now were built with, CPUs as their threads run on."""
+    threads as the sessions serving now were built with, CPUs as their threads run on,
+    whether they are lifted (None: not a lever for the model)."""
     sizes = [int(size) for size in view["preferred_batch_size"]]
     batch = int(view["max_batch_size"])
     rate, cpus = view.get("admit_rps"), view.get("cpus")
     return Levers(int(view["max_queue_delay_us"]) if batch else 0,
                   max(sizes) if sizes else batch, None if rate is None else float(rate),
                   int(view.get("threads") or 0),
-                  None if cpus is None else tuple(int(cpu) for cpu in cpus))
+                  None if cpus is None else tuple(int(cpu) for cpu in cpus),
+                  realtime=None if view.get("realtime") is None else bool(view["realtime"]))
 
 
 def served_levers(ours: Mapping[str, Any]) -> tuple[Levers, Levers]:
