@@ -20,8 +20,9 @@ of the machine falls on both kinds alike):
 1. static: the best static configuration of ``be``'s levers (admission cap, intra-op
    threads, CPUs: every lever the controller moves on it, set through the data plane's
    levers route with no controller; its batching stays config.yaml's, which the controller
-   never moves), with ``lc``'s queue delay at 0, where the controller's first step takes it
-   (a delay only adds to lc's wait at its rate): every lever the controller moves.  Searched
+   never moves), with ``lc``'s queue delay at 0 and its threads lifted to real time, where
+   the controller's first steps take them (a delay only adds to lc's wait at its rate, the
+   lift costs be nothing): every lever the controller moves.  Searched
    first on each distinct condition of the trace (steady, the x3 step, the hog;
    ``--grid-seconds`` each): for each (threads, CPUs), admission caps from none to half the steady
    rate, loosest first, stopping at the first cap that holds the objective as well as lc
@@ -35,15 +36,15 @@ of the machine falls on both kinds alike):
    (agent.service.qos.QosLoop, the loop ``edge-agent run`` runs in ``qos.mode: control``,
    1-s windows) acting on the data plane through the same route.
 
-First, and again right before each run, ``lc`` alone (be idle, its queue delay at 0,
-``--alone-seconds``), without the hog and with it: the share of its windows this machine's
-own jitter, and the hog's, already miss then with nothing of be's running, which no setting
-of be's levers can win back.  A phase (or a grid condition) holds "as alone" when it misses
-no more windows than lc alone under the same condition, but for chance (``as_alone``:
-Fisher's exact test, one-sided at 5 %): the target measured beside the issue's, where lc
-alone misses some.  A phase that never converges (under the hog lc alone may hold no three
-windows in a row either) is judged so over all its windows, those while the controller
-explores too.
+First, and again right before each run, ``lc`` alone (be idle, its queue delay at 0, its
+threads lifted, ``--alone-seconds``), without the hog and with it: the share of its windows
+this machine's own jitter, and the hog's, already miss then with nothing of be's running,
+which no setting of be's levers can win back.  A phase (or a grid condition) holds "as
+alone" when it misses no more windows than lc alone under the same condition, but for chance
+(``as_alone``: Fisher's exact test, one-sided at 5 %): the target measured beside the
+issue's, where lc alone misses some.  A phase that never converges (under the hog lc alone
+may hold no three windows in a row either) is judged so over all its windows, those while
+the controller explores too.
 
 Per phase: the share of windows meeting the objective after (re)convergence (the first of
 three met windows in a row; target >= 99 %), the re-convergence time after the phase's step
@@ -348,21 +349,23 @@ def set_be(client: HttpClient, admit: float | None, threads: int,
 def reset(client: HttpClient, be_threads: int) -> None:
     """Both models' levers back at config.yaml's (no reload: the sessions stay warm)."""
     set_be(client, None, be_threads, None)
-    lc_delay(client, LC_DELAY_US)
+    lc_levers(client, LC_DELAY_US, False)
 
 
-def lc_delay(client: HttpClient, delay_us: int) -> None:
-    """lc's own queue delay (its preferred batch and admission config.yaml's)."""
+def lc_levers(client: HttpClient, delay_us: int, lifted: bool) -> None:
+    """lc's own queue delay and real-time lift (its preferred batch and admission
+    config.yaml's)."""
     client.set_levers("lc", {"max_queue_delay_us": delay_us, "preferred_batch_size": [4],
-                             "admit_rps": None})
+                             "admit_rps": None, "realtime": lifted})
 
 
 def set_static(client: HttpClient, chosen: Static) -> None:
-    """A static configuration: be's levers ``chosen``, and lc's queue delay at 0, where the
-    controller's first step takes it (a delay only adds to lc's wait at its rate): the
-    static runs get every lever the controller moves."""
+    """A static configuration: be's levers ``chosen``, and lc's queue delay at 0 and its
+    threads lifted to real time, where the controller's first steps take them (a delay only
+    adds to lc's wait at its rate; the lift costs be nothing): the static runs get every
+    lever the controller moves."""
     set_be(client, *chosen)
-    lc_delay(client, 0)
+    lc_levers(client, 0, True)
 
 
 def search_static(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]], lc_rps: float,
@@ -437,10 +440,11 @@ def noise_floors(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]],
     """lc's 1-s windows missing its objective with be idle, (missed, windows) without the
     hog and with it: what this machine's own jitter, and the hog's, leave for any setting of
     be's levers to hold (be refused everything: the most a controller can give lc), with
-    lc's queue delay at 0 (its best); config.yaml's delay again afterwards."""
+    lc's queue delay at 0 and its threads lifted (its best); config.yaml's levers again
+    afterwards."""
     floors: Floors = {}
     with HttpClient(url, token=TOKEN) as client:
-        lc_delay(client, 0)
+        lc_levers(client, 0, True)
     for hogged in (False, True):
         phases, windows = run_trace(url, pid, feeds, lc_rps, 0.0,
                                     [("lc alone", 0.0, hogged)], seconds)
@@ -451,7 +455,7 @@ def noise_floors(url: str, pid: int, feeds: dict[str, dict[str, np.ndarray]],
               f"{seconds:g} s): {row['met']:.1%} of 1-s windows within the objective, the "
               f"median {median / objective:.2f}x it, the worst {row['worst_all']:.2f}x")
     with HttpClient(url, token=TOKEN) as client:
-        lc_delay(client, LC_DELAY_US)
+        lc_levers(client, LC_DELAY_US, False)
     print("a phase holds 'as alone' when lc misses no more windows there than it does alone "
           "under the same condition but for chance (Fisher's exact test, one-sided, 5 %)")
     return floors
