@@ -6,16 +6,19 @@ refuses leaves nothing lifted."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import onnx_models
 import pytest
 from serving_helpers import cpu_factory
 from test_serve_registry import put, until, x
 
+from agent.inference.session import BuiltSession
 from agent.kernel.sched import ThreadSched
 from agent.serving.core import InferRequest
 from agent.serving.errors import ServeError
@@ -162,5 +165,58 @@ def test_a_lift_the_kernel_refuses_is_put_back_and_answered(tmp_path: Path) -> N
         assert [on for _, on in refusing.calls] == [True, False]  # all back, at once
         assert refusing.calls[0][0] == refusing.calls[1][0]
         assert registry.statistics("one", "1")[0]["edge_agent"]["levers"]["realtime"] is False
+    finally:
+        registry.stop()
+
+
+class Where:
+    """A real session that notes the thread each of its runs ran on."""
+
+    def __init__(self, session: Any, ran: list[int]) -> None:
+        self._session, self._ran = session, ran
+
+    def run(self, names: Any, feeds: Any, options: Any = None) -> Any:
+        self._ran.append(threading.get_native_id())
+        return self._session.run(names, feeds, options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
+def test_a_lifted_caller_runs_no_other_models_request_on_its_own_thread(
+        tmp_path: Path) -> None:
+    """A request that finds an idle instance runs on its caller's thread, but not where the
+    caller is lifted and the model is not: the run would take another model's lift."""
+    repository = tmp_path / "repository"
+    for model in ("one", "two"):
+        put(repository, model, 1, onnx_models.dynamic_batch_mlp)
+    ran: list[int] = []
+
+    def factory(path: Path, **kwargs: Any) -> BuiltSession:
+        built = cpu_factory(path, **kwargs)
+        return dataclasses.replace(built, session=Where(built.session, ran))
+
+    registry = ModelRegistry(repository, {}, factory, probe_interval_s=3600)
+    registry.start()
+    try:
+        lift(registry, "one", True)
+        answers: dict[str, int] = {}
+
+        def lifted_caller() -> None:  # as a front end's thread while "one" is lifted
+            os.sched_setscheduler(0, FIFO, os.sched_param(1))
+            for model in ("one", "two"):
+                ran.clear()
+                registry.infer(InferRequest(model, "", x()))
+                answers[model] = ran[-1]
+            answers["caller"] = threading.get_native_id()
+
+        caller = threading.Thread(target=lifted_caller)
+        caller.start()
+        caller.join(30)
+        assert answers["one"] == answers["caller"]  # lifted alike: inline
+        assert answers["two"] in model_threads(registry, "two")  # on its own worker
+        ran.clear()
+        registry.infer(InferRequest("two", "", x()))  # an unlifted caller: inline
+        assert ran == [threading.get_native_id()]
     finally:
         registry.stop()

@@ -1,6 +1,8 @@
 """The workers of one served version: one thread per session (instance), all fed from the
 version's one queue, so N instances of a model share its priorities, bounds and batches.  A
-request that finds an idle instance and nothing queued runs on its caller's thread.
+request that finds an idle instance and nothing queued runs on its caller's thread, unless
+that thread runs at a higher real-time priority than the workers: a front end lifted for
+another model (the ``realtime`` lever, threads.py) would lend this model's run its lift.
 
 A worker never dies of a request: whatever a run raises answers every request of that run
 and the worker takes the next.  ``close`` lets the workers drain the queue and exit.
@@ -18,6 +20,7 @@ what the supervisor kills the process for: the runtime itself no longer answers 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -87,7 +90,7 @@ class Scheduler:
             raise unavailable(f"{self.label} admits at most {self.admission.rate:g} "
                               "requests/s now (the QoS controller holds it for a model of "
                               "a higher class); try again")
-        instance = self.queue.claim() if self.inline else None
+        instance = self.queue.claim() if self.inline and self._inline_here() else None
         if instance is not None:
             try:
                 self._serve(instance, self._sessions[instance], [item])
@@ -100,6 +103,14 @@ class Scheduler:
             if not item.answer.wait(max(left, 0) / 1e9) and self.queue.withdraw(item):
                 raise deadline_exceeded(item, self.label)
         return item.answer.result()
+
+    def _inline_here(self) -> bool:
+        """Whether the caller's thread is no higher a priority than the workers'."""
+        try:
+            return os.sched_getparam(0).sched_priority <= os.sched_getparam(
+                self._threads[0].native_id or 0).sched_priority
+        except OSError:  # a worker gone (closing): its queue answers
+            return False
 
     def tids(self) -> list[int]:
         """The workers' kernel thread ids (each has started: see ``__init__``)."""
