@@ -14,13 +14,13 @@ below) holds with ``margin`` (or ``probe_factor`` times as many in which it hold
 many, once the last probe held, until one is undone or a model acts again), with fewer violating
 windows among its last ``violate_span`` than act (one stalled window of the machine's does not
 start the count again); a lever is not relaxed within ``hold_windows`` of its last move; a
-relaxation is a probe: one violating window undoes it at once (its undoing is the first step),
-and doubles the wait before the next relaxation (up to ``max_relax_windows``), so a load that
-sits at the edge settles instead of probing every few seconds; a probe of that lever that holds
-halves the wait again, so the wait is not left at its longest for good once the edge has gone
-(or once stalls of the machine's have stopped undoing probes); and when the cores busy outside
-the agent fall ``foreign_drop`` below their level at the last tightening (a co-located app
-stopped), probing starts again as after a probe that held.
+relaxation is a probe: one violating window undoes it at once, and doubles the wait before the
+next relaxation (up to ``max_relax_windows``), so a load that sits at the edge settles instead
+of probing every few seconds; a probe of that lever that holds halves the wait again, so the
+wait is not left at its longest for good once the edge has gone (or once stalls of the machine's
+have stopped undoing probes); and when the cores busy outside the agent fall ``foreign_drop``
+below their level at the last tightening (a co-located app stopped), probing starts again as
+after a probe that held.
 
 Every step on another model (or the device) is a trial: it stays only when the model's p99 level
 over the next ``trial_windows`` judged windows is below ``helped`` times its level over the last
@@ -307,15 +307,12 @@ class QosController:
                  levers: Mapping[str, Levers], baseline: Mapping[str, Levers],
                  figures: Mapping[str, Figures], device: Device | None, cpus: int,
                  moved: set[str]) -> Action | bool:
-        """The cheapest step toward ``model``'s objective (the undoing of a relaxation not yet
-        judged first: what it gave back is what is missing now); True when the steps left are
-        on models (or the device) moved this window already, False when none is left."""
+        """The cheapest step toward ``model``'s objective; True when the steps left are on
+        models (or the device) already moved this window, False when none is left."""
         steps = [step for step in tighten_steps(model, objectives, levers, baseline, figures,
                                                 device, cpus)
                  if self._available(step[0], step[1])
                  and not self._futile_now(model, step[0], step[1])]
-        if self._last_relax is not None:
-            steps.sort(key=lambda step: (step[0], step[1]) != self._relaxed)
         action = self._first(steps, levers, device, model, moved, True)
         return action if action is not None else bool(steps)
 

@@ -5,15 +5,18 @@ time, or all of it when the p99 is further above the objective than the delay it
 its own preferred batch (both cost only its batching gain); then, for a latency-critical
 model, its threads lifted to real time (placement.py: it then runs before anything of
 normal priority, a co-located app's included, and costs no model of the agent any
-throughput); then, on every model of a lower
+throughput, nor the device power); then, on every model of a lower
 class (the least protected first), admission (a rate cap, never below its ``min_rps``), then
 its intra-op threads (the data plane rebuilds its sessions off the hot path) and its CPUs, then
 the device's latency ladder (a higher CPU frequency floor, PM QoS: through the tuning
 engine, within the profile's bounds, never while the device throttles).  Relaxing walks the
 same levers back in the reverse order, so the costliest comes back first: the device's
 power, then the other models' CPUs, threads and admission (best-effort throughput), then
-the model's own real-time lift and batching; never past what config.yaml (or the profile)
-set.
+the model's own batching; never past what config.yaml (or the profile) set.  The lift is
+not relaxed while its model is latency-critical: giving it back returns no power and no
+throughput, only another probe that misses (on bench/qos.py's 2-core VM lc lifted held
+every window beside the CPU hog, and missed most of them without), so it stays until the
+model's objective no longer calls for it (removed, or another class) or a reload.
 
 One exception to that order: when the busy models' intra-op threads, as configured,
 outnumber the CPUs (``contended``), a lower class's threads and CPUs come before its
@@ -143,7 +146,8 @@ def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers
     if below_rank is not None:
         return steps
     steps += [(model, REALTIME, False, why) for model in order
-              if levers[model].realtime and model in baseline and not baseline[model].realtime]
+              if levers[model].realtime and model in baseline and not baseline[model].realtime
+              and service_class(objectives, model) != CLASSES[0]]
     for lever in (PREFERRED, DELAY):
         for model in order:
             if model not in baseline:
