@@ -68,7 +68,7 @@ from agent.control.qos_model import (
     Unmet,
     Value,
 )
-from agent.control.qos_steps import DEVICE, Step, relax_steps, tighten_steps
+from agent.control.qos_steps import DEVICE, Step, lift_steps, relax_steps, tighten_steps
 from agent.control.qos_track import Foreign, Futile, Moved, Track, Trial, level
 
 __all__ = ["ADMIT", "ADMIT_FLOOR_RPS", "CPUS", "DELAY", "PREFERRED", "REBUILT", "RUNG", "THREADS",
@@ -138,6 +138,11 @@ class QosController:
         # acting on its violations (before a step's arming below forgets them)
         troubled = any(self._tracks[m].violating >= self.h.violate_windows for m in violated)
         moved: set[str] = set()
+        for target, lever, after, why in lift_steps(held, objectives, levers, figures):
+            if self._available(target, lever) and (lift := self._first(
+                    [(target, lever, after, why)], levers, device, target, moved, True)):
+                moved.add(target)
+                decision.actions.append(lift)
         for model in held:
             limit = float(objectives[model].p99_ms or 0)
             for back in self._judge_trials(model, limit, levers, device, moved):
@@ -181,13 +186,11 @@ class QosController:
             self._foreign.tightened()
         # without margin a probe waits probe_factor times as long, unless the last one held
         probe_wait = self._relax_needed * (1 if self._probe_held else self.h.probe_factor)
-        if decision.actions:
-            pass
-        elif self._comfortable >= self._relax_needed:
+        if not decision.actions and self._comfortable >= self._relax_needed:
             relaxed = self._first(relax_steps(objectives, levers, baseline, figures, device,
                                               cpus=cpus, held=self._held), levers, device,
                                   "", set(), False)
-        elif self._holding >= probe_wait:  # not own batching
+        elif not decision.actions and self._holding >= probe_wait:  # not own batching
             relaxed = self._first(relax_steps(objectives, levers, baseline, figures, device,
                                               below_rank=-1, cpus=cpus, held=self._held),
                                   levers, device, "", set(), False)

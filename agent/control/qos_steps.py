@@ -2,21 +2,21 @@
 
 Tightening, for a model whose objective is violated: its own queue delay (a quarter at a
 time, or all of it when the p99 is further above the objective than the delay itself), then
-its own preferred batch (both cost only its batching gain); then, for a latency-critical
-model, its threads lifted to real time (placement.py: it then runs before anything of
-normal priority, a co-located app's included, and costs no model of the agent any
-throughput, nor the device power); then, on every model of a lower
+its own preferred batch (both cost only its batching gain); then, on every model of a lower
 class (the least protected first), admission (a rate cap, never below its ``min_rps``), then
 its intra-op threads (the data plane rebuilds its sessions off the hot path) and its CPUs, then
 the device's latency ladder (a higher CPU frequency floor, PM QoS: through the tuning
 engine, within the profile's bounds, never while the device throttles).  Relaxing walks the
 same levers back in the reverse order, so the costliest comes back first: the device's
 power, then the other models' CPUs, threads and admission (best-effort throughput), then
-the model's own batching; never past what config.yaml (or the profile) set.  The lift is
-not relaxed while its model is latency-critical: giving it back returns no power and no
-throughput, only another probe that misses (on bench/qos.py's 2-core VM lc lifted held
-every window beside the CPU hog, and missed most of them without), so it stays until the
-model's objective no longer calls for it (removed, or another class) or a reload.
+the model's own batching; never past what config.yaml (or the profile) set.
+
+Before any of these, a latency-critical model is lifted to real time as soon as it serves
+(``lift_steps``), and the lift is not relaxed while its model is latency-critical: giving
+it back returns no power and no throughput, only windows that miss (on bench/qos.py's
+2-core VM lc lifted held every window beside the CPU hog, and missed most of them without);
+it goes once the model's objective no longer calls for it (removed, or another class) or
+with a reload.
 
 One exception to that order: when the busy models' intra-op threads, as configured,
 outnumber the CPUs (``contended``), a lower class's threads and CPUs come before its
@@ -28,7 +28,7 @@ best-effort ResNet-50 on one thread instead of two kept almost all its rate).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from agent.control.qos_model import (
     ADMIT,
@@ -75,8 +75,6 @@ def tighten_steps(model: str, objectives: Mapping[str, Objective],
         steps.append((model, DELAY, delay, why))
     if own.preferred_batch_size > 1 and own.max_queue_delay_us > 0:  # else it waits not
         steps.append((model, PREFERRED, own.preferred_batch_size // 2, why))
-    if own.realtime is False and objectives[model].service_class == CLASSES[0]:
-        steps.append((model, REALTIME, True, f"{why}: its threads lifted to real time"))
     lower = below(objectives, levers, rank(objectives, model))
     admission: list[Step] = []
     for other in lower:
@@ -158,6 +156,18 @@ def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers
                 floor = 1 if lever == PREFERRED else MIN_DELAY_US
                 steps.append((model, lever, min(configured, max(served * 2, floor)), why))
     return steps
+
+
+def lift_steps(models: Sequence[str], objectives: Mapping[str, Objective],
+               levers: Mapping[str, Levers], figures: Mapping[str, Figures]) -> list[Step]:
+    """The latency-critical ``models`` serving (calls this window) whose threads may be
+    lifted to real time and are not: lifted before any miss rather than as a step after
+    one (placement.py: the model then runs before anything of normal priority, a co-located
+    app's included; the lift costs no model of the agent throughput and the device no
+    power, so waiting for a miss would only spend the windows that miss)."""
+    return [(m, REALTIME, True, f"{m} is latency-critical: its threads lifted to real time")
+            for m in models if levers[m].realtime is False and m in figures
+            and figures[m].count > 0 and service_class(objectives, m) == CLASSES[0]]
 
 
 def contended(levers: Mapping[str, Levers], configured: Mapping[str, Levers],
