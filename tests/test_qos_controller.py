@@ -85,13 +85,13 @@ def test_when_the_load_goes_back_it_relaxes_toward_the_configured_levers() -> No
     assert max(f[LC].p99_ms for f, _ in relaxing) <= 24.0
     assert held(relaxing, 12.0) >= 0.99
     assert sim.levers[BE] == baseline[BE], "best-effort throughput did not come back"
-    assert 0 < sim.levers[LC].max_queue_delay_us < 4000  # 4 ms would not leave the margin
     relaxed = [a for a in sim.applied if not a.tighten]
     assert relaxed and all(a.why.startswith("every objective holds") for a in relaxed)
     # a give-back serves the model it was taken for: its event carries that one's figures
     assert all(a.serves == LC for a in relaxed), [(a.model, a.serves) for a in relaxed]
-    kinds = [a.lever for a in relaxed]
-    assert kinds.index(ADMIT) < kinds.index(DELAY)  # BE's throughput before LC's batching
+    # LC's delay stays cut: at 50 requests/s the next one is due in 20 ms, so its 4 ms
+    # gather no batch, only add their wait
+    assert sim.levers[LC].max_queue_delay_us == 0 and DELAY not in [a.lever for a in relaxed]
     sim.demand[LC] = 0
     run(controller, sim, objectives, baseline, 100)
     assert sim.levers == baseline
@@ -178,7 +178,7 @@ def test_when_a_co_located_load_stops_the_probes_back_start_at_once(told: bool) 
     """A co-located app's third of a core puts BE's cap at the edge: its probes fail and
     the wait backs off to 40 windows.  When the app stops, the cores busy outside the agent
     drop: the controller told of them probes as after a probe that held, and BE is uncapped
-    within ten windows; one that sees only the p99 waits out the back-off (120 windows)."""
+    within ten windows; one that sees only the p99 waits out the back-off (80 windows)."""
     sim, objectives, baseline = two_models(lc_demand=20, be_demand=12)
     controller = QosController()
     run(controller, sim, objectives, baseline, 30, told=told)
@@ -191,7 +191,7 @@ def test_when_a_co_located_load_stops_the_probes_back_start_at_once(told: bool) 
     after = run(controller, sim, objectives, baseline, 200, told=told)
     uncapped = next(i for i, (_, d) in enumerate(after)
                     for a in d.actions if a.lever == ADMIT and a.after is None)
-    assert (uncapped <= 10) if told else (uncapped >= 100), uncapped
+    assert (uncapped <= 10) if told else (uncapped >= 60), uncapped
     assert held(after, 12.0) == 1.0
 
 
@@ -312,3 +312,21 @@ def test_the_delay_goes_at_once_when_the_p99_is_further_above_the_objective_than
 
     assert first_step(15.0) == (4000, 0)
     assert first_step(12.0) == (4000, 1000)
+
+
+def test_a_cut_delay_comes_back_only_where_config_yamls_could_gather_a_batch() -> None:
+    """config.yaml's 4 ms at 50 requests/s gathers 0.2 more requests: it is only wait, so
+    it stays cut; at 500 (2 more) it walks back from 100 us; with no calls nothing waits."""
+    from agent.control.qos import Figures
+    from agent.control.qos_steps import relax_steps
+
+    objectives = {LC: Objective("latency_critical", p99_ms=12.0)}
+
+    def back(rate: float) -> list[tuple[str, object]]:
+        steps = relax_steps(objectives, {LC: Levers(0, 8)}, {LC: Levers(4000, 8)},
+                            {LC: Figures(5.0, rate_rps=rate, count=int(rate))}, None)
+        return [(lever, after) for _, lever, after, _ in steps]
+
+    assert back(50.0) == []
+    assert back(500.0) == [(DELAY, 100)]
+    assert back(0.0) == [(DELAY, 100)]

@@ -154,8 +154,25 @@ def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers
             assert isinstance(served, int) and isinstance(configured, int)
             if served < configured:
                 floor = 1 if lever == PREFERRED else MIN_DELAY_US
-                steps.append((model, lever, min(configured, max(served * 2, floor)), why))
+                after = min(configured, max(served * 2, floor))
+                if lever == DELAY and not batches(model, configured, objectives, figures):
+                    continue
+                steps.append((model, lever, after, why))
     return steps
+
+
+def batches(model: str, delay_us: int, objectives: Mapping[str, Objective],
+            figures: Mapping[str, Figures]) -> bool:
+    """Whether giving a model with an objective its configured ``delay_us`` back could
+    gather a batch: at its rate, another request is due within that delay (or it has no
+    calls: nothing waits).
+    Below that the delay is only wait (bench/qos.py: lc at 20 requests/s waited its 1 ms
+    every time, and giving it back beside the CPU hog missed windows that lc at no delay
+    held)."""
+    if model not in objectives or objectives[model].p99_ms is None or model not in figures:
+        return True
+    rate = figures[model].rate_rps
+    return rate == 0 or rate * delay_us >= 1_000_000
 
 
 def lift_steps(models: Sequence[str], objectives: Mapping[str, Objective],
