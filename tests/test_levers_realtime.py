@@ -1,8 +1,10 @@
 """The ``realtime`` lever on real ONNX Runtime sessions in a real data plane: it lifts the
-threads that compute a model's runs to SCHED_FIFO, and the front ends' request threads
-while any model is lifted; it outlives a profile switch and a threads rebuild, a reload
-drops it, a version whose intra-op workers spin has no such lever, and a lift the kernel
-refuses leaves nothing lifted."""
+threads that compute a model's runs to SCHED_FIFO, and the front ends' request threads one
+priority below them while any model is lifted (none under a real-time profile, which gives
+them its own); it outlives a profile switch and a threads rebuild, a reload drops it, a
+version whose intra-op workers spin has no such lever, a lift the kernel refuses leaves
+nothing lifted (on any version) and makes it no lever, and no request runs on a thread of
+another priority than its model's workers."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from agent.serving.errors import ServeError
 from agent.serving.levers import LeverChange, parse_change
 from agent.serving.registry import ModelRegistry
 from agent.serving.server import DataPlane, ServerSettings
+from agent.serving.threads import FRONT_PRIORITY, LIFTED_PRIORITY
 
 CPUS = sorted(os.sched_getaffinity(0))
 OTHER, FIFO = os.SCHED_OTHER, os.SCHED_FIFO
@@ -87,14 +90,16 @@ def test_a_lift_takes_the_models_threads_and_the_front_ends_while_any_model_is(
     assert one and two
     assert registry.statistics("one", "1")[0]["edge_agent"]["levers"]["realtime"] is False
     lift(registry, "one", True)
-    assert {sched(tid) for tid in one | {front}} == {(FIFO, 1)}
+    assert {sched(tid) for tid in one} == {(FIFO, LIFTED_PRIORITY)}
+    assert sched(front) == (FIFO, FRONT_PRIORITY) and FRONT_PRIORITY < LIFTED_PRIORITY
     assert {sched(tid) for tid in two} == {(OTHER, 0)}
     assert registry.statistics("one", "1")[0]["edge_agent"]["levers"]["realtime"] is True
     assert registry.infer(InferRequest("one", "", x())).outputs  # it serves, lifted
     lift(registry, "two", True)
     lift(registry, "one", False)  # two is still lifted: the front end stays
     assert {sched(tid) for tid in one} == {(OTHER, 0)}
-    assert {sched(tid) for tid in two | {front}} == {(FIFO, 1)}
+    assert {sched(tid) for tid in two} == {(FIFO, LIFTED_PRIORITY)}
+    assert sched(front) == (FIFO, FRONT_PRIORITY)
     lift(registry, "two", False)
     assert {sched(tid) for tid in one | two | {front}} == {(OTHER, 0)}
     assert not plane.threads.errors
@@ -105,15 +110,16 @@ def test_a_lift_outlives_a_profile_switch_and_a_rebuild_and_a_reload_drops_it(
     registry, front = plane.registry, front_thread(plane)
     lift(registry, "one", True)
     plane.threads.switch(ThreadSched("fifo", 10, CPUS))  # a profile with rt.inference
-    assert {sched(tid) for tid in model_threads(registry, "one") | {front}} == {(FIFO, 11)}
-    assert {sched(tid) for tid in model_threads(registry, "two")} == {(FIFO, 10)}
+    assert {sched(tid) for tid in model_threads(registry, "one")} == {(FIFO, 11)}
+    assert {sched(tid) for tid in model_threads(registry, "two") | {front}} == {(FIFO, 10)}
     plane.threads.switch(None)
-    assert {sched(tid) for tid in model_threads(registry, "one") | {front}} == {(FIFO, 1)}
+    assert {sched(tid) for tid in model_threads(registry, "one")} == {(FIFO, LIFTED_PRIORITY)}
+    assert sched(front) == (FIFO, FRONT_PRIORITY)
     before = registry._served("one").versions[1]
     registry.set_levers("one", parse_change({"threads": 1}))
     until(lambda: registry._served("one").versions[1] is not before, 60)
     rebuilt = model_threads(registry, "one")
-    assert rebuilt and {sched(tid) for tid in rebuilt} == {(FIFO, 1)}
+    assert rebuilt and {sched(tid) for tid in rebuilt} == {(FIFO, LIFTED_PRIORITY)}
     registry.load("one", {})  # config.yaml's levers again: not lifted
     version = registry._served("one").versions[1]
     assert not version.realtime
@@ -137,10 +143,12 @@ def test_a_version_whose_workers_spin_has_no_realtime_lever(tmp_path: Path) -> N
 
 
 class Refusing:
-    """A Scheduling whose kernel refuses the last thread of each lift (no CAP_SYS_NICE)."""
+    """A Scheduling whose kernel refuses the last thread of each lift of the model's
+    ``refused``-th version and after (no CAP_SYS_NICE for them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, refused: int = 1) -> None:
         self.calls: list[tuple[list[int], bool]] = []
+        self.refused = refused
 
     def place(self, tids: Iterable[int], cpus: Sequence[int] | None) -> None:
         raise AssertionError("not placed here")
@@ -148,23 +156,37 @@ class Refusing:
     def lift(self, tids: Iterable[int], on: bool) -> list[str]:
         listed = list(tids)
         self.calls.append((listed, on))
-        return [f"thread {listed[-1]}: Operation not permitted"] if on else []
+        lifts = sum(1 for _, lifted in self.calls if lifted)
+        return [f"thread {listed[-1]}: Operation not permitted"] if on and \
+            lifts >= self.refused else []
 
 
-def test_a_lift_the_kernel_refuses_is_put_back_and_answered(tmp_path: Path) -> None:
+@pytest.mark.parametrize("refused", [1, 2])
+def test_a_lift_the_kernel_refuses_is_put_back_and_answered(tmp_path: Path,
+                                                            refused: int) -> None:
+    """Refused on the model's first version, or only on its second: either way no version
+    stays lifted, the route answers why, and realtime is no lever for the refusing version
+    any more (the QoS controller stops asking)."""
     repository = tmp_path / "repository"
-    put(repository, "one", 1, onnx_models.dynamic_batch_mlp)
-    refusing = Refusing()
+    for number in (1, 2):
+        put(repository, "one", number, onnx_models.dynamic_batch_mlp)
+    (repository / "one" / "config.yaml").write_text(
+        "version_policy: {specific: [1, 2]}\n")
+    refusing = Refusing(refused)
     registry = ModelRegistry(repository, {}, cpu_factory, probe_interval_s=3600,
                              sched=refusing)
     registry.start()
     try:
-        with pytest.raises(ServeError, match="Operation not permitted") as refused:
+        with pytest.raises(ServeError, match="Operation not permitted") as answer:
             lift(registry, "one", True)
-        assert refused.value.code == "FAILED_PRECONDITION"
-        assert [on for _, on in refusing.calls] == [True, False]  # all back, at once
-        assert refusing.calls[0][0] == refusing.calls[1][0]
-        assert registry.statistics("one", "1")[0]["edge_agent"]["levers"]["realtime"] is False
+        assert answer.value.code == "FAILED_PRECONDITION"
+        lifted = [tids for tids, on in refusing.calls if on]
+        put_back = [tids for tids, on in refusing.calls if not on]
+        assert sorted(map(sorted, lifted)) == sorted(map(sorted, put_back))  # all back
+        views = {n: registry.statistics("one", n)[0]["edge_agent"]["levers"]["realtime"]
+                 for n in ("1", "2")}
+        assert views == ({"1": None, "2": False} if refused == 1 else
+                         {"1": False, "2": None}), views
     finally:
         registry.stop()
 
@@ -186,7 +208,8 @@ class Where:
 def test_a_lifted_caller_runs_no_other_models_request_on_its_own_thread(
         tmp_path: Path) -> None:
     """A request that finds an idle instance runs on its caller's thread, but not where the
-    caller is lifted and the model is not: the run would take another model's lift."""
+    caller runs at another priority than the model's workers: a lifted caller would lend
+    an unlifted model's run its lift, an unlifted one take a lifted model's away."""
     repository = tmp_path / "repository"
     for model in ("one", "two"):
         put(repository, model, 1, onnx_models.dynamic_batch_mlp)
@@ -203,7 +226,7 @@ def test_a_lifted_caller_runs_no_other_models_request_on_its_own_thread(
         answers: dict[str, int] = {}
 
         def lifted_caller() -> None:  # as a front end's thread while "one" is lifted
-            os.sched_setscheduler(0, FIFO, os.sched_param(1))
+            os.sched_setscheduler(0, FIFO, os.sched_param(FRONT_PRIORITY))
             for model in ("one", "two"):
                 ran.clear()
                 registry.infer(InferRequest(model, "", x()))
@@ -213,10 +236,13 @@ def test_a_lifted_caller_runs_no_other_models_request_on_its_own_thread(
         caller = threading.Thread(target=lifted_caller)
         caller.start()
         caller.join(30)
-        assert answers["one"] == answers["caller"]  # lifted alike: inline
-        assert answers["two"] in model_threads(registry, "two")  # on its own worker
+        assert answers["one"] in model_threads(registry, "one")  # on its lifted worker
+        assert answers["two"] in model_threads(registry, "two")  # not on the lifted caller
         ran.clear()
         registry.infer(InferRequest("two", "", x()))  # an unlifted caller: inline
         assert ran == [threading.get_native_id()]
+        ran.clear()
+        registry.infer(InferRequest("one", "", x()))  # on the lifted worker, not here
+        assert ran[0] in model_threads(registry, "one")
     finally:
         registry.stop()

@@ -53,10 +53,10 @@ def test_a_latency_critical_model_is_lifted_as_it_serves_and_a_load_then_costs_n
 
 
 def test_the_lift_stays_while_the_objective_calls_for_it_and_goes_when_it_does_not() -> None:
-    """Once lifted, LC holds with margin: its batching comes back (it was cut for a
-    miss before the load), but the lift stays (giving it back would return no power and no
-    throughput, only misses); once LC's objective is removed it is given back; an idle
-    model is not lifted; config.yaml's own lift is never moved."""
+    """An idle model is not lifted; once lifted beside the load, LC holds with margin, but
+    the lift stays (giving it back would return no power and no throughput, only misses);
+    once LC's objective is removed it is put back in the next window; config.yaml's own
+    lift is never moved."""
     sim, objectives, baseline = liftable()
     sim.demand[LC] = 0.0
     controller = QosController()
@@ -68,8 +68,10 @@ def test_the_lift_stays_while_the_objective_calls_for_it_and_goes_when_it_does_n
     assert sim.levers[LC].realtime is True
     assert not [a for a in sim.applied if a.lever == REALTIME and not a.tighten]
     assert held(trace[1:], 12.0) == 1.0  # the first window, before the lift, missed
-    run(controller, sim, {BE: objectives[BE]}, baseline, 100)  # qos: removed from LC's file
-    assert sim.levers[LC] == baseline[LC]
+    moved = len(sim.applied)
+    run(controller, sim, {BE: objectives[BE]}, baseline, 2)  # qos: removed from LC's file
+    assert [(a.lever, a.after, a.why) for a in sim.applied[moved:]] == [
+        (REALTIME, False, f"{LC} is no longer latency-critical: its threads put back")]
 
     lifted, objectives, baseline = liftable(True)
     controller = QosController()

@@ -34,13 +34,13 @@ make is still met, step by step.  Without the worst window, so that one stalled 
 makes a step look helpful nor hides a cause that stays: two stalls among four windows leave the
 level where it was, three violations of four raise it.
 
-With every lever at its limit (or passed over) a violated model is ``unmet`` (with the best
-p99 of its last ``violate_span`` windows, and of every window since), and nothing more moves
-for it until it holds again, its p99 level rises ``risen`` times past what it was then (a
-new cause, which the levers passed over may now remove), or a lever passed over (or refused)
-is due to be tried again: a lever that looked no help because stalls of the machine's fell
-in its trial is not lost for good.  It stays unmet while such a lever is tried: one episode,
-until a window holds, is one ``qos_unmet``.
+With every lever at its limit (or passed over) a violated model is ``unmet`` (with the best p99
+of its last ``violate_span`` windows, and of every window since), and nothing more moves for it
+until it holds again, its p99 level rises ``risen`` times past what it was then (a new cause,
+which the levers passed over may now remove), or a lever passed over (or refused) is due to be
+tried again: a lever that looked no help because stalls of the machine's fell in its trial is
+not lost for good.  It stays unmet while such a lever is tried: one episode, until a window
+holds, is one ``qos_unmet``.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from agent.control.qos_model import (
     CPUS,
     DELAY,
     PREFERRED,
+    REALTIME,
     REBUILT,
     RUNG,
     THREADS,
@@ -138,10 +139,9 @@ class QosController:
         # acting on its violations (before a step's arming below forgets them)
         troubled = any(self._tracks[m].violating >= self.h.violate_windows for m in violated)
         moved: set[str] = set()
-        for target, lever, after, why in lift_steps(held, objectives, levers, figures):
-            if self._available(target, lever) and (lift := self._first(
-                    [(target, lever, after, why)], levers, device, target, moved, True)):
-                moved.add(target)
+        for step in lift_steps(objectives, levers, baseline, figures):  # not a tightening
+            if lift := self._first([step], levers, device, step[0], moved, step[2] is True):
+                moved.add(step[0])
                 decision.actions.append(lift)
         for model in held:
             limit = float(objectives[model].p99_ms or 0)
@@ -181,7 +181,7 @@ class QosController:
         self._comfortable = self._comfortable + 1 if comfortable else 0
         self._holding = self._holding + 1 if holding else 0
         relaxed = None
-        if any(action.tighten for action in decision.actions):
+        if any(action.tighten and action.lever != REALTIME for action in decision.actions):
             self._probe_held = False  # the load turned against the levers: probe as at first
             self._foreign.tightened()
         # without margin a probe waits probe_factor times as long, unless the last one held
@@ -201,9 +201,8 @@ class QosController:
             decision.actions.append(relaxed)
             for model in held:  # one violating window undoes this probe
                 self._tracks[model].arm(self.h.violate_windows - 1)
-        # a relaxation is judged at once: a window that violates with it, even mixed with
-        # the old setting, undoes it without a second violating window; not one of threads,
-        # whose window holds the rebuild (they serve once swapped: judged after)
+        # a relaxation is judged at once: a window that violates with it, even mixed with the
+        # old setting, undoes it; not one of threads (judged once swapped: its window builds)
         self._probing = relaxed is not None and relaxed.lever not in REBUILT
         if decision.actions:
             self._settle_until = self.window + self.h.settle_windows
@@ -381,10 +380,11 @@ class QosController:
 
     def _first(self, steps: list[Step], levers: Mapping[str, Levers], device: Device | None,
                serves: str, moved: set[str], tighten: bool) -> Action | None:
-        """The first of ``steps`` that may move now, moved."""
+        """The first of ``steps`` that may move now (not refused lately), moved."""
         for target, lever, after, why in steps:
             if target not in moved and self._may_move(target, lever, tighten) and (
-                    tighten or not self._failed_lately(target, lever)):
+                    tighten or not self._failed_lately(target, lever)) and \
+                    self._available(target, lever):
                 last = self._moved.get((target, lever))
                 if tighten and last is not None and not last.tighten and (
                         self.window - last.window <= self._relax_needed):

@@ -15,8 +15,8 @@ Before any of these, a latency-critical model is lifted to real time as soon as 
 (``lift_steps``), and the lift is not relaxed while its model is latency-critical: giving
 it back returns no power and no throughput, only windows that miss (on bench/qos.py's
 2-core VM lc lifted held every window beside the CPU hog, and missed most of them without);
-it goes once the model's objective no longer calls for it (removed, or another class) or
-with a reload.
+it is put back once the model's objective no longer calls for it (removed, or another
+class).
 
 One exception to that order: when the busy models' intra-op threads, as configured,
 outnumber the CPUs (``contended``), a lower class's threads and CPUs come before its
@@ -28,7 +28,7 @@ best-effort ResNet-50 on one thread instead of two kept almost all its rate).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from agent.control.qos_model import (
     ADMIT,
@@ -143,9 +143,6 @@ def relax_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers
         steps += placement + admission
     if below_rank is not None:
         return steps
-    steps += [(model, REALTIME, False, why) for model in order
-              if levers[model].realtime and model in baseline and not baseline[model].realtime
-              and service_class(objectives, model) != CLASSES[0]]
     for lever in (PREFERRED, DELAY):
         for model in order:
             if model not in baseline:
@@ -175,16 +172,25 @@ def batches(model: str, delay_us: int, objectives: Mapping[str, Objective],
     return rate == 0 or rate * delay_us >= 1_000_000
 
 
-def lift_steps(models: Sequence[str], objectives: Mapping[str, Objective],
-               levers: Mapping[str, Levers], figures: Mapping[str, Figures]) -> list[Step]:
-    """The latency-critical ``models`` serving (calls this window) whose threads may be
-    lifted to real time and are not: lifted before any miss rather than as a step after
-    one (placement.py: the model then runs before anything of normal priority, a co-located
+def lift_steps(objectives: Mapping[str, Objective], levers: Mapping[str, Levers],
+               baseline: Mapping[str, Levers], figures: Mapping[str, Figures]) -> list[Step]:
+    """The latency-critical models serving (calls this window) whose threads may be lifted
+    to real time and are not: lifted before any miss rather than as a step after one
+    (placement.py: the model then runs before anything of normal priority, a co-located
     app's included; the lift costs no model of the agent throughput and the device no
-    power, so waiting for a miss would only spend the windows that miss)."""
-    return [(m, REALTIME, True, f"{m} is latency-critical: its threads lifted to real time")
-            for m in models if levers[m].realtime is False and m in figures
-            and figures[m].count > 0 and service_class(objectives, m) == CLASSES[0]]
+    power, so waiting for a miss would only spend the windows that miss).  And the lifted
+    models no objective calls for any more (removed, or another class): put back, unless
+    config.yaml lifted them."""
+    steps: list[Step] = []
+    for m in sorted(levers):
+        critical = service_class(objectives, m) == CLASSES[0]
+        if critical and levers[m].realtime is False and m in figures and figures[m].count:
+            steps.append((m, REALTIME, True, f"{m} is latency-critical: its threads lifted "
+                          "to real time"))
+        elif not critical and levers[m].realtime and not baseline.get(m, levers[m]).realtime:
+            steps.append((m, REALTIME, False, f"{m} is no longer latency-critical: its "
+                          "threads put back"))
+    return steps
 
 
 def contended(levers: Mapping[str, Levers], configured: Mapping[str, Levers],

@@ -239,8 +239,8 @@ class _Api:
 
     async def levers(self, request: web.Request) -> web.StreamResponse:
         """The control plane's QoS controller moving a model's levers (token only): the
-        instant ones and ``cpus`` as now served; ``rebuilding``: a threads rebuild started,
-        which the statistics show once it swapped (rebuild.py)."""
+        instant ones, ``cpus`` and ``realtime`` as now served; ``rebuilding``: a threads
+        rebuild started, which the statistics show once it swapped (rebuild.py)."""
         change = parse_change(loads(await self._body(request), "the levers request",
                                     _RESERVATION.get()))
         return json_response({"versions": self.models.set_levers(request.match_info["model"],

@@ -26,12 +26,9 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from agent.inference.options import session_spins
+from agent.serving.threads import LIFTED_PRIORITY
 
 logger = logging.getLogger(__name__)
-
-
-LIFTED_PRIORITY = 1  # SCHED_FIFO priority of a lifted thread where the profile has none
 
 
 class Scheduling(Protocol):
@@ -86,6 +83,8 @@ def pin(tids: Iterable[int], cpus: Sequence[int] | None) -> None:
 def spinning_workers(built: Sequence[tuple[Any, Any]]) -> bool:
     """Whether a session of these ``(instance, backend)`` pairs has intra-op workers that
     spin (no ``realtime`` for it)."""
+    from agent.inference.options import session_spins  # onnxruntime: only where served
+
     return any(getattr(backend.built, "worker_tids", ()) and session_spins(backend.built.session)
                for _, backend in built if getattr(backend, "built", None) is not None)
 

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,10 @@ def rebuilt(old: Served, threads: int | None, cpus: tuple[int, ...] | None,
     versions: dict[int, Version] = {}
     try:
         for number, version in sorted(old.versions.items()):
-            versions[number] = build_one(number, version.path, old.settings, threads, cpus)
+            versions[number] = built = build_one(number, version.path, old.settings, threads,
+                                                 cpus)
+            if version.realtime and built.liftable:  # a lift refused fails the rebuild
+                built.lift(True, sched)
     except BaseException:
         for version in versions.values():
             version.close()
@@ -79,8 +82,6 @@ def rebuilt(old: Served, threads: int | None, cpus: tuple[int, ...] | None,
         before = old.versions[number].scheduler
         version.scheduler.queue.retune(before.queue.policy)
         version.scheduler.admission.set_rate(before.admission.rate)
-        if old.versions[number].realtime and version.liftable:
-            version.lift(True, sched)
     return Served(versions, old.default, old.settings)
 
 
@@ -173,3 +174,17 @@ class Rebuilds:
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         return not any(thread.is_alive() for thread in threads)
+
+
+def set_all(versions: Sequence[Version], change: LeverChange, sched: Scheduling) -> None:
+    """``change`` on every version of a model, the lift on all of them or none: one that
+    refuses it puts back those lifted before it."""
+    done: list[Version] = []
+    try:
+        for version in versions:
+            version.set_levers(change, sched)
+            done.append(version)
+    except ServeError:
+        for version in done if change.lift and change.realtime else ():
+            version.lift(False, sched)
+        raise

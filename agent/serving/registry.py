@@ -40,7 +40,7 @@ from agent.serving.loading import load_in_turn
 from agent.serving.pending import Retired
 from agent.serving.placement import Scheduling, Unscheduled
 from agent.serving.probe import Prober
-from agent.serving.rebuild import Rebuilds, Target, rebuilt
+from agent.serving.rebuild import Rebuilds, Target, rebuilt, set_all
 from agent.serving.repository import (
     BUILTIN_VERSION,
     CONFIG_FILE,
@@ -395,6 +395,5 @@ class ModelRegistry:
         serves once it swapped, ``cpus`` alone moves the versions' threads at once."""
         with self._rebuilds.guarding(name, self._served(name), change, self._cpus):
             served = self._served(name)  # a rebuild may have swapped in before the guard
-            for version in served.versions.values():
-                version.set_levers(change, self._sched)
+            set_all(list(served.versions.values()), change, self._sched)
             return {str(n): v.levers() for n, v in sorted(served.versions.items())}

@@ -1,8 +1,9 @@
 """The workers of one served version: one thread per session (instance), all fed from the
 version's one queue, so N instances of a model share its priorities, bounds and batches.  A
 request that finds an idle instance and nothing queued runs on its caller's thread, unless
-that thread runs at a higher real-time priority than the workers: a front end lifted for
-another model (the ``realtime`` lever, threads.py) would lend this model's run its lift.
+that thread runs at another real-time priority than the workers (the ``realtime`` lever,
+threads.py): a front end lifted for a model would lend another model's run its lift, and a
+lifted model's run on a front end's thread would lose its own.
 
 A worker never dies of a request: whatever a run raises answers every request of that run
 and the worker takes the next.  ``close`` lets the workers drain the queue and exit.
@@ -105,9 +106,9 @@ class Scheduler:
         return item.answer.result()
 
     def _inline_here(self) -> bool:
-        """Whether the caller's thread is no higher a priority than the workers'."""
+        """Whether the caller's thread runs at the workers' priority."""
         try:
-            return os.sched_getparam(0).sched_priority <= os.sched_getparam(
+            return os.sched_getparam(0).sched_priority == os.sched_getparam(
                 self._threads[0].native_id or 0).sched_priority
         except OSError:  # a worker gone (closing): its queue answers
             return False

@@ -11,9 +11,11 @@ so a rollback from ``realtime`` would leave it there.
 
 The ``realtime`` lever lifts one model's threads to SCHED_FIFO (placement.py): one above the
 profile's real-time priority, or LIFTED_PRIORITY where it has none, on the same CPUs.  While
-any model is lifted the front ends' request threads are lifted too: a request waits on them
-before and after its run (and a model that is not placed runs on them), so a lifted model
-behind a front end at normal priority still waited for whatever else ran there.
+any model is lifted, and the profile gives them no real-time priority of their own, the front
+ends' request threads go to FRONT_PRIORITY: a request waits on them before and after its run,
+so a lifted model behind a front end at normal priority still waited for whatever else ran
+there.  One below the lifted models, so that what else runs on a front end's thread (another
+model's decoding, a load's build) never holds a lifted model's run off its CPU.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from pathlib import Path
 
 from agent.kernel import sched as rt
 from agent.kernel.process import name_current_thread
-from agent.serving.placement import LIFTED_PRIORITY
 
 logger = logging.getLogger(__name__)
+
+FRONT_PRIORITY = 1  # SCHED_FIFO of the front ends' threads while a model is lifted (no RT profile)
+LIFTED_PRIORITY = FRONT_PRIORITY + 1  # of a lifted model's threads where the profile has none
 
 
 def read_sched_file(path: Path | None) -> rt.ThreadSched | None:
@@ -117,6 +121,7 @@ class InferenceThreads:
         kernel refused, as messages."""
         with self._lock:
             before = self._any_lifted()
+            self._front = {tid for tid in self._front if os.path.exists(f"/proc/self/task/{tid}")}
             changed = [tid for tid in tids if tid in self._tids]
             (self._lifted.update if on else self._lifted.difference_update)(changed)
             if before != self._any_lifted():
@@ -144,10 +149,11 @@ class InferenceThreads:
     def _apply_one(self, tid: int) -> str:
         """Schedule one thread as the profile, its pin and its lift say; "" or why not."""
         placed = self._placed.get(tid)
-        lifted = tid in self._lifted or (tid in self._front and self._any_lifted())
+        lifted = tid in self._lifted or (tid in self._front and self._any_lifted() and not (
+            self.wanted is not None and rt.is_realtime(self.wanted)))
         try:
             if lifted:
-                rt.apply_thread_sched(tid, self._lifted_sched(placed))
+                rt.apply_thread_sched(tid, self._lifted_sched(placed, tid in self._lifted))
             elif self.wanted is None:
                 rt.reset_thread_sched(tid, placed or self.full_cpus)
             else:
@@ -162,10 +168,11 @@ class InferenceThreads:
             return message
         return ""
 
-    def _lifted_sched(self, placed: list[int] | None) -> rt.ThreadSched:
-        """SCHED_FIFO above the profile's inference threads, on its (or the pin's) CPUs."""
+    def _lifted_sched(self, placed: list[int] | None, model: bool) -> rt.ThreadSched:
+        """SCHED_FIFO above the profile's inference threads (a front end's: FRONT_PRIORITY),
+        on its (or the pin's) CPUs."""
         wanted = self.wanted
         priority = (min(99, wanted.priority + 1) if wanted is not None and rt.is_realtime(wanted)
-                    else LIFTED_PRIORITY)
+                    else LIFTED_PRIORITY if model else FRONT_PRIORITY)
         cpus = placed or (wanted.cpus if wanted is not None else self.full_cpus)
         return rt.ThreadSched("fifo", priority, list(cpus))

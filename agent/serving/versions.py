@@ -159,6 +159,8 @@ class Version:
         self.cpus: tuple[int, ...] | None = None
         self.realtime = False  # its threads lifted to SCHED_FIFO (the realtime lever)
         self._lifter: Scheduling | None = None  # what lifted them, to put them back on close
+        self._lift_lock = threading.Lock()  # a lift, a put-back and close, one at a time
+        self._lift_refused, self._closed = "", False  # a lift the kernel refused; closing
         self.configured_threads = max((n for n in configured if n), default=None)
         self.stats = LatencyStats()
         self.counters = Counters(len(self.sessions))
@@ -269,10 +271,11 @@ class Version:
         (None: a load serves the file's); the levers now served.  ``sched``: how the
         threads are pinned and lifted (None: where they are, whatever the change's ``cpus``
         and ``realtime``).  ``policy`` stays config.yaml's."""
+        queue = self.scheduler.queue
+        policy = self.policy if change is None else retuned(queue.policy, change, self.label)
         if sched is not None and (change is None or change.lift):
             self.lift(change is not None and change.realtime, sched)  # refused: no change
-        queue = self.scheduler.queue
-        queue.retune(self.policy if change is None else retuned(queue.policy, change, self.label))
+        queue.retune(policy)
         if change is None or change.admit:
             self.scheduler.admission.set_rate(None if change is None else change.admit_rps)
         cpus = None if change is None else change.cpus
@@ -295,29 +298,33 @@ class Version:
 
     @property
     def liftable(self) -> bool:
-        """Whether ``realtime`` is a lever here: not with intra-op workers that spin."""
-        return not spinning_workers(self.instances)
+        """Whether ``realtime`` is a lever here: not with intra-op workers that spin, nor
+        once the kernel refused a lift of it (the QoS controller then stops asking)."""
+        return not self._lift_refused and not spinning_workers(self.instances)
 
     def lift(self, on: bool, sched: Scheduling) -> None:
         """The ``realtime`` lever (placement.py): the threads that compute its runs at
         SCHED_FIFO, or back to the profile's scheduling.  FAILED_PRECONDITION for a version
         whose workers spin, or where the kernel refuses a thread (those lifted are put
         back: the lever is all or nothing)."""
-        if on == self.realtime:
-            return
-        if on and not self.liftable:
-            raise ServeError(
-                "FAILED_PRECONDITION",
-                f"{self.label}: its intra-op workers spin between a run's ops, which no "
-                "real-time thread may: realtime needs threads 1, or sessions built under a "
-                "real-time rt.inference (no spinning)")
-        tids = [*self.scheduler.tids(), *worker_tids(self.instances)]
-        refused = sched.lift(tids, on)
-        if refused and on:
-            sched.lift(tids, False)
-            raise ServeError("FAILED_PRECONDITION", f"{self.label}: realtime refused: "
-                             f"{refused[0]} (needs CAP_SYS_NICE or RLIMIT_RTPRIO)")
-        self.realtime, self._lifter = on, sched if on else None
+        with self._lift_lock:
+            if on == self.realtime or (on and self._closed):
+                return
+            if on and self._lift_refused:
+                raise ServeError("FAILED_PRECONDITION", self._lift_refused)
+            if on and not self.liftable:
+                raise ServeError("FAILED_PRECONDITION", f"{self.label}: its intra-op workers "
+                                 "spin between a run's ops, which no real-time thread may: "
+                                 "realtime needs threads 1, or sessions built under a "
+                                 "real-time rt.inference (no spinning)")
+            tids = [*self.scheduler.tids(), *worker_tids(self.instances)]
+            refused = sched.lift(tids, on)
+            if refused and on:
+                sched.lift(tids, False)
+                self._lift_refused = (f"{self.label}: realtime refused: {refused[0]} (needs "
+                                      "CAP_SYS_NICE or RLIMIT_RTPRIO)")
+                raise ServeError("FAILED_PRECONDITION", self._lift_refused)
+            self.realtime, self._lifter = on, sched if on else None
 
     def levers(self) -> dict[str, Any]:
         """The levers served now: the instant ones, the sessions' intra-op threads (the
@@ -333,8 +340,10 @@ class Version:
         and the backends are released (an NPU context is not freed under a run).  Lifted
         threads are put back first: the front ends stay lifted only while a served model
         is."""
-        if self._lifter is not None:
-            self._lifter.lift([*self.scheduler.tids(), *worker_tids(self.instances)], False)
+        with self._lift_lock:
+            self._closed = True
+            if self._lifter is not None:  # what lifted them puts them back
+                self._lifter.lift([*self.scheduler.tids(), *worker_tids(self.instances)], False)
             self.realtime, self._lifter = False, None
         self.scheduler.close()
         threading.Thread(target=self._release, name=f"release-{self.model}",
@@ -388,3 +397,4 @@ class Version:
                                                "realtime": False if self.liftable else None},
         }
         return entry
+
