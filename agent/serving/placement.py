@@ -12,7 +12,7 @@ keeps the pin through a later profile switch (threads.py).
 
 The ``realtime`` lever lifts the same threads to SCHED_FIFO, above every thread of normal
 priority, a co-located app's included: on a 2-core VM a latency-critical model beside a
-process spinning half a core met its objective in 32-37 % of 1-s windows at its default
+process spinning half a core met its objective in 16-37 % of 1-s windows at its default
 scheduling and in 95-100 % lifted, with the front ends' request threads lifted too
 (threads.py); lifting its own threads alone held 74-89 %.  Never for a version whose ORT
 workers spin between a run's ops: a spinning real-time thread yields its CPU to nothing of
