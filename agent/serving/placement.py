@@ -82,11 +82,19 @@ def pin(tids: Iterable[int], cpus: Sequence[int] | None) -> None:
 
 def spinning_workers(built: Sequence[tuple[Any, Any]]) -> bool:
     """Whether a session of these ``(instance, backend)`` pairs has intra-op workers that
-    spin (no ``realtime`` for it)."""
+    spin (no ``realtime`` for it); a session whose options cannot be read (not ORT's own,
+    a wrapper) is taken to spin."""
+    return any(getattr(backend.built, "worker_tids", ()) and _spins(backend.built.session)
+               for _, backend in built if getattr(backend, "built", None) is not None)
+
+
+def _spins(session: Any) -> bool:
     from agent.inference.options import session_spins  # onnxruntime: only where served
 
-    return any(getattr(backend.built, "worker_tids", ()) and session_spins(backend.built.session)
-               for _, backend in built if getattr(backend, "built", None) is not None)
+    try:
+        return session_spins(session)
+    except AttributeError:
+        return True
 
 
 def worker_tids(built: Sequence[tuple[Any, Any]]) -> set[int]:
