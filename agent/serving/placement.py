@@ -26,6 +26,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from agent.kernel import sched as rt
 from agent.serving.threads import LIFTED_PRIORITY
 
 logger = logging.getLogger(__name__)
@@ -52,15 +53,18 @@ class Unscheduled:
 
     @staticmethod
     def lift(tids: Iterable[int], on: bool) -> list[str]:
-        policy, priority = (os.SCHED_FIFO, LIFTED_PRIORITY) if on else (os.SCHED_OTHER, 0)
         refused = []
         for tid in tids:
             try:
-                os.sched_setscheduler(tid, policy, os.sched_param(priority))
+                cpus = sorted(os.sched_getaffinity(tid))
+                if on:
+                    rt.apply_thread_sched(tid, rt.ThreadSched("fifo", LIFTED_PRIORITY, cpus))
+                else:
+                    rt.reset_thread_sched(tid, cpus)
             except ProcessLookupError:
                 continue
-            except OSError as error:
-                refused.append(f"thread {tid}: {error.strerror}")
+            except (OSError, rt.RtError) as error:
+                refused.append(f"thread {tid}: {error}")
         return refused
 
 

@@ -94,7 +94,7 @@ class InferenceThreads:
         before belonged to a thread that has exited, and its pin is not this one's."""
         with self._lock:
             for tid in tids:
-                if not os.path.exists(f"/proc/self/task/{tid}"):
+                if not _alive(tid):
                     continue  # gone already
                 self._tids.add(tid)
                 self._placed.pop(tid, None)
@@ -120,28 +120,25 @@ class InferenceThreads:
         front ends' threads with the first model lifted or the last put back; what the
         kernel refused, as messages."""
         with self._lock:
-            before = self._any_lifted()
-            self._front = {tid for tid in self._front if os.path.exists(f"/proc/self/task/{tid}")}
+            self._lifted = {tid for tid in self._lifted if _alive(tid)}  # a retired version's
+            self._front = {tid for tid in self._front if _alive(tid)}  # have exited
+            before = bool(self._lifted)
             changed = [tid for tid in tids if tid in self._tids]
             (self._lifted.update if on else self._lifted.difference_update)(changed)
-            if before != self._any_lifted():
+            if before != bool(self._lifted):
                 changed += sorted(self._front)
             refused = [self._apply_one(tid) for tid in changed]
             return [message for message in refused if message]
-
-    def _any_lifted(self) -> bool:
-        """Whether a live thread is lifted (a retired version's threads have exited)."""
-        self._lifted = {tid for tid in self._lifted if os.path.exists(f"/proc/self/task/{tid}")}
-        return bool(self._lifted)
 
     def switch(self, wanted: rt.ThreadSched | None) -> None:
         """A new profile's scheduling (None: the baseline), for every live thread."""
         with self._lock:
             self.wanted = wanted
             for tid in sorted(self._tids):
-                if not os.path.exists(f"/proc/self/task/{tid}"):
+                if not _alive(tid):
                     self._tids.discard(tid)
                     self._placed.pop(tid, None)
+                    self._lifted.discard(tid)
                     self._front.discard(tid)
                     continue
                 self._apply_one(tid)
@@ -149,7 +146,7 @@ class InferenceThreads:
     def _apply_one(self, tid: int) -> str:
         """Schedule one thread as the profile, its pin and its lift say; "" or why not."""
         placed = self._placed.get(tid)
-        lifted = tid in self._lifted or (tid in self._front and self._any_lifted() and not (
+        lifted = tid in self._lifted or (tid in self._front and bool(self._lifted) and not (
             self.wanted is not None and rt.is_realtime(self.wanted)))
         try:
             if lifted:
@@ -176,3 +173,8 @@ class InferenceThreads:
                     else LIFTED_PRIORITY if model else FRONT_PRIORITY)
         cpus = placed or (wanted.cpus if wanted is not None else self.full_cpus)
         return rt.ThreadSched("fifo", priority, list(cpus))
+
+
+def _alive(tid: int) -> bool:
+    """Whether thread ``tid`` of this process still runs."""
+    return os.path.exists(f"/proc/self/task/{tid}")

@@ -161,6 +161,7 @@ class Version:
         self._lifter: Scheduling | None = None  # what lifted them, to put them back on close
         self._lift_lock = threading.Lock()  # a lift, a put-back and close, one at a time
         self._lift_refused, self._closed = "", False  # a lift the kernel refused; closing
+        self._spins = spinning_workers(self.instances)  # its sessions' options never change
         self.configured_threads = max((n for n in configured if n), default=None)
         self.stats = LatencyStats()
         self.counters = Counters(len(self.sessions))
@@ -298,9 +299,8 @@ class Version:
 
     @property
     def liftable(self) -> bool:
-        """Whether ``realtime`` is a lever here: not with intra-op workers that spin, nor
-        once the kernel refused a lift of it (the QoS controller then stops asking)."""
-        return not self._lift_refused and not spinning_workers(self.instances)
+        """Whether ``realtime`` is a lever here: not where workers spin or the kernel refused."""
+        return not self._lift_refused and not self._spins
 
     def lift(self, on: bool, sched: Scheduling) -> None:
         """The ``realtime`` lever (placement.py): the threads that compute its runs at
