@@ -111,7 +111,7 @@ def test_the_grid_and_both_searches_treat_the_variant_as_a_dimension() -> None:
     assert {p.version for p in points} == {1, 2}
     everything = exhaustive(points, simulated)
     assert max(everything, key=lambda r: r.goodput_rps).candidate.version == 2
-    found = coordinate_descent(SPACE, 2, simulated, lambda: False)
+    found = coordinate_descent(SPACE, 2, simulated, lambda: False, waits=False)
     assert found[0].candidate == Candidate(2, 1, 1, 0, 1)  # starts at the lowest version
     assert {r.candidate.version for r in found} == {1, 2}
     assert choose(found).candidate == Candidate(2, 1, 4, 0, 2)

@@ -34,6 +34,11 @@ class Sample:
         self.errors += count
         self.first_error = self.first_error or why
 
+    def joined(self, other: Sample) -> Sample:
+        """This sample and ``other``, a second run of the same load, as one."""
+        return Sample(self.latencies + other.latencies, self.errors + other.errors,
+                      self.elapsed_s + other.elapsed_s, self.first_error or other.first_error)
+
     def p99_ms(self) -> float:
         """The 99th percentile (nearest rank) in ms; infinite when nothing was answered."""
         if not self.latencies:

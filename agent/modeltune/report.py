@@ -31,6 +31,7 @@ class TuneReport:
     # the chosen candidate measured once more before anything is written: one lucky window
     # on a busy device must not become the model's configuration (None: nothing to confirm)
     confirmed: Result | None = None
+    searched_s: float = 0.0  # of measured_s, the search's (without the confirmation)
     variants: dict[int, Variant] = field(default_factory=dict)  # searched (--variants)
     knobs: tuple[str, ...] = ()  # the latency knobs' rungs searched, by index
 
@@ -76,6 +77,7 @@ class TuneReport:
             "goodput_rps": round(self.chosen.goodput_rps, 2),
             "power_mw": self.chosen.power_mw,
             "measured_s": round(self.measured_s, 2),
+            "searched_s": round(self.searched_s, 2),
             "candidates": [{"settings": self._settings(r), **self._variant(r),
                             **self._knobs(r),
                             "p99_ms": _ms(r.p99_ms),

@@ -1,9 +1,10 @@
 """Which candidates to measure: all of them (``--exhaustive``), or coordinate descent: from a
 start point, each dimension in turn is swept with the others held (upward past the current
 point only while the line still gains), the best point of the line becomes the new start
-where it gains more than a tie on it, and passes repeat until one changes nothing or the
-budget is spent.  Model Analyzer's quick search is a hill-climb of the same kind; its docs
-put it above 95 % of the sweep's optimum at under 10 % of the sweep's cost."""
+where it gains more than measuring noise on it (MOVE), and passes repeat until one changes
+nothing or the budget is spent; the choice is the best of every point measured.  Model
+Analyzer's quick search is a hill-climb of the same kind; its docs put it above 95 % of the
+sweep's optimum at under 10 % of the sweep's cost."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from agent.modeltune.space import DIMENSIONS, Candidate, Space, valid, values
 # Goodputs within this fraction of the best count as equal: the lower p99 then wins, since
 # under a fixed rate every candidate that keeps up serves the same requests per second.
 TIE = 0.03
-# A cap on passes: ties judged within TIE are no strict order, so a cycle is conceivable
+# A line's best moves the descent only when it serves this much more than the current point:
+# two measurements of one candidate on a busy device differ by as much (bench/model_tune.py),
+# so a smaller gain is as likely noise, and a move costs a whole further pass; the final
+# choice is still the best of everything measured, the points of a line not moved to included
+MOVE = 0.10
+# A cap on passes: moves judged on noisy figures are no strict order, so a cycle is conceivable
 MAX_PASSES = 8
 
 
@@ -70,9 +76,11 @@ def exhaustive(points: Sequence[Candidate], measure: Callable[[Candidate], Resul
 
 
 def coordinate_descent(space: Space, cpus: int, measure: Callable[[Candidate], Result],
-                       spent: Callable[[], bool]) -> list[Result]:
+                       spent: Callable[[], bool], waits: bool = True) -> list[Result]:
     """The results measured, in order; ``spent`` says the budget is used up (the first
-    candidate is always measured)."""
+    candidate is always measured); ``waits``: a batch forms only with a queue delay (an open
+    loop, whose requests arrive spaced: see ``_aligned``), not from the requests queued
+    behind a running one (a closed loop of several clients)."""
     current = _start(space, cpus)
     measured: dict[Candidate, Result] = {current: measure(current)}
     for _ in range(MAX_PASSES):
@@ -81,7 +89,7 @@ def coordinate_descent(space: Space, cpus: int, measure: Callable[[Candidate], R
             line: list[Result] = []
             for value in values(space, dimension):
                 point = _aligned(space, current,
-                                 dataclasses.replace(current, **{dimension: value}))
+                                 dataclasses.replace(current, **{dimension: value}), waits)
                 if not valid(point, cpus):
                     continue
                 if point not in measured:
@@ -101,12 +109,10 @@ def coordinate_descent(space: Space, cpus: int, measure: Callable[[Candidate], R
 
 def _gains(result: Result, current: Result) -> bool:
     """Whether the descent moves from ``current`` to a line's best: it meets where the
-    current misses, or serves more than a tie more.  A tie is no gain (two measurements
-    of one candidate differ by as much), and a move for one costs a whole further pass;
-    the final choice among everything measured still prefers the lower p99 among ties."""
+    current misses, or serves more than MOVE more."""
     if result.met != current.met:
         return result.met
-    return result.goodput_rps > current.goodput_rps * (1 + TIE)
+    return result.goodput_rps > current.goodput_rps * (1 + MOVE)
 
 
 def _worse(result: Result, best: Result) -> bool:
@@ -118,15 +124,16 @@ def _worse(result: Result, best: Result) -> bool:
     return result.goodput_rps < best.goodput_rps * (1 - TIE)
 
 
-def _aligned(space: Space, current: Candidate, point: Candidate) -> Candidate:
-    """A batch of one waits for nothing; a batch first tried from one waits the smallest
-    delay there is above 0: without a wait a batch seldom forms, and the sweep of batch
-    sizes would see none of what batching gives (the delay's own sweep then refines it)."""
+def _aligned(space: Space, current: Candidate, point: Candidate, waits: bool) -> Candidate:
+    """A batch of one waits for nothing; where a batch forms only with a wait (``waits``),
+    a batch first tried from one waits the smallest delay there is above 0: without it
+    the sweep of batch sizes would see none of what batching gives (the delay's own sweep
+    then refines it)."""
     if point.max_batch_size <= 1:
         return dataclasses.replace(point, max_queue_delay_us=0)
-    if current.max_batch_size <= 1 and point.max_queue_delay_us == 0:
-        waits = [d for d in space["max_queue_delay_us"] if d > 0]
-        return dataclasses.replace(point, max_queue_delay_us=min(waits, default=0))
+    if waits and current.max_batch_size <= 1 and point.max_queue_delay_us == 0:
+        delays = [d for d in space["max_queue_delay_us"] if d > 0]
+        return dataclasses.replace(point, max_queue_delay_us=min(delays, default=0))
     return point
 
 

@@ -183,7 +183,8 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
 
             seen: list[Result] = []  # the quick search starts each sweep at their best
 
-            def measured(candidate: Candidate) -> Result:
+            def measured(candidate: Candidate, again: Result | None = None) -> Result:
+                """``again``: the candidate's result to confirm, at its own level only."""
                 config = with_candidate(original, candidate, device,
                                         _precision(found, candidate))
                 knobs.move(candidate.knobs)
@@ -197,7 +198,9 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
                 clients = Clients(plane.client, request.model, feeds)
                 try:
                     result = measure(clients.call, candidate, objective, load,
-                                     plane.cpu_seconds, power, start)
+                                     plane.cpu_seconds, power,
+                                     start if again is None else max(1, again.clients),
+                                     sweep=again is None)
                 finally:
                     clients.close()
                 seen.append(result)
@@ -214,18 +217,19 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
             else:
                 results = search.coordinate_descent(
                     space, cpus, measured,
-                    lambda: time.monotonic() - began >= request.budget_s)
+                    lambda: time.monotonic() - began >= request.budget_s, rate is not None)
             best = search.choose(results)
+            searched = time.monotonic() - began
             if best.met:
                 progress("measuring the best again before writing it")
-            confirmed = measured(best.candidate) if best.met else None
+            confirmed = measured(best.candidate, best) if best.met else None
             took = time.monotonic() - began
     precision = _precision(found, best.candidate)
     chosen = with_candidate(original, best.candidate, device, precision)
     report = TuneReport(request.model, number, objective,
                         "exhaustive" if request.exhaustive else "coordinate descent",
                         results, best, best.candidate.settings(device, precision), took,
-                        confirmed=confirmed, variants=found,
+                        confirmed=confirmed, searched_s=searched, variants=found,
                         knobs=tuple(request.knobs.labels) if request.knobs else ())
     shape = f"an open loop at {rate:g} rps ({source})" if rate else "a closed loop"
     report.notes.append(f"load: {shape}, {request.window_s:g} s per measurement; "
