@@ -104,10 +104,10 @@ def test_a_batch_is_tried_with_a_wait_since_without_one_it_seldom_forms() -> Non
     assert Candidate(1, 1, 4, 0) in [r.candidate for r in results]  # the delay's sweep
 
 
-def test_in_a_closed_loop_a_batch_is_tried_without_a_wait_first() -> None:
+def test_in_a_closed_loop_a_batch_is_tried_without_a_wait_and_no_delay_is_swept() -> None:
     """Clients queued behind a running batch form the next one, so a wait only adds to it:
-    the batch line of a closed loop keeps the current delay of 0, and the delay's own line
-    (upward, past a fall) stops at its first step."""
+    a closed loop's descent sweeps the batch first, at the delay of 0, and no delay (the
+    exhaustive search measures them); where the space has no 0, its smallest delay."""
     def queued(candidate: Candidate) -> Result:
         rps = 100.0 * (1 + 0.5 * (candidate.max_batch_size > 1)) * (
             1 - candidate.max_queue_delay_us / 4000)
@@ -117,7 +117,11 @@ def test_in_a_closed_loop_a_batch_is_tried_without_a_wait_first() -> None:
              "max_queue_delay_us": (0, 500, 2000)}
     seen = [r.candidate for r in coordinate_descent(space, 2, queued, lambda: False,
                                                     waits=False)]
-    assert seen == [Candidate(1, 1, 1, 0), Candidate(1, 1, 4, 0), Candidate(1, 1, 4, 500)]
+    assert seen == [Candidate(1, 1, 1, 0), Candidate(1, 1, 4, 0)]
+    space = {**space, "threads": (1, 2), "max_queue_delay_us": (500, 2000)}
+    seen = [r.candidate for r in coordinate_descent(space, 2, queued, lambda: False,
+                                                    waits=False)]
+    assert seen == [Candidate(2, 1, 1, 0), Candidate(2, 1, 4, 500), Candidate(1, 1, 4, 500)]
 
 
 def test_a_gain_within_measuring_noise_is_chosen_but_not_moved_to() -> None:
@@ -132,8 +136,8 @@ def test_a_gain_within_measuring_noise_is_chosen_but_not_moved_to() -> None:
     space = {"threads": (1, 2), "count": (1,), "max_batch_size": (1, 4),
              "max_queue_delay_us": (0, 500)}
     results = coordinate_descent(space, 1, slight, lambda: False, waits=False)
-    assert [r.candidate for r in results] == [Candidate(2, 1, 1, 0), Candidate(1, 1, 1, 0),
-                                              Candidate(2, 1, 4, 0)]
+    assert [r.candidate for r in results] == [Candidate(2, 1, 1, 0), Candidate(2, 1, 4, 0),
+                                              Candidate(1, 1, 1, 0)]
     assert choose(results).candidate == Candidate(2, 1, 4, 0)
 
 
