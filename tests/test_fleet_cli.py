@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -14,14 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from agent_process import sigint_at_default
 from control_helpers import FLEET, SimulatedNode, node_config, running_node, trusted, trusted_keys
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from mqtt_helpers import Broker, Subscriber, wait_until
 from tuning_helpers import copy_board
 
-from agent.cli.fleet import watch_rows
+from agent.cli.fleet import keygen, watch_rows
 from agent.cli.fleet_replies import shorten
+from agent.config import from_dict
 from agent.control.envelope import (
     key_id,
     load_private_key,
@@ -80,6 +83,23 @@ def test_keygen_json_is_the_key_and_its_trusted_keys_entry(tmp_path: Path) -> No
     again = fleet(None, "keygen", "--out", str(path), "--json")
     assert again.returncode == 2 and again.stdout == ""
     assert "exists; --force replaces it" in again.stderr
+
+
+def test_keygen_prints_an_entry_that_reads_back_as_it_was_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A key id of hex digits that are all decimal ones (about 1 key in 1,800) is printed
+    quoted: unquoted, YAML read it as an integer and the node's config refused it."""
+    import agent.control.operator as operator
+
+    public = public_key_text(Ed25519PrivateKey.generate().public_key())
+    entry = {"id": "0123456789012345", "public_key": public}
+    monkeypatch.setattr(operator, "generate_key", lambda path: dict(entry))
+    assert keygen(argparse.Namespace(out=str(tmp_path / "k"), force=False, json=False)) == 0
+    printed = capsys.readouterr().out
+    snippet = yaml.safe_load(printed[printed.index("control:"):])
+    assert snippet == {"control": {"trusted_keys": [entry]}}
+    assert from_dict(snippet).control.trusted_keys[0].id == entry["id"]
 
 
 # -- desired --------------------------------------------------------------------------------

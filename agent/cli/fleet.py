@@ -98,6 +98,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def keygen(args: argparse.Namespace) -> int:
+    import yaml
+
     from agent.control.operator import generate_key
 
     path = Path(args.out)
@@ -109,10 +111,12 @@ def keygen(args: argparse.Namespace) -> int:
         print(json.dumps({"path": str(path), "key_id": entry["id"],
                           "public_key": entry["public_key"], "trusted_key": entry}, indent=2))
         return 0
+    # through YAML's own quoting: an id of 16 hex digits that are all decimal ones would
+    # otherwise read back as an integer, which the node's config then refuses
+    snippet = yaml.safe_dump({"control": {"trusted_keys": [entry]}}, sort_keys=False,
+                             default_flow_style=None)
     print(f"private key written to {path} (keep it secret)\n"
-          "trust it on each node, in /etc/edge-agent/agent.yaml:\n"
-          "control:\n  trusted_keys:\n"
-          f"    - {{id: {entry['id']}, public_key: {entry['public_key']}}}")
+          f"trust it on each node, in /etc/edge-agent/agent.yaml:\n{snippet}", end="")
     return 0
 
 
