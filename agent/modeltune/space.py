@@ -14,11 +14,12 @@ from typing import Any
 
 from agent.serving.settings import THREADS_PER_CPU
 
-# Searched in this order by coordinate descent: the variant first (a quantized build changes
-# every other optimum), threads next (the largest effect on one request's latency), then
-# instances, then the batching pair, and the latency knobs last (each move is a journaled
-# change of the device).  A version of 0 is the one the model serves (no variant searched),
-# as a max_batch_size of 0 is a fixed batch; knobs rung 0 is the profile's own settings.
+# Searched in this order by coordinate descent under an open loop (a closed loop's order,
+# with the batch first and no delay, is search.CLOSED): the variant first (a quantized build
+# changes every other optimum), threads next (the largest effect on one request's latency),
+# then instances, then the batching pair, and the latency knobs last (each move is a
+# journaled change of the device).  A version of 0 is the one the model serves (no variant
+# searched), as a max_batch_size of 0 is a fixed batch; knobs rung 0 is the profile's own.
 DIMENSIONS = ("version", "threads", "count", "max_batch_size", "max_queue_delay_us", "knobs")
 UNSEARCHED = {"version": (0,), "knobs": (0,)}  # the value of a dimension a space leaves out
 # --space's names for the dimensions

@@ -199,7 +199,7 @@ def _tune(request: TuneRequest, progress: Callable[[str], None], knobs: KnobSett
                 try:
                     result = measure(clients.call, candidate, objective, load,
                                      plane.cpu_seconds, power,
-                                     start if again is None else max(1, again.clients),
+                                     start if again is None else again.clients,
                                      sweep=again is None)
                 finally:
                     clients.close()
